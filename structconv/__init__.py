@@ -1,0 +1,37 @@
+r"""structconv: every layer is :math:`y = \sum_k A_k^\top x \Theta_k`.
+
+A basis :math:`\mathbf{A}` (``K`` weighted graphs from ``M`` input to ``N`` output entries)
+and a parameter :math:`\Theta` (one ``P x Q`` channel map per basis member), contracted by one
+engine, :func:`conv`.
+"""
+
+from .basis import Basis, Cost, as_basis
+from .composite import ComposedBasis, ConcatBasis, SelectBasis, concat
+from .contract import Candidate, Plan, conv, explain
+from .dense import DenseBasis
+from .factor import LowRank, Separable
+from .sparse import SparseBasis
+from .theory import combine, compose, decompose
+
+__all__ = [
+    "Basis",
+    "Candidate",
+    "ComposedBasis",
+    "ConcatBasis",
+    "Cost",
+    "DenseBasis",
+    "LowRank",
+    "Plan",
+    "SelectBasis",
+    "Separable",
+    "SparseBasis",
+    "as_basis",
+    "combine",
+    "compose",
+    "concat",
+    "conv",
+    "decompose",
+    "explain",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,142 @@
+"""Backend detection and the handful of array operations the engine needs.
+
+The core works on NumPy arrays and torch tensors alike.  Torch is detected lazily (through
+``sys.modules``) so that the NumPy path never imports it, in the spirit of einops.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import opt_einsum
+
+Array = Any
+"""A ``numpy.ndarray`` or a ``torch.Tensor``."""
+
+NUMPY = "numpy"
+TORCH = "torch"
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def is_torch(a: object) -> bool:
+    """Return whether ``a`` is a torch tensor, without importing torch."""
+    torch = _torch()
+    return torch is not None and isinstance(a, torch.Tensor)
+
+
+def backend_of(a: object, arg: str) -> str:
+    """Name the backend of ``a`` or raise a ``TypeError`` naming the argument."""
+    if isinstance(a, np.ndarray):
+        return NUMPY
+    if is_torch(a):
+        return TORCH
+    raise TypeError(f"{arg} must be a numpy.ndarray or a torch.Tensor, got {type(a).__name__}")
+
+
+def device_of(a: Array) -> str:
+    """Return the device of ``a`` as a string (always ``"cpu"`` for NumPy)."""
+    return str(a.device) if is_torch(a) else "cpu"
+
+
+def dtype_name(a: Array) -> str:
+    """Return a backend-neutral dtype name such as ``"float64"``."""
+    return str(a.dtype).removeprefix("torch.")
+
+
+def is_floating(a: Array) -> bool:
+    """Whether ``a`` holds real floating-point numbers."""
+    if is_torch(a):
+        return bool(a.is_floating_point())
+    return bool(np.issubdtype(a.dtype, np.floating))
+
+
+def all_finite(a: Array) -> bool:
+    """Whether every entry of ``a`` is finite."""
+    if is_torch(a):
+        return bool(_torch().isfinite(a.detach()).all())
+    return bool(np.isfinite(a).all())
+
+
+def shape_str(shape: tuple[int, ...]) -> str:
+    """Format a shape the way error messages show it."""
+    return "(" + ", ".join(str(int(s)) for s in shape) + ")"
+
+
+@lru_cache(maxsize=1024)
+def _expression(eq: str, shapes: tuple[tuple[int, ...], ...], path: tuple[tuple[int, ...], ...] | None) -> Any:
+    optimize: Any = "optimal" if path is None else list(path)
+    return opt_einsum.contract_expression(eq, *shapes, optimize=optimize)
+
+
+def einsum(eq: str, *operands: Array, path: tuple[tuple[int, ...], ...] | None = None) -> Array:
+    """Evaluate ``eq`` with opt_einsum, planning once per (equation, shapes, path)."""
+    shapes = tuple(tuple(int(s) for s in op.shape) for op in operands)
+    return _expression(eq, shapes, path)(*operands)
+
+
+def zeros(shape: tuple[int, ...], like: Array) -> Array:
+    """Zeros of ``shape`` with the backend, dtype and device of ``like``."""
+    if is_torch(like):
+        return _torch().zeros(shape, dtype=like.dtype, device=like.device)
+    return np.zeros(shape, dtype=like.dtype)
+
+
+def concatenate(arrays: list[Array], axis: int) -> Array:
+    """Concatenate along ``axis`` on whichever backend the arrays live."""
+    if is_torch(arrays[0]):
+        return _torch().cat(arrays, dim=axis)
+    return np.concatenate(arrays, axis=axis)
+
+
+def as_index(a: Array, like: Array) -> Array:
+    """Convert integer indices to the backend (and device) of ``like`` as int64."""
+    if is_torch(like):
+        torch = _torch()
+        return torch.as_tensor(a, dtype=torch.int64, device=like.device)
+    return np.asarray(a, dtype=np.int64)
+
+
+def to_numpy(a: Array) -> np.ndarray:
+    """A NumPy copy of ``a`` (detached from autograd)."""
+    if is_torch(a):
+        return np.asarray(a.detach().cpu().numpy())
+    return np.asarray(a)
+
+
+class SparseMatrix:
+    """A 2-D sparse matrix in the backend's fastest layout for ``S @ dense``.
+
+    Torch uses CSR (autograd flows to the values and to the dense operand); NumPy uses
+    ``scipy.sparse.csr_array``.  Duplicate entries are summed.
+    """
+
+    __slots__ = ("matrix", "shape")
+
+    def __init__(self, rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> None:
+        self.shape = shape
+        if is_torch(values):
+            torch = _torch()
+            index = torch.stack([rows, cols])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                coo = torch.sparse_coo_tensor(index, values, shape, check_invariants=False)
+                self.matrix = coo.coalesce().to_sparse_csr()
+        else:
+            import scipy.sparse
+
+            self.matrix = scipy.sparse.csr_array((values, (rows, cols)), shape=shape)
+            self.matrix.sum_duplicates()
+
+    def __matmul__(self, dense: Array) -> Array:
+        if is_torch(dense):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return self.matrix @ dense
+        return np.asarray(self.matrix @ dense)

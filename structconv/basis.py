@@ -1,0 +1,217 @@
+r"""The :class:`Basis` value: :math:`K` weighted graphs from :math:`M` inputs to :math:`N` outputs.
+
+A basis :math:`\mathbf{A}` has shape :math:`(K, M, N)`, or :math:`(B, K, M, N)` when it depends
+on each instance of a batch (attention).  It is an immutable value with one of several
+representations (dense, sparse, concatenated, composed, and structured ones added by other
+modules).  None of them becomes a dense tensor unless :meth:`Basis.to_dense` is called.
+
+A representation plugs into the engine (:func:`structconv.conv`) through three hooks, each
+paired with a cost estimate:
+
+* :meth:`Basis.apply_each` computes :math:`R_{bknc} = \sum_m A_{kmn} x_{bmc}`,
+* :meth:`Basis.apply_members` computes :math:`\sum_m A_{kmn} S_{bkmc}`, summed over :math:`k`
+  or not,
+* :meth:`Basis.apply_combined` contracts :math:`x` with :math:`\Phi = \mathbf{A}\circ\Theta`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._backend import Array, einsum, is_torch, shape_str
+
+
+@dataclass(frozen=True)
+class Cost:
+    """An estimate of the work of one step: floating-point operations and elements written."""
+
+    flops: float = 0.0
+    memory: float = 0.0
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.flops + other.flops, self.memory + other.memory)
+
+
+class Basis(ABC):
+    """Abstract basis of shape ``(K, M, N)`` or ``(B, K, M, N)``.
+
+    Subclasses set the representation; all share the value semantics below: operations return
+    new bases and never modify the arrays they hold (which callers must treat as read-only).
+    """
+
+    __slots__ = ()
+
+    #: Short name of the representation, shown by :func:`structconv.explain`.
+    representation: str = "abstract"
+
+    # --- shape and placement -----------------------------------------------------------
+    @property
+    @abstractmethod
+    def shape(self) -> tuple[int, ...]:
+        """``(K, M, N)``, or ``(B, K, M, N)`` for a per-instance basis."""
+
+    @property
+    @abstractmethod
+    def backend(self) -> str:
+        """``"numpy"`` or ``"torch"``."""
+
+    @property
+    @abstractmethod
+    def dtype(self) -> Any:
+        """The dtype of the basis weights."""
+
+    @property
+    @abstractmethod
+    def device(self) -> str:
+        """The device of the basis weights (``"cpu"`` for NumPy)."""
+
+    @property
+    def K(self) -> int:  # noqa: N802 - the paper's name for the basis size
+        """Number of basis members."""
+        return self.shape[-3]
+
+    @property
+    def M(self) -> int:  # noqa: N802
+        """Number of input entries."""
+        return self.shape[-2]
+
+    @property
+    def N(self) -> int:  # noqa: N802
+        """Number of output entries."""
+        return self.shape[-1]
+
+    @property
+    def batch(self) -> int | None:
+        """Batch size of a per-instance basis, ``None`` when shared by the whole batch."""
+        return self.shape[0] if len(self.shape) == 4 else None
+
+    # --- value operations ---------------------------------------------------------------
+    @abstractmethod
+    def to_dense(self) -> Array:
+        """Materialise the basis as a dense array of shape :attr:`shape`."""
+
+    @abstractmethod
+    def transpose(self) -> Basis:
+        r"""The basis with input and output entries swapped: :math:`(\mathbf{A}_k^\top)_k`."""
+
+    @property
+    def T(self) -> Basis:  # noqa: N802 - mirrors ndarray.T
+        """Alias of :meth:`transpose`."""
+        return self.transpose()
+
+    @abstractmethod
+    def select(self, members: Sequence[int]) -> Basis:
+        """Restrict the basis to the given members, in the given order."""
+
+    @abstractmethod
+    def to(self, device: Any = None, dtype: Any = None) -> Basis:
+        """Move the basis to another device and/or dtype."""
+
+    def __getitem__(self, index: int | slice | Sequence[int]) -> Basis:
+        if isinstance(index, int):
+            members: Sequence[int] = [index]
+        elif isinstance(index, slice):
+            members = range(self.K)[index]
+        else:
+            members = list(index)
+        for k in members:
+            if not -self.K <= int(k) < self.K:
+                raise IndexError(f"basis member {k} is out of range for K={self.K}")
+        return self.select([int(k) % self.K for k in members])
+
+    def energy(self) -> float:
+        r"""Mean over outputs of :math:`\sum_{k,m} A_{kmn}^2` (and over the batch, if any).
+
+        For a shift basis this is the number of in-grid offsets, i.e. the fan-in of a grid
+        convolution per input channel; :class:`structconv.nn.StructConv` scales its
+        initialisation with it.
+        """
+        dense = self.to_dense()
+        total = float((dense * dense).sum())
+        return total / (self.N * (self.batch or 1))
+
+    def plan_key(self) -> tuple[Any, ...]:
+        """What, besides shapes, the engine's cost model depends on (a hashable tuple)."""
+        return (type(self).__name__, self.shape)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(shape={shape_str(self.shape)}, backend={self.backend}, "
+            f"dtype={self.dtype}, device={self.device})"
+        )
+
+    # --- engine hooks -------------------------------------------------------------------
+    @abstractmethod
+    def apply_each(self, x: Array) -> Array:
+        r"""Apply every member to ``x``: ``(B, M, C) -> (B, K, N, C)``, :math:`A_k^\top x_b`."""
+
+    @abstractmethod
+    def apply_members(self, s: Array, reduce: bool) -> Array:
+        r"""Apply member :math:`k` to slice :math:`k` of ``s`` of shape ``(B, K, M, C)``.
+
+        Returns :math:`\sum_k A_k^\top s_{bk}` of shape ``(B, N, C)`` when ``reduce`` is true,
+        otherwise the ``(B, K, N, C)`` stack of :math:`A_k^\top s_{bk}`.
+        """
+
+    def apply_combined(self, x: Array, theta: Array) -> Array:
+        r"""Contract ``x`` with :math:`\Phi = \sum_k A_k \otimes \Theta_k` (the "A·Θ first" side).
+
+        The default materialises the dense basis; representations override it when they can
+        do better.
+        """
+        dense = self.to_dense()
+        if self.batch is None:
+            phi = einsum("kmn,kpq->mnpq", dense, theta)
+            return einsum("bmp,mnpq->bnq", x, phi)
+        phi = einsum("bkmn,kpq->bmnpq", dense, theta)
+        return einsum("bmp,bmnpq->bnq", x, phi)
+
+    @abstractmethod
+    def cost_each(self, batch: int, channels: int) -> Cost:
+        """Cost of :meth:`apply_each` on ``batch`` instances of ``channels`` channels."""
+
+    @abstractmethod
+    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
+        """Cost of :meth:`apply_members`."""
+
+    def cost_combined(self, batch: int, p: int, q: int) -> Cost:
+        """Cost of :meth:`apply_combined` (dense fallback)."""
+        b = self.batch or 1
+        k, m, n = self.K, self.M, self.N
+        return Cost(
+            2.0 * b * k * m * n * p * q + 2.0 * batch * m * n * p * q,
+            float(b * k * m * n + b * m * n * p * q + batch * n * q),
+        )
+
+
+def as_basis(a: Basis | Array) -> Basis:
+    """Interpret ``a`` as a basis.
+
+    Parameters
+    ----------
+    a
+        A :class:`Basis` (returned unchanged), a dense array of shape ``(K, M, N)`` or
+        ``(B, K, M, N)``, or a torch sparse COO tensor of either shape.
+
+    Raises
+    ------
+    TypeError
+        If ``a`` is none of these.
+    """
+    if isinstance(a, Basis):
+        return a
+    from .dense import DenseBasis
+    from .sparse import SparseBasis
+
+    if is_torch(a) and a.layout != _torch_strided():
+        return SparseBasis.from_torch(a)
+    return DenseBasis(a)
+
+
+def _torch_strided() -> Any:
+    import torch
+
+    return torch.strided

@@ -1,0 +1,341 @@
+r"""The one contraction engine: :math:`y_b = \sum_k A_k^\top x_b \Theta_k`.
+
+Three orders compute the same result (the triangle of Andreoli's Fig. 1):
+
+``"ax"``
+    A·x first: :math:`R_{bknp} = \sum_m A_{kmn} x_{bmp}`, then one GEMM over :math:`(k, p)`.
+``"xtheta"``
+    x·Θ first: :math:`S_{bkmq} = \sum_p x_{bmp}\Theta_{kpq}` (one GEMM), then
+    :math:`\sum_k A_k^\top S_{bk}`.
+``"atheta"``
+    A·Θ first: :math:`\Phi = \sum_k A_k\otimes\Theta_k` of shape ``(M, N, P, Q)``, then
+    :math:`y_{bnq} = \sum_{m,p} x_{bmp}\Phi_{mnpq}` (small structures only).
+
+With a factorised parameter (:class:`~structconv.Separable`, :class:`~structconv.LowRank`),
+``"ax"`` and ``"xtheta"`` keep the factors and ``"ax+full"`` / ``"xtheta+full"`` form the full
+:math:`\Theta` first.
+
+Dense bases are contracted by opt_einsum along the explicit path of each order (its
+``PathInfo`` supplies the cost); other representations run through their hooks and report
+their own (nnz-based) costs.  ``order="auto"`` picks the order of least estimated cost
+:math:`\mathrm{flops} + w\cdot\mathrm{memory}`, where ``memory`` counts the elements written by
+intermediates.  Plans are cached per shape key, so repeated calls do not re-plan.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import opt_einsum
+
+from ._backend import Array, backend_of, device_of, dtype_name, einsum, shape_str
+from ._checks import check_array, check_same_placement
+from .basis import Basis, Cost, as_basis
+from .dense import DenseBasis
+from .factor import LowRank, Parameter, Separable
+
+#: Price of writing one element of an intermediate, in GEMM flops (calibrated on CPU by
+#: ``benchmarks/bench_orders.py``; memory traffic, not arithmetic, dominates small contractions).
+MEMORY_WEIGHT = 16.0
+
+_BASE_ORDERS = ("ax", "xtheta", "atheta")
+_FACTOR_ORDERS = ("ax", "xtheta", "ax+full", "xtheta+full", "atheta")
+
+# Explicit opt_einsum paths: operands are (A, x, Θ) or (A, x, F1, F2).
+_DENSE_PATHS: dict[str, dict[str, tuple[tuple[int, ...], ...]]] = {
+    "full": {"ax": ((0, 1), (0, 1)), "xtheta": ((1, 2), (0, 1)), "atheta": ((0, 2), (0, 1))},
+    "separable": {
+        "ax": ((0, 1), (0, 2), (0, 1)),
+        "xtheta": ((1, 3), (1, 2), (0, 1)),
+        "ax+full": ((2, 3), (0, 1), (0, 1)),
+        "xtheta+full": ((2, 3), (1, 2), (0, 1)),
+        "atheta": ((2, 3), (0, 2), (0, 1)),
+    },
+    "lowrank": {
+        "ax": ((0, 1), (0, 2), (0, 1)),
+        "xtheta": ((1, 2), (0, 2), (0, 1)),
+        "ax+full": ((2, 3), (0, 1), (0, 1)),
+        "xtheta+full": ((2, 3), (1, 2), (0, 1)),
+        "atheta": ((2, 3), (0, 2), (0, 1)),
+    },
+}
+_PARAM_SUBSCRIPTS = {"full": "kpq", "separable": "hk,hpq", "lowrank": "kpd,kqd"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run the contraction and its estimated cost."""
+
+    order: str
+    flops: float
+    memory: float
+
+    @property
+    def score(self) -> float:
+        """``flops + MEMORY_WEIGHT * memory``: what ``order="auto"`` minimises."""
+        return self.flops + MEMORY_WEIGHT * self.memory
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How :func:`conv` contracts given operands: every candidate order and the chosen one.
+
+    ``str(plan)`` prints a table in the spirit of opt_einsum's ``PathInfo``.
+    """
+
+    representation: str
+    sizes: dict[str, int]
+    parameter: str
+    candidates: tuple[Candidate, ...]
+    chosen: str
+    requested: str = "auto"
+    equation: str = field(default="")
+
+    def candidate(self, order: str) -> Candidate:
+        """The candidate named ``order``."""
+        for c in self.candidates:
+            if c.order == order:
+                return c
+        raise KeyError(order)
+
+    def __str__(self) -> str:
+        dims = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+        lines = [
+            "structconv plan for y[b,n,q] = sum_k A[k,m,n] x[b,m,p] Theta[k,p,q]",
+            f"  basis: {self.representation}   parameter: {self.parameter}   sizes: {dims}",
+        ]
+        if self.equation:
+            lines.append(f"  opt_einsum equation: {self.equation}")
+        lines.append(f"  {'order':<12} {'flops':>12} {'memory':>12} {'score':>12}")
+        best = min(c.score for c in self.candidates)
+        for c in self.candidates:
+            mark = " <- chosen" if c.order == self.chosen else ""
+            lines.append(f"  {c.order:<12} {c.flops:12.3e} {c.memory:12.3e} {c.score / best:11.2f}x{mark}")
+        lines.append(f"  requested: {self.requested}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Param:
+    kind: str
+    operands: tuple[Array, ...]
+    K: int  # noqa: N815
+    P: int  # noqa: N815
+    Q: int  # noqa: N815
+    R: int  # noqa: N815 - H (separable) or D (low-rank); 0 for a full parameter
+
+
+def _as_param(theta: Parameter) -> _Param:
+    if isinstance(theta, Separable):
+        k, p, q = theta.shape
+        return _Param("separable", (theta.basis_coef, theta.channel), k, p, q, theta.rank)
+    if isinstance(theta, LowRank):
+        k, p, q = theta.shape
+        return _Param("lowrank", (theta.value, theta.out), k, p, q, theta.rank)
+    check_array(theta, "theta", (3,), ("(K, P, Q)",))
+    k, p, q = (int(s) for s in theta.shape)
+    return _Param("full", (theta,), k, p, q, 0)
+
+
+def _prepare(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis, Array, _Param, bool]:
+    basis = as_basis(a)
+    check_array(x, "x", (2, 3), ("(B, M, P)", "(M, P)"))
+    param = _as_param(theta)
+    placement = {"x": x}
+    names = {"full": ("theta",), "separable": ("theta.basis_coef", "theta.channel"), "lowrank": ("theta.value", "theta.out")}
+    placement.update(zip(names[param.kind], param.operands, strict=True))
+    check_same_placement(placement)
+    if basis.backend != backend_of(x, "x"):
+        raise TypeError(f"the basis is a {basis.backend} basis but x is a {backend_of(x, 'x')} array; do not mix backends")
+    if dtype_name(x) != str(basis.dtype).removeprefix("torch."):
+        raise TypeError(f"the basis has dtype {basis.dtype} but x has dtype {dtype_name(x)}; convert explicitly")
+    if basis.device != device_of(x):
+        raise ValueError(f"the basis is on device {basis.device} but x is on {device_of(x)}")
+    squeeze = x.ndim == 2
+    if squeeze:
+        x = x[None]
+    B, M, P = (int(s) for s in x.shape)  # noqa: N806
+    if M != basis.M:
+        raise ValueError(
+            f"x has shape {shape_str(tuple(x.shape[1:] if squeeze else x.shape))} but the basis has "
+            f"M={basis.M} input entries; expected x of shape (B, {basis.M}, P) or ({basis.M}, P)"
+        )
+    if basis.batch is not None and basis.batch != B:
+        raise ValueError(f"the basis is per-instance with batch {basis.batch} but x has batch {B}; they must agree")
+    if param.K != basis.K:
+        raise ValueError(f"theta has K={param.K} members (shape {shape_str((param.K, param.P, param.Q))}) but the basis has K={basis.K}")
+    if param.P != P:
+        raise ValueError(f"theta has P={param.P} input channels but x has {P}; expected theta of shape ({basis.K}, {P}, Q)")
+    return basis, x, param, squeeze
+
+
+def _orders(kind: str) -> tuple[str, ...]:
+    return _BASE_ORDERS if kind == "full" else _FACTOR_ORDERS
+
+
+def _dense_equation(batched: bool, kind: str) -> str:
+    return f"{'bkmn' if batched else 'kmn'},bmp,{_PARAM_SUBSCRIPTS[kind]}->bnq"
+
+
+@lru_cache(maxsize=4096)
+def _dense_candidate(eq: str, shapes: tuple[tuple[int, ...], ...], order: str, kind: str) -> Candidate:
+    path = _DENSE_PATHS[kind][order]
+    _, info = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=[tuple(p) for p in path])
+    memory = float(sum(info.size_list))
+    return Candidate(order, float(info.opt_cost), memory)
+
+
+def _generic_candidates(basis: Basis, B: int, prm: _Param) -> list[Candidate]:  # noqa: N803
+    K, M, N, P, Q, R = basis.K, basis.M, basis.N, prm.P, prm.Q, prm.R  # noqa: N806
+
+    def gemm(*dims: int) -> float:
+        return 2.0 * float(np.prod(dims))
+
+    def full_cost(order: str) -> Cost:
+        if order == "ax":
+            return basis.cost_each(B, P) + Cost(gemm(B, N, K, P, Q), float(B * K * N * P + B * N * Q))
+        if order == "xtheta":
+            return Cost(gemm(B, M, P, K, Q), 2.0 * B * K * M * Q) + basis.cost_members(B, Q, True)
+        return basis.cost_combined(B, P, Q)
+
+    out = []
+    for order in _orders(prm.kind):
+        if prm.kind == "full" or order == "atheta" or order.endswith("+full"):
+            cost = full_cost(order.removesuffix("+full"))
+            if prm.kind != "full":
+                cost = cost + Cost(gemm(K, P, Q, R), float(K * P * Q))
+        elif prm.kind == "separable" and order == "ax":
+            cost = basis.cost_each(B, P) + Cost(gemm(B, K, N, P, R) + gemm(B, N, R, P, Q), float(B * R * N * P + B * N * Q))
+        elif prm.kind == "separable":
+            cost = Cost(gemm(B, M, P, R, Q) + gemm(B, M, R, K, Q), float(B * M * R * Q + B * K * M * Q)) + basis.cost_members(B, Q, True)
+        elif order == "ax":
+            cost = basis.cost_each(B, P) + Cost(gemm(B, K, N, P, R) + gemm(B, N, K, R, Q), float(B * K * N * R + B * N * Q))
+        else:
+            cost = Cost(gemm(B, M, P, K, R) + gemm(B, N, K, R, Q), float(B * M * K * R + B * N * Q)) + basis.cost_members(B, R, False)
+        out.append(Candidate(order, cost.flops, cost.memory))
+    return out
+
+
+_PLAN_CACHE: OrderedDict[tuple[Any, ...], Plan] = OrderedDict()
+_PLAN_CACHE_SIZE = 2048
+
+
+def _plan(basis: Basis, x: Array, prm: _Param, order: str) -> Plan:
+    valid = _orders(prm.kind)
+    if order != "auto" and order not in valid:
+        raise ValueError(f"order={order!r} is not valid for a {prm.kind} parameter; expected one of {('auto',) + valid}")
+    B = int(x.shape[0])  # noqa: N806
+    key = (basis.plan_key(), B, prm.kind, prm.P, prm.Q, prm.R, order)
+    cached = _PLAN_CACHE.get(key)
+    if cached is not None:
+        _PLAN_CACHE.move_to_end(key)
+        return cached
+    sizes = {"B": B, "K": basis.K, "M": basis.M, "N": basis.N, "P": prm.P, "Q": prm.Q}
+    if prm.kind != "full":
+        sizes["H" if prm.kind == "separable" else "D"] = prm.R
+    equation = ""
+    if isinstance(basis, DenseBasis):
+        equation = _dense_equation(basis.batch is not None, prm.kind)
+        shapes = (basis.shape, tuple(int(s) for s in x.shape)) + tuple(tuple(int(s) for s in op.shape) for op in prm.operands)
+        candidates = [_dense_candidate(equation, shapes, o, prm.kind) for o in valid]
+    else:
+        candidates = _generic_candidates(basis, B, prm)
+    chosen = order if order != "auto" else min(candidates, key=lambda c: c.score).order
+    plan = Plan(basis.representation, sizes, prm.kind, tuple(candidates), chosen, order, equation)
+    _PLAN_CACHE[key] = plan
+    if len(_PLAN_CACHE) > _PLAN_CACHE_SIZE:
+        _PLAN_CACHE.popitem(last=False)
+    return plan
+
+
+def explain(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> Plan:
+    """Report the cost of every order for these operands and the one :func:`conv` would run.
+
+    Parameters are those of :func:`conv`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from structconv import explain
+    >>> plan = explain(np.ones((9, 64, 64)), np.ones((8, 64, 3)), np.ones((9, 3, 16)))
+    >>> plan.chosen in ("ax", "xtheta", "atheta")
+    True
+    """
+    basis, x3, prm, _ = _prepare(a, x, theta)
+    return _plan(basis, x3, prm, order)
+
+
+def _run_generic(basis: Basis, x: Array, prm: _Param, order: str) -> Array:
+    if prm.kind != "full" and (order == "atheta" or order.endswith("+full")):
+        full = einsum("hk,hpq->kpq" if prm.kind == "separable" else "kpd,kqd->kpq", *prm.operands)
+        return _run_generic(basis, x, _Param("full", (full,), prm.K, prm.P, prm.Q, 0), order.removesuffix("+full"))
+    if prm.kind == "full":
+        (theta,) = prm.operands
+        if order == "ax":
+            return einsum("bknp,kpq->bnq", basis.apply_each(x), theta)
+        if order == "xtheta":
+            return basis.apply_members(einsum("bmp,kpq->bkmq", x, theta), reduce=True)
+        return basis.apply_combined(x, theta)
+    f1, f2 = prm.operands
+    if prm.kind == "separable":
+        if order == "ax":
+            return einsum("bhnp,hpq->bnq", einsum("hk,bknp->bhnp", f1, basis.apply_each(x)), f2)
+        mixed = einsum("hk,bhmq->bkmq", f1, einsum("bmp,hpq->bhmq", x, f2))
+        return basis.apply_members(mixed, reduce=True)
+    if order == "ax":
+        heads = einsum("bknp,kpd->bknd", basis.apply_each(x), f1)
+    else:
+        heads = basis.apply_members(einsum("bmp,kpd->bkmd", x, f1), reduce=False)
+    return einsum("bknd,kqd->bnq", heads, f2)
+
+
+def conv(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> Array:
+    r"""Compute :math:`y_b = \sum_k A_k^\top x_b \Theta_k` (Andreoli, Prop. 2, batched).
+
+    Parameters
+    ----------
+    a
+        The basis: a :class:`~structconv.Basis`, or a dense array of shape ``(K, M, N)`` or
+        ``(B, K, M, N)``.
+    x
+        Input of shape ``(B, M, P)`` or ``(M, P)``.
+    theta
+        Parameter of shape ``(K, P, Q)``, or a :class:`~structconv.Separable` /
+        :class:`~structconv.LowRank` factorisation of it.
+    order
+        ``"auto"`` (least estimated cost), ``"ax"``, ``"xtheta"``, ``"atheta"``, and for
+        factorised parameters also ``"ax+full"`` and ``"xtheta+full"``.  See
+        :func:`explain`.
+
+    Returns
+    -------
+    Array
+        ``y`` of shape ``(B, N, Q)`` (or ``(N, Q)`` for 2-D ``x``), on the backend of ``x``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On mismatched shapes, ranks, backends, dtypes or devices, empty dimensions or an
+        unknown ``order``; the message names the argument.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from structconv import conv
+    >>> rng = np.random.default_rng(0)
+    >>> A, x, theta = rng.random((4, 5, 6)), rng.random((2, 5, 3)), rng.random((4, 3, 7))
+    >>> y = conv(A, x, theta)
+    >>> bool(np.allclose(y, np.einsum("kmn,bmp,kpq->bnq", A, x, theta)))
+    True
+    """
+    basis, x3, prm, squeeze = _prepare(a, x, theta)
+    plan = _plan(basis, x3, prm, order)
+    if isinstance(basis, DenseBasis):
+        y = einsum(plan.equation, basis.array, x3, *prm.operands, path=_DENSE_PATHS[prm.kind][plan.chosen])
+    else:
+        y = _run_generic(basis, x3, prm, plan.chosen)
+    return y[0] if squeeze else y

@@ -1,0 +1,112 @@
+r"""Dense bases: the whole :math:`(K, M, N)` tensor is stored.
+
+Good for tiny structures, tests and the decomposition of Proposition 1.  Dense operands are
+contracted by opt_einsum along an explicit path chosen by the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._backend import Array, device_of, einsum, is_torch
+from ._checks import check_array, check_finite
+from .basis import Basis, Cost
+
+
+class DenseBasis(Basis):
+    """A basis stored as a dense array of shape ``(K, M, N)`` or ``(B, K, M, N)``.
+
+    Parameters
+    ----------
+    array
+        The basis weights: a floating NumPy array or torch tensor (it may require grad).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from structconv import DenseBasis
+    >>> A = DenseBasis(np.eye(3)[None])
+    >>> A.shape, A.representation
+    ((1, 3, 3), 'dense')
+    """
+
+    __slots__ = ("_array",)
+    representation = "dense"
+
+    def __init__(self, array: Array) -> None:
+        check_array(array, "basis", (3, 4), ("(K, M, N)", "(B, K, M, N)"))
+        check_finite(array, "basis")
+        self._array = array
+
+    @property
+    def array(self) -> Array:
+        """The stored dense array (read-only by convention)."""
+        return self._array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self._array.shape)
+
+    @property
+    def backend(self) -> str:
+        return "torch" if is_torch(self._array) else "numpy"
+
+    @property
+    def dtype(self) -> Any:
+        return self._array.dtype
+
+    @property
+    def device(self) -> str:
+        return device_of(self._array)
+
+    def to_dense(self) -> Array:
+        return self._array
+
+    def transpose(self) -> DenseBasis:
+        a = self._array
+        return DenseBasis(a.transpose(-1, -2) if is_torch(a) else np.swapaxes(a, -1, -2))
+
+    def select(self, members: Sequence[int]) -> DenseBasis:
+        index = list(members)
+        if not index:
+            raise ValueError("members must name at least one basis member")
+        a = self._array
+        return DenseBasis(a[:, index] if a.ndim == 4 else a[index])
+
+    def to(self, device: Any = None, dtype: Any = None) -> DenseBasis:
+        a = self._array
+        if is_torch(a):
+            return DenseBasis(a.to(device=device, dtype=dtype))
+        if device not in (None, "cpu"):
+            raise ValueError(f"device={device!r}: a NumPy basis lives on the CPU; convert it to torch first")
+        return DenseBasis(a if dtype is None else a.astype(dtype))
+
+    def energy(self) -> float:
+        a = self._array
+        return float((a * a).sum()) / (self.N * (self.batch or 1))
+
+    def _equation(self, rhs: str) -> str:
+        lhs = "bkmn" if self.batch is not None else "kmn"
+        return f"{lhs},{rhs}"
+
+    def apply_each(self, x: Array) -> Array:
+        return einsum(self._equation("bmc->bknc"), self._array, x)
+
+    def apply_members(self, s: Array, reduce: bool) -> Array:
+        out = "bnc" if reduce else "bknc"
+        return einsum(self._equation(f"bkmc->{out}"), self._array, s)
+
+    def _size(self) -> float:
+        return float(np.prod(self.shape))
+
+    def cost_each(self, batch: int, channels: int) -> Cost:
+        per_instance = 1 if self.batch is not None else batch
+        return Cost(2.0 * self._size() * per_instance * channels, float(batch * self.K * self.N * channels))
+
+    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
+        per_instance = 1 if self.batch is not None else batch
+        out = batch * self.N * channels * (1 if reduce else self.K)
+        return Cost(2.0 * self._size() * per_instance * channels, float(out))

@@ -304,7 +304,15 @@ def _ones_like(a: Array, n: int) -> Array:
 
 
 def _coalesce(indices: Array, values: Array, shape: tuple[int, ...]) -> tuple[Array, Array]:
-    """Sort entries and sum duplicates (keeping autograd on torch values)."""
+    """Sort entries and sum duplicates (keeping autograd on torch values).
+
+    Entries already sorted without duplicates are kept as given, so that ``values`` stays the
+    caller's tensor (a leaf, when it requires grad) rather than the output of a graph node that
+    a second backward pass could not traverse again.
+    """
+    lin_np = np.ravel_multi_index(tuple(to_numpy(indices)), shape) if indices.shape[1] else np.zeros(0, np.int64)
+    if lin_np.size < 2 or bool(np.all(np.diff(lin_np) > 0)):
+        return indices, values
     if is_torch(values):
         torch = _torch()
         coo = torch.sparse_coo_tensor(indices, values, shape, check_invariants=False).coalesce()

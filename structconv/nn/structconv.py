@@ -1,0 +1,105 @@
+r"""The generic layer: a fixed basis and a learnable :math:`\Theta` (and bias)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..basis import Basis, as_basis
+from ..contract import conv
+
+
+class StructConv(nn.Module):
+    r"""Convolution :math:`y_b = \sum_k A_k^\top x_b \Theta_k + \beta` over a fixed basis.
+
+    Parameters
+    ----------
+    basis
+        A torch :class:`~structconv.Basis` (or dense tensor) of shape ``(K, M, N)``.  It moves
+        with the module (``.to``, ``.double``, ``.cuda``) but is not a parameter.
+    in_channels, out_channels
+        ``P`` and ``Q``.
+    bias
+        Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
+    order
+        Passed to :func:`structconv.conv` (``"auto"`` by default).
+
+    Notes
+    -----
+    **Initialisation.**  With independent zero-mean inputs of variance :math:`v`, each output
+    has variance :math:`v\,P\,\mathrm{Var}(\Theta)\sum_{k,m}A_{kmn}^2`.  The layer therefore
+    uses the effective fan-in :math:`F = P\,e`, where :math:`e` is the basis energy
+    :math:`\frac1N\sum_{k,m,n}A_{kmn}^2` (:meth:`~structconv.Basis.energy`), and draws
+    :math:`\Theta` and :math:`\beta` from :math:`\mathcal U(-1/\sqrt F, 1/\sqrt F)`.  For a
+    grid basis :math:`e` is the kernel volume :math:`K` away from borders, so this is
+    ``torch.nn.Conv2d``'s default (fan-in :math:`PK`); for :math:`K=1` and
+    :math:`A_1 = I` it is ``torch.nn.Linear``'s.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import StructConv
+    >>> layer = StructConv(torch.eye(5).expand(2, 5, 5), in_channels=3, out_channels=4)
+    >>> layer(torch.randn(8, 5, 3)).shape
+    torch.Size([8, 5, 4])
+    """
+
+    def __init__(
+        self,
+        basis: Basis | torch.Tensor,
+        in_channels: int,
+        out_channels: int,
+        bias: bool = True,
+        order: str = "auto",
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        basis = as_basis(basis)
+        if basis.backend != "torch":
+            raise TypeError("basis must be a torch basis for a torch layer; build it from torch tensors")
+        if basis.batch is not None:
+            raise ValueError("basis must be shared by the batch, shape (K, M, N); per-instance bases go to structconv.conv")
+        for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        factory = {"device": device if device is not None else basis.device, "dtype": dtype or basis.dtype}
+        self.basis = basis.to(device=factory["device"], dtype=factory["dtype"])
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.order = order
+        self.theta = nn.Parameter(torch.empty(basis.K, in_channels, out_channels, **factory))
+        self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
+        self.reset_parameters()
+
+    def fan_in(self) -> float:
+        """The effective fan-in :math:`P\\,e` used by :meth:`reset_parameters`."""
+        return self.in_channels * max(self.basis.energy(), 1e-12)
+
+    def reset_parameters(self) -> None:
+        """Draw :math:`\\Theta` and the bias from :math:`\\mathcal U(\\pm 1/\\sqrt{F})`."""
+        bound = 1.0 / math.sqrt(self.fan_in())
+        nn.init.uniform_(self.theta, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the layer to ``x`` of shape ``(B, M, P)`` or ``(M, P)``."""
+        y = conv(self.basis, x, self.theta, order=self.order)
+        return y if self.bias is None else y + self.bias
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> StructConv:
+        super()._apply(fn, recurse)
+        self.basis = self.basis.to(device=self.theta.device, dtype=self.theta.dtype)
+        return self
+
+    def extra_repr(self) -> str:
+        b = self.basis
+        return (
+            f"basis={b.representation}(K={b.K}, M={b.M}, N={b.N}), in_channels={self.in_channels}, "
+            f"out_channels={self.out_channels}, bias={self.bias is not None}, order={self.order!r}"
+        )

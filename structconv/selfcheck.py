@@ -1,0 +1,237 @@
+"""Numerical self-test of the framework's identities, run by ``structconv check``.
+
+Each check draws random cases, compares two computations that the mathematics says are equal,
+and records the largest relative error.  Nothing here is used by the engine itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .basis import Basis
+from .composite import ConcatBasis, concat
+from .contract import conv
+from .dense import DenseBasis
+from .factor import LowRank, Separable
+from .sparse import SparseBasis
+from .theory import combine, compose, decompose
+
+REPRESENTATIONS = ("dense", "sparse", "concat")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one identity over several random cases."""
+
+    name: str
+    cases: int
+    max_error: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        """Whether the largest error is within tolerance."""
+        return bool(self.max_error <= self.tolerance)
+
+
+def _rel_error(a: Any, b: Any) -> float:
+    a, b = _np(a), _np(b)
+    scale = max(1.0, float(np.abs(b).max()))
+    return float(np.abs(a - b).max()) / scale
+
+
+def _np(a: Any) -> np.ndarray:
+    return a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+
+
+def random_basis_array(rng: np.random.Generator, shape: tuple[int, ...], density: float) -> np.ndarray:
+    """A random basis array with about ``density`` of its entries non-zero."""
+    return rng.normal(size=shape) * (rng.random(shape) < density)
+
+
+def build_basis(array: Any, representation: str) -> Basis:
+    """Represent the dense ``array`` as ``representation`` (``dense``, ``sparse`` or ``concat``)."""
+    if representation == "dense":
+        return DenseBasis(array)
+    if representation == "sparse":
+        return SparseBasis.from_dense(array)
+    if representation == "concat":
+        axis = array.ndim - 3
+        k = array.shape[axis]
+        if k < 2:
+            return ConcatBasis([SparseBasis.from_dense(array)])
+        first = array[:, :1] if axis == 1 else array[:1]
+        rest = array[:, 1:] if axis == 1 else array[1:]
+        return ConcatBasis([DenseBasis(first), SparseBasis.from_dense(rest)])
+    raise ValueError(f"representation={representation!r}; expected one of {REPRESENTATIONS}")
+
+
+def _cases(rng: np.random.Generator, count: int) -> Iterator[dict[str, Any]]:
+    for i in range(count):
+        batched = i % 3 == 2
+        K, M, N, P, Q, B = (int(v) for v in rng.integers(1, 7, size=6))  # noqa: N806
+        shape = (B, K, M, N) if batched else (K, M, N)
+        yield {
+            "A": random_basis_array(rng, shape, float(rng.uniform(0.2, 1.0))),
+            "x": rng.normal(size=(B, M, P)),
+            "theta": rng.normal(size=(K, P, Q)),
+        }
+
+
+def _reference(A: np.ndarray, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    eq = "bkmn,bmp,kpq->bnq" if A.ndim == 4 else "kmn,bmp,kpq->bnq"
+    return np.einsum(eq, A, x, theta)
+
+
+def _torch(a: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(a)
+
+
+def _max_over(cases: list[dict[str, Any]], fn: Callable[[dict[str, Any]], float]) -> float:
+    return max(fn(c) for c in cases)
+
+
+def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("numpy", "torch")) -> list[CheckResult]:
+    """Run every identity on ``cases`` random cases per check and return the results."""
+    rng = np.random.default_rng(seed)
+    data = list(_cases(rng, cases))
+    tol = 1e-10
+    results: list[CheckResult] = []
+    to = {"numpy": (lambda a: a), "torch": _torch}
+
+    for backend in backends:
+        cv = to[backend]
+        for rep in REPRESENTATIONS:
+            for order in ("ax", "xtheta", "atheta", "auto"):
+                err = _max_over(
+                    data,
+                    lambda c, rep=rep, order=order, cv=cv: _rel_error(
+                        conv(build_basis(cv(c["A"]), rep), cv(c["x"]), cv(c["theta"]), order=order),
+                        _reference(c["A"], c["x"], c["theta"]),
+                    ),
+                )
+                results.append(CheckResult(f"conv = einsum   [{backend}, {rep}, {order}]", cases, err, tol))
+
+    def linearity(c: dict[str, Any]) -> float:
+        x2, t2 = rng.normal(size=c["x"].shape), rng.normal(size=c["theta"].shape)
+        a, b = 0.7, -1.3
+        basis = SparseBasis.from_dense(c["A"])
+        lhs_x = conv(basis, a * c["x"] + b * x2, c["theta"])
+        rhs_x = a * conv(basis, c["x"], c["theta"]) + b * conv(basis, x2, c["theta"])
+        lhs_t = conv(basis, c["x"], a * c["theta"] + b * t2)
+        rhs_t = a * conv(basis, c["x"], c["theta"]) + b * conv(basis, c["x"], t2)
+        return max(_rel_error(lhs_x, rhs_x), _rel_error(lhs_t, rhs_t))
+
+    results.append(CheckResult("linearity in x and in theta", cases, _max_over(data, linearity), tol))
+
+    if "torch" in backends:
+        results.append(
+            CheckResult(
+                "numpy = torch (sparse, auto)",
+                cases,
+                _max_over(
+                    data,
+                    lambda c: _rel_error(
+                        conv(SparseBasis.from_dense(_torch(c["A"])), _torch(c["x"]), _torch(c["theta"])),
+                        conv(SparseBasis.from_dense(c["A"]), c["x"], c["theta"]),
+                    ),
+                ),
+                tol,
+            )
+        )
+
+    def transpose(c: dict[str, Any]) -> float:
+        A = c["A"]
+        At = np.swapaxes(A, -1, -2)
+        xt = rng.normal(size=(c["x"].shape[0], A.shape[-1], c["x"].shape[2]))
+        return _rel_error(conv(SparseBasis.from_dense(A).T, xt, c["theta"]), _reference(At, xt, c["theta"]))
+
+    results.append(CheckResult("transpose swaps inputs and outputs", cases, _max_over(data, transpose), tol))
+
+    def factorised(c: dict[str, Any]) -> float:
+        K, P, Q = c["theta"].shape  # noqa: N806
+        H, D = 2, 3  # noqa: N806
+        coef, chan = rng.normal(size=(H, K)), rng.normal(size=(H, P, Q))
+        val, out = rng.normal(size=(K, P, D)), rng.normal(size=(K, Q, D))
+        basis = build_basis(c["A"], "concat")
+        errs = []
+        for order in ("ax", "xtheta"):
+            errs.append(_rel_error(conv(basis, c["x"], Separable(coef, chan), order=order), _reference(c["A"], c["x"], np.einsum("hk,hpq->kpq", coef, chan))))
+            errs.append(_rel_error(conv(basis, c["x"], LowRank(val, out), order=order), _reference(c["A"], c["x"], np.einsum("kpd,kqd->kpq", val, out))))
+        return max(errs)
+
+    results.append(CheckResult("separable / low-rank factors kept", cases, _max_over(data, factorised), tol))
+
+    def prop1(_: dict[str, Any]) -> float:
+        M, N, P, Q = (int(v) for v in rng.integers(1, 4, size=4))  # noqa: N806
+        A = rng.normal(size=(M * N, M, N))
+        phi = rng.normal(size=(M, N, P, Q))
+        theta = decompose(A, phi)
+        return max(_rel_error(combine(A, theta), phi), _rel_error(decompose(A, combine(A, theta)), theta))
+
+    results.append(CheckResult("Prop. 1: decompose(combine) round trip", cases, _max_over(data, prop1), 1e-8))
+
+    def prop3(c: dict[str, Any]) -> float:
+        A1 = c["A"] if c["A"].ndim == 3 else c["A"][0]
+        x = c["x"]
+        K2, N2, Q2 = (int(v) for v in rng.integers(1, 5, size=3))  # noqa: N806
+        A2 = random_basis_array(rng, (K2, A1.shape[2], N2), 0.6)
+        t1, t2 = c["theta"], rng.normal(size=(c["theta"].shape[2], Q2))[None].repeat(K2, 0)
+        t2 = t2 + rng.normal(size=t2.shape)
+        expected = conv(A2, conv(A1, x, t1), t2)
+        errs = []
+        for rep in REPRESENTATIONS:
+            basis, theta = compose(build_basis(A1, rep), t1, build_basis(A2, rep), t2)
+            errs.append(_rel_error(conv(basis, x, theta), expected))
+        return max(errs)
+
+    results.append(CheckResult("Prop. 3: compose = sequence", cases, _max_over(data, prop3), tol))
+
+    if "torch" in backends:
+        results.append(_gradcheck(data[: min(4, len(data))]))
+    return results
+
+
+def _gradcheck(cases: list[dict[str, Any]]) -> CheckResult:
+    import torch
+
+    ok = True
+    for c in cases:
+        x = _torch(c["x"]).requires_grad_()
+        theta = _torch(c["theta"]).requires_grad_()
+        dense = _torch(c["A"]).requires_grad_()
+        pattern = SparseBasis.from_dense(_torch(c["A"]))
+        values = pattern.values.clone().requires_grad_()
+        for order in ("ax", "xtheta", "atheta"):
+
+            def dense_fn(A: Any, xx: Any, t: Any, order: str = order) -> Any:
+                return conv(DenseBasis(A), xx, t, order=order)
+
+            # The sparsity pattern is fixed: only the stored values are differentiated.
+            def sparse_fn(v: Any, xx: Any, t: Any, order: str = order) -> Any:
+                return conv(SparseBasis(pattern.indices, v, pattern.shape), xx, t, order=order)
+
+            ok &= bool(torch.autograd.gradcheck(dense_fn, (dense, x, theta), raise_exception=False))
+            ok &= bool(torch.autograd.gradcheck(sparse_fn, (values, x, theta), raise_exception=False))
+    return CheckResult("float64 gradcheck (x, theta, basis)", len(cases), 0.0 if ok else float("inf"), 0.0)
+
+
+def format_results(results: list[CheckResult]) -> str:
+    """Render results as a fixed-width table."""
+    width = max(len(r.name) for r in results)
+    lines = [f"{'identity':<{width}}  {'cases':>5}  {'max rel. error':>14}  {'tolerance':>9}  status"]
+    lines.append("-" * len(lines[0]))
+    for r in results:
+        lines.append(f"{r.name:<{width}}  {r.cases:>5}  {r.max_error:>14.2e}  {r.tolerance:>9.0e}  {'ok' if r.passed else 'FAIL'}")
+    failed = sum(not r.passed for r in results)
+    lines.append(f"{len(results) - failed} passed, {failed} failed")
+    return "\n".join(lines)
+
+
+__all__ = ["CheckResult", "build_basis", "concat", "format_results", "random_basis_array", "run_checks"]

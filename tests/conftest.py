@@ -1,0 +1,65 @@
+"""Shared Hypothesis settings and strategies."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+settings.register_profile("ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=300, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+REPRESENTATIONS = ("dense", "sparse", "concat", "composed")
+BACKENDS = ("numpy", "torch")
+
+
+@st.composite
+def problems(draw: Any, batched: bool | None = None, max_size: int = 6) -> dict[str, Any]:
+    """A random (A, x, theta) with sizes in [1, max_size] and a random density."""
+    if batched is None:
+        batched = draw(st.booleans())
+    dims = st.integers(1, max_size)
+    K, M, N, P, Q, B = (draw(dims) for _ in range(6))
+    seed = draw(st.integers(0, 2**32 - 1))
+    density = draw(st.sampled_from([0.0, 0.2, 0.5, 1.0]))
+    rng = np.random.default_rng(seed)
+    shape = (B, K, M, N) if batched else (K, M, N)
+    A = rng.normal(size=shape) * (rng.random(shape) < density)
+    return {"A": A, "x": rng.normal(size=(B, M, P)), "theta": rng.normal(size=(K, P, Q)), "rng": rng}
+
+
+def reference(A: np.ndarray, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """The naive dense einsum every path must equal."""
+    return np.einsum("bkmn,bmp,kpq->bnq" if A.ndim == 4 else "kmn,bmp,kpq->bnq", A, x, theta)
+
+
+def to_backend(a: np.ndarray, backend: str) -> Any:
+    return torch.from_numpy(a) if backend == "torch" else a
+
+
+def as_numpy(a: Any) -> np.ndarray:
+    return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+
+
+def make_basis(A: Any, representation: str) -> Any:
+    """Represent ``A`` (array of either backend) in a given representation."""
+    from structconv import ComposedBasis, DenseBasis, SparseBasis
+    from structconv.selfcheck import build_basis
+
+    if representation != "composed":
+        return build_basis(A, representation)
+    if A.ndim == 4:
+        return SparseBasis.from_dense(A)
+    # A = (A_k) composed with the one-member identity basis: the products are the A_k again.
+    eye = np.eye(A.shape[2])[None]
+    eye = torch.from_numpy(eye) if isinstance(A, torch.Tensor) else eye
+    return ComposedBasis(DenseBasis(A), SparseBasis.from_dense(eye))
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -1,0 +1,146 @@
+"""The engine: every order x representation x backend equals the naive dense einsum."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import BACKENDS, REPRESENTATIONS, as_numpy, cuda, make_basis, problems, reference, to_backend
+from hypothesis import given
+from hypothesis import strategies as st
+
+from structconv import DenseBasis, LowRank, Separable, SparseBasis, conv, explain
+
+ORDERS = ("ax", "xtheta", "atheta", "auto")
+FACTOR_ORDERS = ("ax", "xtheta", "ax+full", "xtheta+full", "atheta", "auto")
+
+
+@pytest.mark.parametrize("representation", REPRESENTATIONS)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("order", ORDERS)
+@given(problem=problems())
+def test_every_path_equals_dense_einsum(problem, representation, backend, order):
+    A, x, theta = (to_backend(problem[k], backend) for k in ("A", "x", "theta"))
+    y = conv(make_basis(A, representation), x, theta, order=order)
+    assert type(y) is type(x)
+    np.testing.assert_allclose(as_numpy(y), reference(problem["A"], problem["x"], problem["theta"]), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("representation", ("dense", "sparse", "concat"))
+@pytest.mark.parametrize("order", FACTOR_ORDERS)
+@given(problem=problems(), rank=st.integers(1, 4))
+def test_factorised_parameters_equal_their_full_form(problem, representation, order, rank):
+    rng = problem["rng"]
+    K, P, Q = problem["theta"].shape
+    coef, chan = rng.normal(size=(rank, K)), rng.normal(size=(rank, P, Q))
+    val, out = rng.normal(size=(K, P, rank)), rng.normal(size=(K, Q, rank))
+    basis = make_basis(problem["A"], representation)
+    for theta, full in (
+        (Separable(coef, chan), np.einsum("hk,hpq->kpq", coef, chan)),
+        (LowRank(val, out), np.einsum("kpd,kqd->kpq", val, out)),
+    ):
+        np.testing.assert_allclose(conv(basis, problem["x"], theta, order=order), reference(problem["A"], problem["x"], full), atol=1e-10)
+
+
+@given(problem=problems())
+def test_numpy_equals_torch(problem):
+    for rep in ("dense", "sparse"):
+        y_np = conv(make_basis(problem["A"], rep), problem["x"], problem["theta"])
+        y_t = conv(make_basis(torch.from_numpy(problem["A"]), rep), torch.from_numpy(problem["x"]), torch.from_numpy(problem["theta"]))
+        np.testing.assert_allclose(y_t.numpy(), y_np, atol=1e-12)
+
+
+@given(problem=problems(), a=st.floats(-3, 3), b=st.floats(-3, 3))
+def test_linear_in_x_and_theta(problem, a, b):
+    rng = problem["rng"]
+    basis = SparseBasis.from_dense(problem["A"])
+    x, t = problem["x"], problem["theta"]
+    x2, t2 = rng.normal(size=x.shape), rng.normal(size=t.shape)
+    np.testing.assert_allclose(conv(basis, a * x + b * x2, t), a * conv(basis, x, t) + b * conv(basis, x2, t), atol=1e-9)
+    np.testing.assert_allclose(conv(basis, x, a * t + b * t2), a * conv(basis, x, t) + b * conv(basis, x, t2), atol=1e-9)
+
+
+def test_two_dimensional_input_gives_two_dimensional_output():
+    rng = np.random.default_rng(0)
+    A, x, t = rng.normal(size=(2, 3, 4)), rng.normal(size=(3, 5)), rng.normal(size=(2, 5, 6))
+    y = conv(A, x, t)
+    assert y.shape == (4, 6)
+    np.testing.assert_allclose(y, reference(A, x[None], t)[0])
+
+
+def test_explain_reports_all_orders_and_auto_picks_the_cheapest():
+    rng = np.random.default_rng(0)
+    # Many members and wide channels: contracting A with x first is far cheaper than forming
+    # x.Theta (B*M*K*Q) or Phi (M*N*P*Q); opt_einsum's costs must say so.
+    A, x, t = rng.normal(size=(2, 50, 50)), rng.normal(size=(4, 50, 64)), rng.normal(size=(2, 64, 64))
+    plan = explain(A, x, t)
+    assert [c.order for c in plan.candidates] == ["ax", "xtheta", "atheta"]
+    assert plan.chosen == min(plan.candidates, key=lambda c: c.score).order
+    assert plan.candidate("atheta").flops > plan.candidate("ax").flops
+    assert "opt_einsum equation: kmn,bmp,kpq->bnq" in str(plan)
+    assert "<- chosen" in str(plan)
+    assert explain(A, x, t, order="xtheta").chosen == "xtheta"
+
+
+def test_dense_costs_are_opt_einsums():
+    import opt_einsum
+
+    rng = np.random.default_rng(0)
+    A, x, t = rng.normal(size=(3, 7, 8)), rng.normal(size=(2, 7, 4)), rng.normal(size=(3, 4, 5))
+    plan = explain(A, x, t)
+    _, info = opt_einsum.contract_path("kmn,bmp,kpq->bnq", A, x, t, optimize=[(1, 2), (0, 1)])
+    assert plan.candidate("xtheta").flops == float(info.opt_cost)
+
+
+def test_sparse_costs_scale_with_nnz_not_with_m_times_n():
+    sparse_few = SparseBasis(np.array([[0, 0], [1, 2], [3, 4]]), np.array([1.0, 2.0]), (1, 400, 400))
+    dense_equivalent = DenseBasis(sparse_few.to_dense())
+    for hook in ("cost_each", "cost_members"):
+        args = (2, 3) if hook == "cost_each" else (2, 3, True)
+        sparse_cost, dense_cost = getattr(sparse_few, hook)(*args), getattr(dense_equivalent, hook)(*args)
+        assert sparse_cost.flops < dense_cost.flops / 1000
+    assert sparse_few.cost_each(2, 3).flops == pytest.approx(2 * 2 * 2 * 3 * 6.0)
+
+
+def test_plans_are_cached_per_shape_key():
+    rng = np.random.default_rng(0)
+    A, t = rng.normal(size=(2, 5, 5)), rng.normal(size=(2, 3, 4))
+    p1 = explain(A, rng.normal(size=(2, 5, 3)), t)
+    p2 = explain(rng.normal(size=(2, 5, 5)), rng.normal(size=(2, 5, 3)), rng.normal(size=(2, 3, 4)))
+    assert p1 is p2
+
+
+def test_sparse_paths_never_materialise_the_dense_basis(monkeypatch):
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(3, 6, 5)) * (rng.random((3, 6, 5)) < 0.3)
+    x, t = rng.normal(size=(2, 6, 3)), rng.normal(size=(3, 3, 2))
+    basis = SparseBasis.from_dense(A)
+
+    def forbidden(self):
+        raise AssertionError("to_dense called")
+
+    monkeypatch.setattr(SparseBasis, "to_dense", forbidden)
+    for order in ("ax", "xtheta", "atheta"):
+        np.testing.assert_allclose(conv(basis, x, t, order=order), reference(A, x, t), atol=1e-12)
+
+
+def test_autograd_flows_to_dense_basis_x_and_theta_in_float32():
+    A = torch.randn(3, 5, 4, requires_grad=True)
+    x = torch.randn(2, 5, 3, requires_grad=True)
+    t = torch.randn(3, 3, 2, requires_grad=True)
+    for order in ("ax", "xtheta", "atheta"):
+        conv(A, x, t, order=order).square().sum().backward()
+    assert all(v.grad is not None and torch.isfinite(v.grad).all() for v in (A, x, t))
+
+
+@cuda
+@pytest.mark.parametrize("representation", REPRESENTATIONS)
+@pytest.mark.parametrize("order", ORDERS)
+def test_cuda_matches_cpu(representation, order):
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(3, 6, 5)) * (rng.random((3, 6, 5)) < 0.5)
+    x, t = rng.normal(size=(2, 6, 3)), rng.normal(size=(3, 3, 2))
+    dev = torch.device("cuda")
+    y = conv(make_basis(torch.from_numpy(A).to(dev), representation), torch.from_numpy(x).to(dev), torch.from_numpy(t).to(dev), order=order)
+    assert y.device.type == "cuda"
+    np.testing.assert_allclose(y.cpu().numpy(), reference(A, x, t), atol=1e-10)

@@ -66,7 +66,7 @@ def all_finite(a: Array) -> bool:
 
 def shape_str(shape: tuple[int, ...]) -> str:
     """Format a shape the way error messages show it."""
-    return "(" + ", ".join(str(int(s)) for s in shape) + ")"
+    return str(tuple(int(s) for s in shape))
 
 
 @lru_cache(maxsize=1024)

@@ -41,8 +41,12 @@ def check_same_placement(named: dict[str, Array]) -> None:
     for name, arr in items[1:]:
         backend = backend_of(arr, name)
         if backend != first_backend:
-            raise TypeError(f"{name} is a {backend} array but {first_name} is a {first_backend} array; do not mix backends")
+            raise TypeError(
+                f"{name} is a {backend} array but {first_name} is a {first_backend} array; do not mix backends"
+            )
         if dtype_name(arr) != dtype_name(first):
-            raise TypeError(f"{name} has dtype {dtype_name(arr)} but {first_name} has dtype {dtype_name(first)}; convert explicitly")
+            raise TypeError(
+                f"{name} has dtype {dtype_name(arr)} but {first_name} has dtype {dtype_name(first)}; convert explicitly"
+            )
         if device_of(arr) != device_of(first):
             raise ValueError(f"{name} is on device {device_of(arr)} but {first_name} is on {device_of(first)}")

@@ -69,17 +69,17 @@ class Basis(ABC):
         """The device of the basis weights (``"cpu"`` for NumPy)."""
 
     @property
-    def K(self) -> int:  # noqa: N802 - the paper's name for the basis size
+    def K(self) -> int:
         """Number of basis members."""
         return self.shape[-3]
 
     @property
-    def M(self) -> int:  # noqa: N802
+    def M(self) -> int:
         """Number of input entries."""
         return self.shape[-2]
 
     @property
-    def N(self) -> int:  # noqa: N802
+    def N(self) -> int:
         """Number of output entries."""
         return self.shape[-1]
 
@@ -98,7 +98,7 @@ class Basis(ABC):
         r"""The basis with input and output entries swapped: :math:`(\mathbf{A}_k^\top)_k`."""
 
     @property
-    def T(self) -> Basis:  # noqa: N802 - mirrors ndarray.T
+    def T(self) -> Basis:
         """Alias of :meth:`transpose`."""
         return self.transpose()
 

@@ -17,7 +17,10 @@ def _check(args: argparse.Namespace) -> int:
         print(f"structconv check: --backends got {sorted(unknown)}; expected numpy and/or torch", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    print(f"structconv check: {args.cases} random cases per identity, seed {args.seed}, backends {', '.join(backends)}", flush=True)
+    print(
+        f"structconv check: {args.cases} random cases per identity, seed {args.seed}, backends {', '.join(backends)}",
+        flush=True,
+    )
     results = run_checks(seed=args.seed, cases=args.cases, backends=backends)
     print(format_results(results))
     print(f"({time.perf_counter() - start:.1f} s)")
@@ -26,7 +29,9 @@ def _check(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``structconv``."""
-    parser = argparse.ArgumentParser(prog="structconv", description="Convolution on any structure: y = sum_k A_k^T x Theta_k")
+    parser = argparse.ArgumentParser(
+        prog="structconv", description="Convolution on any structure: y = sum_k A_k^T x Theta_k"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="verify the framework's identities on random cases")
     check.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

@@ -24,8 +24,7 @@ def _check_compatible(parts: Sequence[Basis], what: str) -> None:
     for i, p in enumerate(parts[1:], start=1):
         if p.shape[:-3] != first.shape[:-3] or p.shape[-2:] != first.shape[-2:]:
             raise ValueError(
-                f"{what}: basis {i} has shape {p.shape} but basis 0 has shape {first.shape}; "
-                "batch, M and N must agree"
+                f"{what}: basis {i} has shape {p.shape} but basis 0 has shape {first.shape}; batch, M and N must agree"
             )
         if p.backend != first.backend or str(p.dtype) != str(first.dtype) or p.device != first.device:
             raise TypeError(
@@ -139,7 +138,7 @@ class ConcatBasis(_Derived):
 class SelectBasis(_Derived):
     """Members ``members`` of ``parent``, for representations that cannot select natively."""
 
-    __slots__ = ("parent", "members")
+    __slots__ = ("members", "parent")
     representation = "select"
 
     def __init__(self, parent: Basis, members: Sequence[int]) -> None:
@@ -238,13 +237,13 @@ class ComposedBasis(_Derived):
         return ComposedBasis(self.first.to(device, dtype), self.second.to(device, dtype))
 
     def apply_each(self, x: Array) -> Array:
-        B, _, C = x.shape  # noqa: N806
+        B, _, C = x.shape
         k1, k2 = self.first.K, self.second.K
         r1 = self.first.apply_each(x).reshape(B * k1, self.first.N, C)
         return self.second.apply_each(r1).reshape(B, k1 * k2, self.N, C)
 
     def apply_members(self, s: Array, reduce: bool) -> Array:
-        B, _, M, C = s.shape  # noqa: N806
+        B, _, M, C = s.shape
         k1, k2 = self.first.K, self.second.K
         n1 = self.first.N
         s = _swap12(s.reshape(B, k1, k2, M, C)).reshape(B * k2, k1, M, C)
@@ -280,7 +279,9 @@ def _torch_index(members: Sequence[int], like: Array) -> Any:
 
 def _check_compatible_placement(a: Basis, b: Basis) -> None:
     if a.backend != b.backend or str(a.dtype) != str(b.dtype) or a.device != b.device:
-        raise TypeError(f"cannot combine a {a.backend}/{a.dtype}/{a.device} basis with a {b.backend}/{b.dtype}/{b.device} one")
+        raise TypeError(
+            f"cannot combine a {a.backend}/{a.dtype}/{a.device} basis with a {b.backend}/{b.dtype}/{b.device} one"
+        )
 
 
 def _sum(costs: Any) -> Cost:

@@ -123,10 +123,10 @@ class Plan:
 class _Param:
     kind: str
     operands: tuple[Array, ...]
-    K: int  # noqa: N815
-    P: int  # noqa: N815
-    Q: int  # noqa: N815
-    R: int  # noqa: N815 - H (separable) or D (low-rank); 0 for a full parameter
+    K: int
+    P: int
+    Q: int
+    R: int
 
 
 def _as_param(theta: Parameter) -> _Param:
@@ -146,11 +146,17 @@ def _prepare(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis, Array
     check_array(x, "x", (2, 3), ("(B, M, P)", "(M, P)"))
     param = _as_param(theta)
     placement = {"x": x}
-    names = {"full": ("theta",), "separable": ("theta.basis_coef", "theta.channel"), "lowrank": ("theta.value", "theta.out")}
+    names = {
+        "full": ("theta",),
+        "separable": ("theta.basis_coef", "theta.channel"),
+        "lowrank": ("theta.value", "theta.out"),
+    }
     placement.update(zip(names[param.kind], param.operands, strict=True))
     check_same_placement(placement)
     if basis.backend != backend_of(x, "x"):
-        raise TypeError(f"the basis is a {basis.backend} basis but x is a {backend_of(x, 'x')} array; do not mix backends")
+        raise TypeError(
+            f"the basis is a {basis.backend} basis but x is a {backend_of(x, 'x')} array; do not mix backends"
+        )
     if dtype_name(x) != str(basis.dtype).removeprefix("torch."):
         raise TypeError(f"the basis has dtype {basis.dtype} but x has dtype {dtype_name(x)}; convert explicitly")
     if basis.device != device_of(x):
@@ -158,7 +164,7 @@ def _prepare(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis, Array
     squeeze = x.ndim == 2
     if squeeze:
         x = x[None]
-    B, M, P = (int(s) for s in x.shape)  # noqa: N806
+    B, M, P = (int(s) for s in x.shape)
     if M != basis.M:
         raise ValueError(
             f"x has shape {shape_str(tuple(x.shape[1:] if squeeze else x.shape))} but the basis has "
@@ -167,9 +173,14 @@ def _prepare(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis, Array
     if basis.batch is not None and basis.batch != B:
         raise ValueError(f"the basis is per-instance with batch {basis.batch} but x has batch {B}; they must agree")
     if param.K != basis.K:
-        raise ValueError(f"theta has K={param.K} members (shape {shape_str((param.K, param.P, param.Q))}) but the basis has K={basis.K}")
+        raise ValueError(
+            f"theta has K={param.K} members (shape {shape_str((param.K, param.P, param.Q))}) "
+            f"but the basis has K={basis.K}"
+        )
     if param.P != P:
-        raise ValueError(f"theta has P={param.P} input channels but x has {P}; expected theta of shape ({basis.K}, {P}, Q)")
+        raise ValueError(
+            f"theta has P={param.P} input channels but x has {P}; expected theta of shape ({basis.K}, {P}, Q)"
+        )
     return basis, x, param, squeeze
 
 
@@ -189,8 +200,8 @@ def _dense_candidate(eq: str, shapes: tuple[tuple[int, ...], ...], order: str, k
     return Candidate(order, float(info.opt_cost), memory)
 
 
-def _generic_candidates(basis: Basis, B: int, prm: _Param) -> list[Candidate]:  # noqa: N803
-    K, M, N, P, Q, R = basis.K, basis.M, basis.N, prm.P, prm.Q, prm.R  # noqa: N806
+def _generic_candidates(basis: Basis, B: int, prm: _Param) -> list[Candidate]:
+    K, M, N, P, Q, R = basis.K, basis.M, basis.N, prm.P, prm.Q, prm.R
 
     def gemm(*dims: int) -> float:
         return 2.0 * float(np.prod(dims))
@@ -209,13 +220,21 @@ def _generic_candidates(basis: Basis, B: int, prm: _Param) -> list[Candidate]:  
             if prm.kind != "full":
                 cost = cost + Cost(gemm(K, P, Q, R), float(K * P * Q))
         elif prm.kind == "separable" and order == "ax":
-            cost = basis.cost_each(B, P) + Cost(gemm(B, K, N, P, R) + gemm(B, N, R, P, Q), float(B * R * N * P + B * N * Q))
+            cost = basis.cost_each(B, P) + Cost(
+                gemm(B, K, N, P, R) + gemm(B, N, R, P, Q), float(B * R * N * P + B * N * Q)
+            )
         elif prm.kind == "separable":
-            cost = Cost(gemm(B, M, P, R, Q) + gemm(B, M, R, K, Q), float(B * M * R * Q + B * K * M * Q)) + basis.cost_members(B, Q, True)
+            cost = Cost(
+                gemm(B, M, P, R, Q) + gemm(B, M, R, K, Q), float(B * M * R * Q + B * K * M * Q)
+            ) + basis.cost_members(B, Q, True)
         elif order == "ax":
-            cost = basis.cost_each(B, P) + Cost(gemm(B, K, N, P, R) + gemm(B, N, K, R, Q), float(B * K * N * R + B * N * Q))
+            cost = basis.cost_each(B, P) + Cost(
+                gemm(B, K, N, P, R) + gemm(B, N, K, R, Q), float(B * K * N * R + B * N * Q)
+            )
         else:
-            cost = Cost(gemm(B, M, P, K, R) + gemm(B, N, K, R, Q), float(B * M * K * R + B * N * Q)) + basis.cost_members(B, R, False)
+            cost = Cost(
+                gemm(B, M, P, K, R) + gemm(B, N, K, R, Q), float(B * M * K * R + B * N * Q)
+            ) + basis.cost_members(B, R, False)
         out.append(Candidate(order, cost.flops, cost.memory))
     return out
 
@@ -227,8 +246,10 @@ _PLAN_CACHE_SIZE = 2048
 def _plan(basis: Basis, x: Array, prm: _Param, order: str) -> Plan:
     valid = _orders(prm.kind)
     if order != "auto" and order not in valid:
-        raise ValueError(f"order={order!r} is not valid for a {prm.kind} parameter; expected one of {('auto',) + valid}")
-    B = int(x.shape[0])  # noqa: N806
+        raise ValueError(
+            f"order={order!r} is not valid for a {prm.kind} parameter; expected one of {('auto',) + valid}"
+        )
+    B = int(x.shape[0])
     key = (basis.plan_key(), B, prm.kind, prm.P, prm.Q, prm.R, order)
     cached = _PLAN_CACHE.get(key)
     if cached is not None:
@@ -240,7 +261,9 @@ def _plan(basis: Basis, x: Array, prm: _Param, order: str) -> Plan:
     equation = ""
     if isinstance(basis, DenseBasis):
         equation = _dense_equation(basis.batch is not None, prm.kind)
-        shapes = (basis.shape, tuple(int(s) for s in x.shape)) + tuple(tuple(int(s) for s in op.shape) for op in prm.operands)
+        shapes = (basis.shape, tuple(int(s) for s in x.shape)) + tuple(
+            tuple(int(s) for s in op.shape) for op in prm.operands
+        )
         candidates = [_dense_candidate(equation, shapes, o, prm.kind) for o in valid]
     else:
         candidates = _generic_candidates(basis, B, prm)

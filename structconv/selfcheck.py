@@ -45,7 +45,8 @@ def _rel_error(a: Any, b: Any) -> float:
 
 
 def _np(a: Any) -> np.ndarray:
-    return a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+    out: np.ndarray = a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+    return out
 
 
 def random_basis_array(rng: np.random.Generator, shape: tuple[int, ...], density: float) -> np.ndarray:
@@ -73,7 +74,7 @@ def build_basis(array: Any, representation: str) -> Basis:
 def _cases(rng: np.random.Generator, count: int) -> Iterator[dict[str, Any]]:
     for i in range(count):
         batched = i % 3 == 2
-        K, M, N, P, Q, B = (int(v) for v in rng.integers(1, 7, size=6))  # noqa: N806
+        K, M, N, P, Q, B = (int(v) for v in rng.integers(1, 7, size=6))
         shape = (B, K, M, N) if batched else (K, M, N)
         yield {
             "A": random_basis_array(rng, shape, float(rng.uniform(0.2, 1.0))),
@@ -84,7 +85,8 @@ def _cases(rng: np.random.Generator, count: int) -> Iterator[dict[str, Any]]:
 
 def _reference(A: np.ndarray, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
     eq = "bkmn,bmp,kpq->bnq" if A.ndim == 4 else "kmn,bmp,kpq->bnq"
-    return np.einsum(eq, A, x, theta)
+    out: np.ndarray = np.einsum(eq, A, x, theta)
+    return out
 
 
 def _torch(a: np.ndarray) -> Any:
@@ -103,19 +105,17 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
     data = list(_cases(rng, cases))
     tol = 1e-10
     results: list[CheckResult] = []
-    to = {"numpy": (lambda a: a), "torch": _torch}
+    to: dict[str, Callable[[np.ndarray], Any]] = {"numpy": lambda a: a, "torch": _torch}
+
+    def against_einsum(c: dict[str, Any], backend: str, rep: str, order: str) -> float:
+        cv = to[backend]
+        y = conv(build_basis(cv(c["A"]), rep), cv(c["x"]), cv(c["theta"]), order=order)
+        return _rel_error(y, _reference(c["A"], c["x"], c["theta"]))
 
     for backend in backends:
-        cv = to[backend]
         for rep in REPRESENTATIONS:
             for order in ("ax", "xtheta", "atheta", "auto"):
-                err = _max_over(
-                    data,
-                    lambda c, rep=rep, order=order, cv=cv: _rel_error(
-                        conv(build_basis(cv(c["A"]), rep), cv(c["x"]), cv(c["theta"]), order=order),
-                        _reference(c["A"], c["x"], c["theta"]),
-                    ),
-                )
+                err = max(against_einsum(c, backend, rep, order) for c in data)
                 results.append(CheckResult(f"conv = einsum   [{backend}, {rep}, {order}]", cases, err, tol))
 
     def linearity(c: dict[str, Any]) -> float:
@@ -155,21 +155,31 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
     results.append(CheckResult("transpose swaps inputs and outputs", cases, _max_over(data, transpose), tol))
 
     def factorised(c: dict[str, Any]) -> float:
-        K, P, Q = c["theta"].shape  # noqa: N806
-        H, D = 2, 3  # noqa: N806
+        K, P, Q = c["theta"].shape
+        H, D = 2, 3
         coef, chan = rng.normal(size=(H, K)), rng.normal(size=(H, P, Q))
         val, out = rng.normal(size=(K, P, D)), rng.normal(size=(K, Q, D))
         basis = build_basis(c["A"], "concat")
         errs = []
         for order in ("ax", "xtheta"):
-            errs.append(_rel_error(conv(basis, c["x"], Separable(coef, chan), order=order), _reference(c["A"], c["x"], np.einsum("hk,hpq->kpq", coef, chan))))
-            errs.append(_rel_error(conv(basis, c["x"], LowRank(val, out), order=order), _reference(c["A"], c["x"], np.einsum("kpd,kqd->kpq", val, out))))
+            errs.append(
+                _rel_error(
+                    conv(basis, c["x"], Separable(coef, chan), order=order),
+                    _reference(c["A"], c["x"], np.einsum("hk,hpq->kpq", coef, chan)),
+                )
+            )
+            errs.append(
+                _rel_error(
+                    conv(basis, c["x"], LowRank(val, out), order=order),
+                    _reference(c["A"], c["x"], np.einsum("kpd,kqd->kpq", val, out)),
+                )
+            )
         return max(errs)
 
     results.append(CheckResult("separable / low-rank factors kept", cases, _max_over(data, factorised), tol))
 
     def prop1(_: dict[str, Any]) -> float:
-        M, N, P, Q = (int(v) for v in rng.integers(1, 4, size=4))  # noqa: N806
+        M, N, P, Q = (int(v) for v in rng.integers(1, 4, size=4))
         A = rng.normal(size=(M * N, M, N))
         phi = rng.normal(size=(M, N, P, Q))
         theta = decompose(A, phi)
@@ -180,7 +190,7 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
     def prop3(c: dict[str, Any]) -> float:
         A1 = c["A"] if c["A"].ndim == 3 else c["A"][0]
         x = c["x"]
-        K2, N2, Q2 = (int(v) for v in rng.integers(1, 5, size=3))  # noqa: N806
+        K2, N2, Q2 = (int(v) for v in rng.integers(1, 5, size=3))
         A2 = random_basis_array(rng, (K2, A1.shape[2], N2), 0.6)
         t1, t2 = c["theta"], rng.normal(size=(c["theta"].shape[2], Q2))[None].repeat(K2, 0)
         t2 = t2 + rng.normal(size=t2.shape)
@@ -214,7 +224,7 @@ def _gradcheck(cases: list[dict[str, Any]]) -> CheckResult:
                 return conv(DenseBasis(A), xx, t, order=order)
 
             # The sparsity pattern is fixed: only the stored values are differentiated.
-            def sparse_fn(v: Any, xx: Any, t: Any, order: str = order) -> Any:
+            def sparse_fn(v: Any, xx: Any, t: Any, order: str = order, pattern: SparseBasis = pattern) -> Any:
                 return conv(SparseBasis(pattern.indices, v, pattern.shape), xx, t, order=order)
 
             ok &= bool(torch.autograd.gradcheck(dense_fn, (dense, x, theta), raise_exception=False))
@@ -228,7 +238,10 @@ def format_results(results: list[CheckResult]) -> str:
     lines = [f"{'identity':<{width}}  {'cases':>5}  {'max rel. error':>14}  {'tolerance':>9}  status"]
     lines.append("-" * len(lines[0]))
     for r in results:
-        lines.append(f"{r.name:<{width}}  {r.cases:>5}  {r.max_error:>14.2e}  {r.tolerance:>9.0e}  {'ok' if r.passed else 'FAIL'}")
+        lines.append(
+            f"{r.name:<{width}}  {r.cases:>5}  {r.max_error:>14.2e}  {r.tolerance:>9.0e}  "
+            + ("ok" if r.passed else "FAIL")
+        )
     failed = sum(not r.passed for r in results)
     lines.append(f"{len(results) - failed} passed, {failed} failed")
     return "\n".join(lines)

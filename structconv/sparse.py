@@ -51,7 +51,7 @@ class SparseBasis(Basis):
            [2., 0.]])
     """
 
-    __slots__ = ("_indices", "_values", "_shape", "_layouts")
+    __slots__ = ("_indices", "_layouts", "_shape", "_values")
     representation = "sparse"
 
     def __init__(self, indices: Array, values: Array, shape: Sequence[int]) -> None:
@@ -75,7 +75,10 @@ class SparseBasis(Basis):
             raise TypeError(f"indices must be integers, got dtype {index_np.dtype}")
         for row, (name, size) in enumerate(zip("bkmn"[4 - len(shape) :], shape, strict=True)):
             if index_np.shape[1] and (index_np[row].min() < 0 or index_np[row].max() >= size):
-                raise ValueError(f"indices row {row} ({name}) must lie in [0, {size}), got values in [{index_np[row].min()}, {index_np[row].max()}]")
+                raise ValueError(
+                    f"indices row {row} ({name}) must lie in [0, {size}), "
+                    f"got values in [{index_np[row].min()}, {index_np[row].max()}]"
+                )
         self._shape = shape
         self._indices, self._values = _coalesce(as_index(index_np, values), values, shape)
         self._layouts: dict[str, SparseMatrix] = {}
@@ -193,7 +196,9 @@ class SparseBasis(Basis):
 
     def to(self, device: Any = None, dtype: Any = None) -> SparseBasis:
         if is_torch(self._values):
-            return self._rebuild(self._indices.to(device=device), self._values.to(device=device, dtype=dtype), self._shape)
+            return self._rebuild(
+                self._indices.to(device=device), self._values.to(device=device, dtype=dtype), self._shape
+            )
         if device not in (None, "cpu"):
             raise ValueError(f"device={device!r}: a NumPy basis lives on the CPU; convert it to torch first")
         return self._rebuild(self._indices, self._values if dtype is None else self._values.astype(dtype), self._shape)
@@ -208,11 +213,11 @@ class SparseBasis(Basis):
         cached = self._layouts.get(name)
         if cached is not None:
             return cached
-        K, M, N = self.K, self.M, self.N  # noqa: N806
+        K, M, N = self.K, self.M, self.N
         idx = self._indices
         k, m, n = idx[-3], idx[-2], idx[-1]
         b = idx[0] if self.batch is not None else 0
-        B = self.batch or 1  # noqa: N806
+        B = self.batch or 1
         if name == "each":
             rows, cols, shape = (b * K + k) * N + n, b * M + m, (B * K * N, B * M)
         elif name == "reduce":
@@ -225,18 +230,18 @@ class SparseBasis(Basis):
         return matrix
 
     def apply_each(self, x: Array) -> Array:
-        B, M, C = x.shape  # noqa: N806
-        K, N = self.K, self.N  # noqa: N806
-        S = self._layout("each")  # noqa: N806
+        B, M, C = x.shape
+        K, N = self.K, self.N
+        S = self._layout("each")
         if self.batch is None:
             cols = _permute(x, (1, 0, 2)).reshape(M, B * C)
             return _permute((S @ cols).reshape(K, N, B, C), (2, 0, 1, 3))
         return (S @ x.reshape(B * M, C)).reshape(B, K, N, C)
 
     def apply_members(self, s: Array, reduce: bool) -> Array:
-        B, K, M, C = s.shape  # noqa: N806
-        N = self.N  # noqa: N806
-        S = self._layout("reduce" if reduce else "members")  # noqa: N806
+        B, K, M, C = s.shape
+        N = self.N
+        S = self._layout("reduce" if reduce else "members")
         if self.batch is None:
             cols = _permute(s, (1, 2, 0, 3)).reshape(K * M, B * C)
             out = S @ cols
@@ -248,9 +253,9 @@ class SparseBasis(Basis):
 
     def apply_combined(self, x: Array, theta: Array) -> Array:
         r"""Form :math:`\Phi` only on the union of the members' patterns, then scatter."""
-        B, M, P = x.shape  # noqa: N806
-        K, _, Q = theta.shape  # noqa: N806
-        N = self.N  # noqa: N806
+        B, M, P = x.shape
+        K, _, Q = theta.shape
+        N = self.N
         idx = self._indices
         batched = self.batch is not None
         pair = (idx[0] * M + idx[-2]) * N + idx[-1] if batched else idx[-2] * N + idx[-1]
@@ -259,7 +264,7 @@ class SparseBasis(Basis):
             pairs, inverse = torch.unique(pair, return_inverse=True)
         else:
             pairs, inverse = np.unique(pair, return_inverse=True)
-        E = int(pairs.shape[0])  # noqa: N806
+        E = int(pairs.shape[0])
         coef = SparseMatrix(inverse, idx[-3], self._values, (E, K))
         phi = (coef @ theta.reshape(K, P * Q)).reshape(E, P, Q)
         n_e = pairs % N

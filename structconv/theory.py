@@ -85,7 +85,7 @@ def decompose(a: Basis | Array, phi: Array) -> Array:
     basis = as_basis(a)
     if basis.batch is not None:
         raise ValueError("decompose needs a basis shared by the batch, shape (K, M, N)")
-    K, M, N = basis.shape  # noqa: N806
+    K, M, N = basis.shape
     if K != M * N:
         raise ValueError(f"decompose needs a full basis with K = M*N = {M * N} members, got K={K}")
     check_array(phi, "phi", (4,), (f"({M}, {N}, P, Q)",))
@@ -93,7 +93,7 @@ def decompose(a: Basis | Array, phi: Array) -> Array:
         raise ValueError(f"phi has shape {shape_str(tuple(phi.shape))}; expected ({M}, {N}, P, Q)")
     dense = basis.to_dense()
     check_same_placement({"basis": dense, "phi": phi})
-    P, Q = int(phi.shape[2]), int(phi.shape[3])  # noqa: N806
+    P, Q = int(phi.shape[2]), int(phi.shape[3])
     gram_t = dense.reshape(K, M * N).T
     rank = int(np.linalg.matrix_rank(to_numpy(gram_t)))
     if rank < K:
@@ -108,9 +108,7 @@ def decompose(a: Basis | Array, phi: Array) -> Array:
     return theta.reshape(K, P, Q)
 
 
-def compose(
-    a1: Basis | Array, theta1: Array, a2: Basis | Array, theta2: Array
-) -> tuple[Basis, Array]:
+def compose(a1: Basis | Array, theta1: Array, a2: Basis | Array, theta2: Array) -> tuple[Basis, Array]:
     r"""Fuse two convolutions applied in sequence into one (Proposition 3).
 
     ``conv(a2, conv(a1, x, theta1), theta2) == conv(a, x, theta)`` where
@@ -156,9 +154,9 @@ def compose(
 
 def _sparse_product(b1: SparseBasis, b2: SparseBasis) -> SparseBasis:
     """All products :math:`A'_{k'}A''_{k''}` as one block sparse-sparse product."""
-    B = b1.batch or 1  # noqa: N806
-    K1, M, J = b1.shape[-3:]  # noqa: N806
-    K2, _, N = b2.shape[-3:]  # noqa: N806
+    B = b1.batch or 1
+    K1, M, J = b1.shape[-3:]
+    K2, _, N = b2.shape[-3:]
     i1, i2 = b1.indices, b2.indices
     bb1 = i1[0] if b1.batch is not None else 0
     bb2 = i2[0] if b2.batch is not None else 0
@@ -168,8 +166,12 @@ def _sparse_product(b1: SparseBasis, b2: SparseBasis) -> SparseBasis:
     if is_torch(b1.values):
         import torch
 
-        left = torch.sparse_coo_tensor(torch.stack([rows1, cols1]), b1.values, shape_l).coalesce()
-        right = torch.sparse_coo_tensor(torch.stack([rows2, cols2]), b2.values, shape_r).coalesce()
+        left = torch.sparse_coo_tensor(
+            torch.stack([rows1, cols1]), b1.values, shape_l, check_invariants=False
+        ).coalesce()
+        right = torch.sparse_coo_tensor(
+            torch.stack([rows2, cols2]), b2.values, shape_r, check_invariants=False
+        ).coalesce()
         prod = torch.sparse.mm(left, right).coalesce()
         rows, cols = prod.indices()
         values: Any = prod.values()

@@ -23,7 +23,9 @@ def test_every_path_equals_dense_einsum(problem, representation, backend, order)
     A, x, theta = (to_backend(problem[k], backend) for k in ("A", "x", "theta"))
     y = conv(make_basis(A, representation), x, theta, order=order)
     assert type(y) is type(x)
-    np.testing.assert_allclose(as_numpy(y), reference(problem["A"], problem["x"], problem["theta"]), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        as_numpy(y), reference(problem["A"], problem["x"], problem["theta"]), rtol=1e-10, atol=1e-10
+    )
 
 
 @pytest.mark.parametrize("representation", ("dense", "sparse", "concat"))
@@ -39,14 +41,20 @@ def test_factorised_parameters_equal_their_full_form(problem, representation, or
         (Separable(coef, chan), np.einsum("hk,hpq->kpq", coef, chan)),
         (LowRank(val, out), np.einsum("kpd,kqd->kpq", val, out)),
     ):
-        np.testing.assert_allclose(conv(basis, problem["x"], theta, order=order), reference(problem["A"], problem["x"], full), atol=1e-10)
+        np.testing.assert_allclose(
+            conv(basis, problem["x"], theta, order=order), reference(problem["A"], problem["x"], full), atol=1e-10
+        )
 
 
 @given(problem=problems())
 def test_numpy_equals_torch(problem):
     for rep in ("dense", "sparse"):
         y_np = conv(make_basis(problem["A"], rep), problem["x"], problem["theta"])
-        y_t = conv(make_basis(torch.from_numpy(problem["A"]), rep), torch.from_numpy(problem["x"]), torch.from_numpy(problem["theta"]))
+        y_t = conv(
+            make_basis(torch.from_numpy(problem["A"]), rep),
+            torch.from_numpy(problem["x"]),
+            torch.from_numpy(problem["theta"]),
+        )
         np.testing.assert_allclose(y_t.numpy(), y_np, atol=1e-12)
 
 
@@ -56,8 +64,12 @@ def test_linear_in_x_and_theta(problem, a, b):
     basis = SparseBasis.from_dense(problem["A"])
     x, t = problem["x"], problem["theta"]
     x2, t2 = rng.normal(size=x.shape), rng.normal(size=t.shape)
-    np.testing.assert_allclose(conv(basis, a * x + b * x2, t), a * conv(basis, x, t) + b * conv(basis, x2, t), atol=1e-9)
-    np.testing.assert_allclose(conv(basis, x, a * t + b * t2), a * conv(basis, x, t) + b * conv(basis, x, t2), atol=1e-9)
+    np.testing.assert_allclose(
+        conv(basis, a * x + b * x2, t), a * conv(basis, x, t) + b * conv(basis, x2, t), atol=1e-9
+    )
+    np.testing.assert_allclose(
+        conv(basis, x, a * t + b * t2), a * conv(basis, x, t) + b * conv(basis, x, t2), atol=1e-9
+    )
 
 
 def test_two_dimensional_input_gives_two_dimensional_output():
@@ -141,6 +153,11 @@ def test_cuda_matches_cpu(representation, order):
     A = rng.normal(size=(3, 6, 5)) * (rng.random((3, 6, 5)) < 0.5)
     x, t = rng.normal(size=(2, 6, 3)), rng.normal(size=(3, 3, 2))
     dev = torch.device("cuda")
-    y = conv(make_basis(torch.from_numpy(A).to(dev), representation), torch.from_numpy(x).to(dev), torch.from_numpy(t).to(dev), order=order)
+    y = conv(
+        make_basis(torch.from_numpy(A).to(dev), representation),
+        torch.from_numpy(x).to(dev),
+        torch.from_numpy(t).to(dev),
+        order=order,
+    )
     assert y.device.type == "cuda"
     np.testing.assert_allclose(y.cpu().numpy(), reference(A, x, t), atol=1e-10)

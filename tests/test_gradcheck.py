@@ -24,7 +24,9 @@ def _inputs(batched: bool):
 @pytest.mark.parametrize("order", ORDERS)
 def test_dense_basis_x_theta(batched, order):
     A, x, t = _inputs(batched)
-    assert torch.autograd.gradcheck(lambda a, xx, tt: conv(DenseBasis(a), xx, tt, order=order), (A.requires_grad_(), x, t))
+    assert torch.autograd.gradcheck(
+        lambda a, xx, tt: conv(DenseBasis(a), xx, tt, order=order), (A.requires_grad_(), x, t)
+    )
 
 
 @pytest.mark.parametrize("batched", [False, True])
@@ -33,7 +35,9 @@ def test_sparse_values_x_theta(batched, order):
     A, x, t = _inputs(batched)
     pattern = SparseBasis.from_dense(A)
     values = pattern.values.clone().requires_grad_()
-    assert torch.autograd.gradcheck(lambda v, xx, tt: conv(SparseBasis(pattern.indices, v, pattern.shape), xx, tt, order=order), (values, x, t))
+    assert torch.autograd.gradcheck(
+        lambda v, xx, tt: conv(SparseBasis(pattern.indices, v, pattern.shape), xx, tt, order=order), (values, x, t)
+    )
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -55,5 +59,9 @@ def test_factorised_parameters(order):
 
     coef, chan, val, out = r(2, 3), r(2, 2, 3), r(3, 2, 2), r(3, 3, 2)
     for basis in (DenseBasis(A), SparseBasis.from_dense(A)):
-        assert torch.autograd.gradcheck(lambda xx, c, h, b=basis: conv(b, xx, Separable(c, h), order=order), (x, coef, chan))
-        assert torch.autograd.gradcheck(lambda xx, v, o, b=basis: conv(b, xx, LowRank(v, o), order=order), (x, val, out))
+        assert torch.autograd.gradcheck(
+            lambda xx, c, h, b=basis: conv(b, xx, Separable(c, h), order=order), (x, coef, chan)
+        )
+        assert torch.autograd.gradcheck(
+            lambda xx, v, o, b=basis: conv(b, xx, LowRank(v, o), order=order), (x, val, out)
+        )

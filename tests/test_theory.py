@@ -81,7 +81,12 @@ def test_composed_basis_transpose_and_torch_sparse_product(problem):
     np.testing.assert_allclose(lazy.T.to_dense(), np.swapaxes(dense, -1, -2), atol=1e-12)
     t1 = np.ones((A1.shape[0], 1, 1))
     t2 = np.ones((2, 1, 1))
-    sp, _ = compose(SparseBasis.from_dense(torch.from_numpy(A1)), torch.from_numpy(t1), SparseBasis.from_dense(torch.from_numpy(A2)), torch.from_numpy(t2))
+    sp, _ = compose(
+        SparseBasis.from_dense(torch.from_numpy(A1)),
+        torch.from_numpy(t1),
+        SparseBasis.from_dense(torch.from_numpy(A2)),
+        torch.from_numpy(t2),
+    )
     np.testing.assert_allclose(sp.to_dense().numpy(), dense, atol=1e-12)
 
 

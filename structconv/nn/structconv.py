@@ -63,7 +63,9 @@ class StructConv(nn.Module):
         if basis.backend != "torch":
             raise TypeError("basis must be a torch basis for a torch layer; build it from torch tensors")
         if basis.batch is not None:
-            raise ValueError("basis must be shared by the batch, shape (K, M, N); per-instance bases go to structconv.conv")
+            raise ValueError(
+                "basis must be shared by the batch, shape (K, M, N); per-instance bases go to structconv.conv"
+            )
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -89,11 +91,11 @@ class StructConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer to ``x`` of shape ``(B, M, P)`` or ``(M, P)``."""
-        y = conv(self.basis, x, self.theta, order=self.order)
+        y: torch.Tensor = conv(self.basis, x, self.theta, order=self.order)
         return y if self.bias is None else y + self.bias
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> StructConv:
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         self.basis = self.basis.to(device=self.theta.device, dtype=self.theta.dtype)
         return self
 

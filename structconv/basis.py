@@ -26,13 +26,20 @@ from ._backend import Array, einsum, is_torch, shape_str
 
 @dataclass(frozen=True)
 class Cost:
-    """An estimate of the work of one step: floating-point operations and elements written."""
+    """An estimate of the work of one step.
+
+    ``flops`` are done by dense kernels (GEMM, einsum), ``irregular`` flops by sparse or gather
+    kernels, which run several times slower per flop, and ``memory`` counts elements written to
+    intermediates.  The engine weighs the three (:data:`structconv.contract.SPARSE_FLOP_WEIGHT`,
+    :data:`structconv.contract.MEMORY_WEIGHT`).
+    """
 
     flops: float = 0.0
     memory: float = 0.0
+    irregular: float = 0.0
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(self.flops + other.flops, self.memory + other.memory)
+        return Cost(self.flops + other.flops, self.memory + other.memory, self.irregular + other.irregular)
 
 
 class Basis(ABC):

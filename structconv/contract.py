@@ -40,7 +40,9 @@ from .factor import LowRank, Parameter, Separable
 
 #: Price of writing one element of an intermediate, in GEMM flops (calibrated on CPU by
 #: ``benchmarks/bench_orders.py``; memory traffic, not arithmetic, dominates small contractions).
-MEMORY_WEIGHT = 16.0
+MEMORY_WEIGHT = 64.0
+#: Price of one flop of a sparse or gather kernel, in GEMM flops (calibrated likewise).
+SPARSE_FLOP_WEIGHT = 12.0
 
 _BASE_ORDERS = ("ax", "xtheta", "atheta")
 _FACTOR_ORDERS = ("ax", "xtheta", "ax+full", "xtheta+full", "atheta")
@@ -73,11 +75,12 @@ class Candidate:
     order: str
     flops: float
     memory: float
+    irregular: float = 0.0
 
     @property
     def score(self) -> float:
-        """``flops + MEMORY_WEIGHT * memory``: what ``order="auto"`` minimises."""
-        return self.flops + MEMORY_WEIGHT * self.memory
+        """``flops + SPARSE_FLOP_WEIGHT * irregular + MEMORY_WEIGHT * memory``, which ``auto`` minimises."""
+        return self.flops + SPARSE_FLOP_WEIGHT * self.irregular + MEMORY_WEIGHT * self.memory
 
 
 @dataclass(frozen=True)
@@ -110,11 +113,12 @@ class Plan:
         ]
         if self.equation:
             lines.append(f"  opt_einsum equation: {self.equation}")
-        lines.append(f"  {'order':<12} {'flops':>12} {'memory':>12} {'score':>12}")
+        lines.append(f"  {'order':<12} {'flops':>12} {'sparse flops':>12} {'memory':>12} {'score':>12}")
         best = min(c.score for c in self.candidates)
         for c in self.candidates:
             mark = " <- chosen" if c.order == self.chosen else ""
-            lines.append(f"  {c.order:<12} {c.flops:12.3e} {c.memory:12.3e} {c.score / best:11.2f}x{mark}")
+            row = f"  {c.order:<12} {c.flops:12.3e} {c.irregular:12.3e} {c.memory:12.3e} {c.score / best:11.2f}x"
+            lines.append(row + mark)
         lines.append(f"  requested: {self.requested}")
         return "\n".join(lines)
 
@@ -235,7 +239,7 @@ def _generic_candidates(basis: Basis, B: int, prm: _Param) -> list[Candidate]:
             cost = Cost(
                 gemm(B, M, P, K, R) + gemm(B, N, K, R, Q), float(B * M * K * R + B * N * Q)
             ) + basis.cost_members(B, R, False)
-        out.append(Candidate(order, cost.flops, cost.memory))
+        out.append(Candidate(order, cost.flops, cost.memory, cost.irregular))
     return out
 
 

@@ -16,9 +16,9 @@ from ._backend import Array, SparseMatrix, as_index, device_of, einsum, is_torch
 from ._checks import check_finite
 from .basis import Basis, Cost
 
-#: Relative price of a flop done by a sparse kernel compared to a dense GEMM flop; calibrated
-#: by ``benchmarks/bench_orders.py`` on CPU (see the docs page on the engine).
-SPARSE_FLOP_WEIGHT = 6.0
+#: Overheads of :meth:`SparseBasis.apply_combined`, in sparse-kernel flops (see its cost).
+_COMBINED_FIXED = 1.0e6
+_COMBINED_PER_PAIR = 6000.0
 
 
 def _torch() -> Any:
@@ -283,19 +283,24 @@ class SparseBasis(Basis):
         return 1 if self.batch is not None else batch
 
     def cost_each(self, batch: int, channels: int) -> Cost:
-        flops = 2.0 * self.nnz * self._per_instance(batch) * channels * SPARSE_FLOP_WEIGHT
-        return Cost(flops, float(batch * self.K * self.N * channels + batch * self.M * channels))
+        flops = 2.0 * self.nnz * self._per_instance(batch) * channels
+        return Cost(0.0, float(batch * self.K * self.N * channels + batch * self.M * channels), flops)
 
     def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
-        flops = 2.0 * self.nnz * self._per_instance(batch) * channels * SPARSE_FLOP_WEIGHT
+        flops = 2.0 * self.nnz * self._per_instance(batch) * channels
         out = batch * self.N * channels * (1 if reduce else self.K)
-        return Cost(flops, float(out + batch * self.K * self.M * channels))
+        return Cost(0.0, float(out + batch * self.K * self.M * channels), flops)
 
     def cost_combined(self, batch: int, p: int, q: int) -> Cost:
         pairs = min(self.nnz, self.M * self.N * (self.batch or 1))
         per = self._per_instance(batch)
-        flops = 2.0 * self.nnz * p * q * SPARSE_FLOP_WEIGHT + 2.0 * pairs * per * p * q
-        return Cost(flops, float(pairs * p * q + pairs * per * (p + q) + batch * self.N * q))
+        # Forming Phi on the pairs and the per-pair (batch x p) @ (p x q) products are both
+        # irregular: many tiny matrices, not one GEMM.
+        flops = 2.0 * self.nnz * p * q + 2.0 * pairs * per * p * q
+        # Fixed work (sorting the pairs, building three sparse matrices) and a per-pair
+        # overhead of the batched tiny products, measured by benchmarks/bench_orders.py.
+        flops += _COMBINED_FIXED + _COMBINED_PER_PAIR * pairs
+        return Cost(0.0, float(pairs * p * q + pairs * per * (p + q) + batch * self.N * q), flops)
 
 
 def _permute(a: Array, axes: tuple[int, ...]) -> Array:

@@ -160,9 +160,6 @@ class SelectBasis(_Derived):
         s = self.parent.shape
         return s[:-3] + (len(self.members),) + s[-2:]
 
-    def _index(self, like: Array) -> Any:
-        return list(self.members)
-
     def to_dense(self) -> Array:
         dense = self.parent.to_dense()
         return dense[:, list(self.members)] if self.batch is not None else dense[list(self.members)]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .basis import Basis
-from .composite import ConcatBasis, concat
+from .composite import ConcatBasis
 from .contract import conv
 from .dense import DenseBasis
 from .factor import LowRank, Separable
@@ -247,4 +247,4 @@ def format_results(results: list[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CheckResult", "build_basis", "concat", "format_results", "random_basis_array", "run_checks"]
+__all__ = ["CheckResult", "build_basis", "format_results", "random_basis_array", "run_checks"]

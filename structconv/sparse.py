@@ -80,7 +80,7 @@ class SparseBasis(Basis):
                     f"got values in [{index_np[row].min()}, {index_np[row].max()}]"
                 )
         self._shape = shape
-        self._indices, self._values = _coalesce(as_index(index_np, values), values, shape)
+        self._indices, self._values = _coalesce(as_index(index_np, values), index_np, values, shape)
         self._layouts: dict[str, SparseMatrix] = {}
 
     # --- constructors -------------------------------------------------------------------
@@ -313,21 +313,21 @@ def _ones_like(a: Array, n: int) -> Array:
     return np.ones(n, dtype=a.dtype)
 
 
-def _coalesce(indices: Array, values: Array, shape: tuple[int, ...]) -> tuple[Array, Array]:
+def _coalesce(indices: Array, index_np: np.ndarray, values: Array, shape: tuple[int, ...]) -> tuple[Array, Array]:
     """Sort entries and sum duplicates (keeping autograd on torch values).
 
     Entries already sorted without duplicates are kept as given, so that ``values`` stays the
     caller's tensor (a leaf, when it requires grad) rather than the output of a graph node that
     a second backward pass could not traverse again.
     """
-    lin_np = np.ravel_multi_index(tuple(to_numpy(indices)), shape) if indices.shape[1] else np.zeros(0, np.int64)
+    lin_np = np.ravel_multi_index(tuple(index_np), shape) if index_np.shape[1] else np.zeros(0, np.int64)
     if lin_np.size < 2 or bool(np.all(np.diff(lin_np) > 0)):
         return indices, values
     if is_torch(values):
         torch = _torch()
         coo = torch.sparse_coo_tensor(indices, values, shape, check_invariants=False).coalesce()
         return coo.indices(), coo.values()
-    lin = np.ravel_multi_index(tuple(indices), shape)
+    lin = lin_np
     uniq, inverse = np.unique(lin, return_inverse=True)
     summed = np.bincount(inverse, weights=values, minlength=uniq.shape[0]).astype(values.dtype, copy=False)
     return np.stack(np.unravel_index(uniq, shape)).astype(np.int64), summed

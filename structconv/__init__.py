@@ -10,6 +10,7 @@ from .composite import ComposedBasis, ConcatBasis, SelectBasis, concat
 from .contract import Candidate, Plan, conv, explain
 from .dense import DenseBasis
 from .factor import LowRank, Separable
+from .grid import GridBasis, apply_shifts, avg_pool_basis, grid_basis, shift_matrix
 from .sparse import SparseBasis
 from .theory import combine, compose, decompose
 
@@ -20,18 +21,23 @@ __all__ = [
     "ConcatBasis",
     "Cost",
     "DenseBasis",
+    "GridBasis",
     "LowRank",
     "Plan",
     "SelectBasis",
     "Separable",
     "SparseBasis",
+    "apply_shifts",
     "as_basis",
+    "avg_pool_basis",
     "combine",
     "compose",
     "concat",
     "conv",
     "decompose",
     "explain",
+    "grid_basis",
+    "shift_matrix",
 ]
 
 __version__ = "0.1.0"

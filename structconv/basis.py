@@ -184,6 +184,22 @@ class Basis(ABC):
     def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
         """Cost of :meth:`apply_members`."""
 
+    # --- whole orders (optional) ---------------------------------------------------------
+    def special_orders(self) -> tuple[str, ...]:
+        """Orders this representation offers beyond the triangle (e.g. ``"native"``)."""
+        return ()
+
+    def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
+        """Run a whole order for a full ``theta`` faster than the hooks would, or return ``None``.
+
+        Required for every name in :meth:`special_orders`; optional for the triangle's orders.
+        """
+        return None
+
+    def cost_order(self, order: str, batch: int, p: int, q: int) -> Cost | None:
+        """The cost of :meth:`run_order` for ``order``, or ``None`` where the hooks run it."""
+        return None
+
     def cost_combined(self, batch: int, p: int, q: int) -> Cost:
         """Cost of :meth:`apply_combined` (dense fallback)."""
         b = self.batch or 1

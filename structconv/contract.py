@@ -188,8 +188,9 @@ def _prepare(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis, Array
     return basis, x, param, squeeze
 
 
-def _orders(kind: str) -> tuple[str, ...]:
-    return _BASE_ORDERS if kind == "full" else _FACTOR_ORDERS
+def _orders(kind: str, basis: Basis | None = None) -> tuple[str, ...]:
+    special = basis.special_orders() if basis is not None else ()
+    return (_BASE_ORDERS if kind == "full" else _FACTOR_ORDERS) + special
 
 
 def _dense_equation(batched: bool, kind: str) -> str:
@@ -211,6 +212,9 @@ def _generic_candidates(basis: Basis, B: int, prm: _Param) -> list[Candidate]:
         return 2.0 * float(np.prod(dims))
 
     def full_cost(order: str) -> Cost:
+        own = basis.cost_order(order, B, P, Q)
+        if own is not None:
+            return own
         if order == "ax":
             return basis.cost_each(B, P) + Cost(gemm(B, N, K, P, Q), float(B * K * N * P + B * N * Q))
         if order == "xtheta":
@@ -218,8 +222,9 @@ def _generic_candidates(basis: Basis, B: int, prm: _Param) -> list[Candidate]:
         return basis.cost_combined(B, P, Q)
 
     out = []
-    for order in _orders(prm.kind):
-        if prm.kind == "full" or order == "atheta" or order.endswith("+full"):
+    special = basis.special_orders()
+    for order in _orders(prm.kind, basis):
+        if prm.kind == "full" or order == "atheta" or order.endswith("+full") or order in special:
             cost = full_cost(order.removesuffix("+full"))
             if prm.kind != "full":
                 cost = cost + Cost(gemm(K, P, Q, R), float(K * P * Q))
@@ -248,10 +253,11 @@ _PLAN_CACHE_SIZE = 2048
 
 
 def _plan(basis: Basis, x: Array, prm: _Param, order: str) -> Plan:
-    valid = _orders(prm.kind)
+    valid = _orders(prm.kind, basis)
     if order != "auto" and order not in valid:
         raise ValueError(
-            f"order={order!r} is not valid for a {prm.kind} parameter; expected one of {('auto',) + valid}"
+            f"order={order!r} is not valid for a {prm.kind} parameter and a {basis.representation} basis "
+            f"on {basis.backend}; expected one of {('auto',) + valid}"
         )
     B = int(x.shape[0])
     key = (basis.plan_key(), B, prm.kind, prm.P, prm.Q, prm.R, order)
@@ -297,11 +303,14 @@ def explain(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -
 
 
 def _run_generic(basis: Basis, x: Array, prm: _Param, order: str) -> Array:
-    if prm.kind != "full" and (order == "atheta" or order.endswith("+full")):
+    if prm.kind != "full" and (order == "atheta" or order.endswith("+full") or order in basis.special_orders()):
         full = einsum("hk,hpq->kpq" if prm.kind == "separable" else "kpd,kqd->kpq", *prm.operands)
         return _run_generic(basis, x, _Param("full", (full,), prm.K, prm.P, prm.Q, 0), order.removesuffix("+full"))
     if prm.kind == "full":
         (theta,) = prm.operands
+        fast = basis.run_order(order, x, theta)
+        if fast is not None:
+            return fast
         if order == "ax":
             return einsum("bknp,kpq->bnq", basis.apply_each(x), theta)
         if order == "xtheta":

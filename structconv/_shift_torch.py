@@ -1,0 +1,141 @@
+r"""Torch-only pieces of the shift kernels: fused autograd functions and native dispatch.
+
+Imported lazily, so that the NumPy path never imports torch.
+
+:class:`ShiftGemm` and :class:`ShiftAdd` have hand-written backward passes because autograd's
+own backward of a row slice allocates a zero tensor the size of the whole input for every tap
+(:math:`J` full-size allocations); here every tap's gradient is accumulated in place into one
+buffer.  Both are once-differentiable.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+from torch.nn import functional as F  # noqa: N812 (torch's own convention)
+
+from ._shift import Geometry, frame
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+class ShiftGemm(torch.autograd.Function):
+    r""":math:`Y = \sum_j X_{[f_j, f_j + R)}\,\Theta_j` for row shifts :math:`f_j` (forward of the fused A·x order)."""
+
+    @staticmethod
+    def forward(ctx: Any, buf: torch.Tensor, thetas: torch.Tensor, shifts: tuple[int, ...], rows: int) -> torch.Tensor:
+        y = torch.mm(buf[shifts[0] : shifts[0] + rows], thetas[0])
+        for j in range(1, len(shifts)):
+            y.addmm_(buf[shifts[j] : shifts[j] + rows], thetas[j])
+        ctx.save_for_backward(buf, thetas)
+        ctx.shifts, ctx.rows = shifts, rows
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        buf, thetas = ctx.saved_tensors
+        shifts, rows = ctx.shifts, ctx.rows
+        grad_buf = grad_theta = None
+        if ctx.needs_input_grad[0]:
+            grad_buf = torch.zeros_like(buf)
+            for j, f in enumerate(shifts):
+                grad_buf[f : f + rows].addmm_(grad, thetas[j].T)
+        if ctx.needs_input_grad[1]:
+            grad_theta = torch.stack([buf[f : f + rows].T @ grad for f in shifts])
+        return grad_buf, grad_theta, None, None
+
+
+class ShiftAdd(torch.autograd.Function):
+    r""":math:`Y = \sum_j S_{[f_j, f_j + R),\,j}` (the shift-and-add of the fused x·Θ order)."""
+
+    @staticmethod
+    def forward(ctx: Any, s: torch.Tensor, shifts: tuple[int, ...], rows: int) -> torch.Tensor:
+        y = s[shifts[0] : shifts[0] + rows, 0].clone()
+        for j in range(1, len(shifts)):
+            y += s[shifts[j] : shifts[j] + rows, j]
+        ctx.shape, ctx.shifts, ctx.rows = s.shape, shifts, rows
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_s = grad.new_zeros(ctx.shape)
+        for j, f in enumerate(ctx.shifts):
+            grad_s[f : f + ctx.rows, j] = grad
+        return grad_s, None, None
+
+
+def _window(x: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, list[int]]:
+    """``(B, M, C)`` -> the ``(B, C, *grid')`` window the native call reads, and its symmetric padding.
+
+    The window starts at the box origin of output 0 and spans what the last output reads; the
+    part outside the grid is zero padding (passed to the native call when symmetric) or wrapped
+    entries.
+    """
+    B, _, C = (int(s) for s in x.shape)
+    origin, dilation, size, _ = geo.box
+    lo, hi, start, stop = [], [], [], []
+    for i in range(geo.ndim):
+        extent = geo.stride[i] * (geo.out_grid[i] - 1) + dilation[i] * (size[i] - 1) + 1
+        begin, end = origin[i], origin[i] + extent
+        lo.append(max(0, -begin))
+        hi.append(max(0, end - geo.grid[i]))
+        start.append(max(0, begin))
+        stop.append(min(geo.grid[i], end))
+    xg = x.reshape(B, *geo.grid, C)
+    if any(a > 0 or b < g for a, b, g in zip(start, stop, geo.grid, strict=True)):
+        xg = xg[(slice(None), *(slice(a, b) for a, b in zip(start, stop, strict=True)))]
+    symmetric = geo.boundary == "zero" and lo == hi
+    if not symmetric:
+        xg = frame(xg, tuple(lo), tuple(hi), geo.boundary)
+    return xg.movedim(-1, 1), (lo if symmetric else [0] * geo.ndim)
+
+
+def native_conv(x: torch.Tensor, thetas: torch.Tensor, geo: Geometry) -> torch.Tensor:
+    r"""The shift basis as one ``F.conv{1,2,3}d``: the A·Θ-first order with :math:`\Phi` kept as a kernel.
+
+    ``thetas`` holds one ``(P, Q)`` map per tap; they are scattered into the smallest dilated
+    box that holds every tap (a plain torch kernel when the taps fill it).
+    """
+    B = int(x.shape[0])
+    _, P, Q = (int(s) for s in thetas.shape)
+    _, dilation, size, index = geo.box
+    if geo.is_full_box:
+        weight = thetas.permute(2, 1, 0).reshape(Q, P, *size)
+    else:
+        box = thetas.new_zeros(geo.box_volume, P, Q)
+        box = box.index_copy(0, torch.as_tensor(index, device=thetas.device), thetas)
+        weight = box.permute(2, 1, 0).reshape(Q, P, *size)
+    window, padding = _window(x, geo)
+    y = _CONV[geo.ndim](window, weight, stride=geo.stride, padding=padding, dilation=dilation)
+    return y.reshape(B, Q, math.prod(geo.out_grid)).transpose(1, 2)
+
+
+def native_depthwise(x: torch.Tensor, weights: torch.Tensor, geo: Geometry) -> torch.Tensor:
+    r""":math:`A_k^\top x` for every member, channel by channel, as native calls: ``(B, M, C) -> (B, K, N, C)``.
+
+    ``weights`` (``(K, J)``) are the tap weights of each member.  One member with equal weights
+    on a plain box is ``F.avg_pool{1,2,3}d`` (times the weight sum); otherwise a depthwise
+    ``F.conv{1,2,3}d`` with ``groups = C``.
+    """
+    B, _, C = (int(s) for s in x.shape)
+    K = int(weights.shape[0])
+    _, dilation, size, index = geo.box
+    window, padding = _window(x, geo)
+    N = math.prod(geo.out_grid)
+    uniform = K == 1 and geo.is_full_box and bool((weights == weights[0, 0]).all())
+    pool_ok = all(d == 1 for d in dilation) and all(2 * p <= k for p, k in zip(padding, size, strict=True))
+    if uniform and pool_ok:
+        pooled = _AVG_POOL[geo.ndim](window, size, geo.stride, padding, count_include_pad=True)
+        y = pooled * (weights[0, 0] * geo.taps)
+        return y.reshape(B, C, N).transpose(1, 2)[:, None]
+    box = weights.new_zeros(K, geo.box_volume)
+    box = box.index_copy(1, torch.as_tensor(index, device=weights.device), weights)
+    kernel = box.reshape(K, 1, *size).repeat(C, 1, *([1] * geo.ndim))
+    y = _CONV[geo.ndim](window, kernel, stride=geo.stride, padding=padding, dilation=dilation, groups=C)
+    return y.reshape(B, C, K, N).permute(0, 2, 3, 1)

@@ -1,0 +1,260 @@
+r"""Drop-in grid layers: ``GridConv{1,2,3}d`` and ``AvgPool{1,2,3}d`` over shift bases.
+
+Each layer is :func:`structconv.grid_basis` (or :func:`structconv.avg_pool_basis`) for the
+input's grid plus a parameter, contracted by :func:`structconv.conv`.  They take torch's
+layouts (``(B, C, *grid)`` or unbatched ``(C, *grid)``) and torch's constructor arguments, and
+the convolutions keep torch's parameter names and shapes, so ``load_state_dict`` accepts the
+state of a ``torch.nn.Conv{1,2,3}d``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..contract import conv
+from ..grid import GridBasis, Padding, Size, _ints, apply_shifts, avg_pool_basis, grid_basis
+
+_PADDING_MODES = {"zeros": "zero", "circular": "periodic"}
+_CACHE_SIZE = 8
+
+
+class _BasisCache:
+    """The bases of the last few input grids (bases are immutable values; this only saves rebuilding)."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[tuple[Any, ...], GridBasis] = OrderedDict()
+
+    def get(self, key: tuple[Any, ...], build: Any) -> GridBasis:
+        basis = self._items.get(key)
+        if basis is None:
+            basis = build()
+            self._items[key] = basis
+            if len(self._items) > _CACHE_SIZE:
+                self._items.popitem(last=False)
+        else:
+            self._items.move_to_end(key)
+        return basis
+
+
+def _split_input(x: torch.Tensor, ndim: int, channels: int | None, layer: str) -> tuple[torch.Tensor, bool]:
+    """Check a ``(B, C, *grid)`` or ``(C, *grid)`` input; return it batched and whether it was unbatched."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{layer}: input must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim not in (ndim + 1, ndim + 2):
+        raise ValueError(
+            f"{layer}: input must have shape (B, C, {', '.join('S' + str(i + 1) for i in range(ndim))}) or "
+            f"unbatched (C, ...), got {tuple(x.shape)}"
+        )
+    unbatched = x.ndim == ndim + 1
+    xb = x[None] if unbatched else x
+    if channels is not None and int(xb.shape[1]) != channels:
+        raise ValueError(f"{layer}: expected {channels} input channels (dim 1), got input of shape {tuple(x.shape)}")
+    return xb, unbatched
+
+
+class _GridConvNd(nn.Module):
+    _ndim = 0
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Size,
+        stride: Size = 1,
+        padding: Padding = 0,
+        dilation: Size = 1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device: Any = None,
+        dtype: Any = None,
+        order: str = "auto",
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        for arg, value in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: {arg} must be a positive integer, got {value!r}")
+        if groups != 1:
+            raise ValueError(f"{name}: groups={groups} is not supported (a grid basis with one Θ per tap); use 1")
+        if padding_mode not in _PADDING_MODES:
+            raise ValueError(
+                f"{name}: padding_mode must be one of {tuple(_PADDING_MODES)} (shift bases), got {padding_mode!r}"
+            )
+        d = self._ndim
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = _ints(kernel_size, d, "kernel_size", 1)
+        self.stride = _ints(stride, d, "stride", 1)
+        self.dilation = _ints(dilation, d, "dilation", 1)
+        self.padding = padding
+        self.padding_mode = padding_mode
+        self.order = order
+        self.groups = 1
+        # Validates padding ("same" with a stride, malformed values) on a grid large enough for it.
+        grid_basis(tuple(k * dl + 8 for k, dl in zip(self.kernel_size, self.dilation, strict=True)), **self._geometry())
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, *self.kernel_size, **factory))
+        self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
+        self._bases = _BasisCache()
+        self.reset_parameters()
+
+    def _geometry(self) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel_size,
+            "stride": self.stride,
+            "dilation": self.dilation,
+            "padding": self.padding,
+            "boundary": _PADDING_MODES[self.padding_mode],
+        }
+
+    def reset_parameters(self) -> None:
+        """torch's default initialisation, :math:`\\mathcal U(\\pm 1/\\sqrt{P K})` for weight and bias."""
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1.0 / math.sqrt(self.in_channels * math.prod(self.kernel_size))
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def basis(self, grid: tuple[int, ...], like: torch.Tensor) -> GridBasis:
+        """The shift basis this layer uses on an input grid of sizes ``grid``."""
+        key = (grid, like.dtype, str(like.device))
+        return self._bases.get(key, lambda: grid_basis(grid, like=like, **self._geometry()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Convolve ``x`` of shape ``(B, C_in, *grid)`` (or unbatched) like ``torch.nn.Conv{d}d``."""
+        xb, unbatched = _split_input(x, self._ndim, self.in_channels, type(self).__name__)
+        B = int(xb.shape[0])
+        basis = self.basis(tuple(int(s) for s in xb.shape[2:]), xb)
+        theta = self.weight.flatten(2).permute(2, 1, 0)
+        y: torch.Tensor = conv(basis, xb.flatten(2).transpose(1, 2), theta, order=self.order)
+        y = y.transpose(1, 2).reshape(B, self.out_channels, *basis.out_grid)
+        if self.bias is not None:
+            y = y + self.bias.reshape(-1, *([1] * self._ndim))
+        return y[0] if unbatched else y
+
+    def extra_repr(self) -> str:
+        s = (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding!r}, dilation={self.dilation}"
+        )
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode!r}"
+        return s + f", bias={self.bias is not None}, order={self.order!r}"
+
+
+class GridConv1d(_GridConvNd):
+    r"""``torch.nn.Conv1d`` as :math:`y = \sum_k A_k^\top x\,\Theta_k + \beta` with a 1-D shift basis.
+
+    Arguments are those of ``torch.nn.Conv1d`` (``groups=1``; ``padding_mode`` ``"zeros"`` or
+    ``"circular"``) plus ``order``, passed to :func:`structconv.conv` (``"auto"`` runs the
+    native convolution; ``"ax"`` / ``"xtheta"`` force the generic structured orders).
+    """
+
+    _ndim = 1
+
+
+class GridConv2d(_GridConvNd):
+    r"""``torch.nn.Conv2d`` as :math:`y = \sum_k A_k^\top x\,\Theta_k + \beta` with a 2-D shift basis.
+
+    The parameter is stored as torch stores it, ``weight`` of shape ``(Q, P, k_1, k_2)``;
+    :math:`\Theta` is the view ``weight.flatten(2).permute(2, 1, 0)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import GridConv2d
+    >>> ref = torch.nn.Conv2d(3, 8, 3, padding=1)
+    >>> layer = GridConv2d(3, 8, 3, padding=1)
+    >>> _ = layer.load_state_dict(ref.state_dict())
+    >>> x = torch.randn(2, 3, 10, 10)
+    >>> torch.allclose(layer(x), ref(x), atol=1e-6)
+    True
+    """
+
+    _ndim = 2
+
+
+class GridConv3d(_GridConvNd):
+    r"""``torch.nn.Conv3d`` as :math:`y = \sum_k A_k^\top x\,\Theta_k + \beta` with a 3-D shift basis."""
+
+    _ndim = 3
+
+
+class _AvgPoolNd(nn.Module):
+    _ndim = 0
+
+    def __init__(
+        self,
+        kernel_size: Size,
+        stride: Size | None = None,
+        padding: Padding = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: int | None = None,
+        method: str = "auto",
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if ceil_mode:
+            raise ValueError(f"{name}: ceil_mode=True is not supported (its windows are not a shift basis); use False")
+        if divisor_override is not None and (isinstance(divisor_override, bool) or divisor_override <= 0):
+            raise ValueError(f"{name}: divisor_override must be a positive int or None, got {divisor_override!r}")
+        d = self._ndim
+        self.kernel_size = _ints(kernel_size, d, "kernel_size", 1)
+        self.stride = self.kernel_size if stride is None else _ints(stride, d, "stride", 1)
+        self.padding = padding
+        self.count_include_pad = count_include_pad
+        self.divisor_override = divisor_override
+        self.method = method
+        self._bases = _BasisCache()
+
+    def basis(self, grid: tuple[int, ...], like: torch.Tensor) -> GridBasis:
+        """The one-member averaging basis this layer uses on an input grid of sizes ``grid``."""
+
+        def build() -> GridBasis:
+            b = avg_pool_basis(grid, self.kernel_size, self.stride, self.padding, self.count_include_pad, like=like)
+            if self.divisor_override is None:
+                return b
+            g = b.geometry
+            w = torch.full((1, g.taps), 1.0 / self.divisor_override, dtype=like.dtype, device=like.device)
+            return GridBasis(g.grid, g.out_grid, g.offsets, g.stride, g.boundary, weights=w)
+
+        return self._bases.get((grid, like.dtype, str(like.device)), build)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Average ``x`` of shape ``(B, C, *grid)`` (or unbatched) like ``torch.nn.AvgPool{d}d``.
+
+        A pooling layer has :math:`\\Theta = I` per channel, so it evaluates :math:`A^\\top x`
+        (:func:`structconv.apply_shifts`) instead of spending a GEMM on the identity.
+        """
+        xb, unbatched = _split_input(x, self._ndim, None, type(self).__name__)
+        B, C = int(xb.shape[0]), int(xb.shape[1])
+        basis = self.basis(tuple(int(s) for s in xb.shape[2:]), xb)
+        y: torch.Tensor = apply_shifts(basis, xb.flatten(2).transpose(1, 2), self.method)[:, 0]
+        y = y.transpose(1, 2).reshape(B, C, *basis.out_grid)
+        return y[0] if unbatched else y
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding!r}"
+
+
+class AvgPool1d(_AvgPoolNd):
+    """``torch.nn.AvgPool1d`` as a one-member shift basis (``ceil_mode=False`` only)."""
+
+    _ndim = 1
+
+
+class AvgPool2d(_AvgPoolNd):
+    """``torch.nn.AvgPool2d`` as a one-member shift basis (``ceil_mode=False`` only)."""
+
+    _ndim = 2
+
+
+class AvgPool3d(_AvgPoolNd):
+    """``torch.nn.AvgPool3d`` as a one-member shift basis (``ceil_mode=False`` only)."""
+
+    _ndim = 3

@@ -88,11 +88,16 @@ def _window(x: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, list[int]]:
         start.append(max(0, begin))
         stop.append(min(geo.grid[i], end))
     xg = x.reshape(B, *geo.grid, C)
+    if geo.boundary == "periodic":
+        for i in range(geo.ndim):
+            idx = torch.arange(start[i] - lo[i], stop[i] + hi[i], device=x.device) % geo.grid[i]
+            xg = xg.index_select(1 + i, idx)
+        return xg.movedim(-1, 1), [0] * geo.ndim
     if any(a > 0 or b < g for a, b, g in zip(start, stop, geo.grid, strict=True)):
         xg = xg[(slice(None), *(slice(a, b) for a, b in zip(start, stop, strict=True)))]
-    symmetric = geo.boundary == "zero" and lo == hi
+    symmetric = lo == hi
     if not symmetric:
-        xg = frame(xg, tuple(lo), tuple(hi), geo.boundary)
+        xg = frame(xg, tuple(lo), tuple(hi), "zero")
     return xg.movedim(-1, 1), (lo if symmetric else [0] * geo.ndim)
 
 

@@ -1,0 +1,419 @@
+"""Grid bases against torch's own convolutions and pooling, and the laws of shift matrices."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import cuda
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.nn import functional as F  # noqa: N812
+
+from structconv import DenseBasis, GridBasis, apply_shifts, avg_pool_basis, conv, explain, grid_basis, shift_matrix
+
+ORDERS = ("native", "ax", "xtheta")
+CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+def to_bmp(x: torch.Tensor) -> torch.Tensor:
+    return x.flatten(2).transpose(1, 2)
+
+
+def to_theta(weight: torch.Tensor) -> torch.Tensor:
+    return weight.flatten(2).permute(2, 1, 0)
+
+
+def from_bnq(y: Any, like_shape: tuple[int, ...]) -> torch.Tensor:
+    y = torch.as_tensor(y)
+    return y.transpose(1, 2).reshape(like_shape)
+
+
+def torch_pad(x: torch.Tensor, before: tuple[int, ...], after: tuple[int, ...], mode: str) -> torch.Tensor:
+    pads: list[int] = []
+    for b, a in zip(reversed(before), reversed(after), strict=True):
+        pads += [b, a]
+    return F.pad(x, pads, mode=mode) if mode == "circular" else F.pad(x, pads)
+
+
+@st.composite
+def conv_cases(draw: Any, boundary: str = "zero") -> dict[str, Any]:
+    d = draw(st.integers(1, 3))
+    grid = tuple(draw(st.integers(1, 7 if d < 3 else 5)) for _ in range(d))
+    kernel = tuple(draw(st.integers(1, 3)) for _ in range(d))
+    stride = tuple(draw(st.integers(1, 3)) for _ in range(d))
+    dilation = tuple(draw(st.integers(1, 2)) for _ in range(d))
+    extent = tuple(dl * (k - 1) + 1 for k, dl in zip(kernel, dilation, strict=True))
+    style = draw(st.sampled_from(["int", "tuple", "pairs", "same", "valid"]))
+    if style == "same":
+        stride = (1,) * d
+    cap = grid if boundary == "periodic" else tuple(e + 1 for e in extent)
+    if style == "int":
+        padding: Any = draw(st.integers(0, min(cap)))
+    elif style == "tuple":
+        padding = tuple(draw(st.integers(0, c)) for c in cap)
+    elif style == "pairs":
+        padding = tuple((draw(st.integers(0, c)), draw(st.integers(0, c))) for c in cap)
+    else:
+        padding = style
+    before, after = _pads(padding, extent, d)
+    for g, b, a, e in zip(grid, before, after, extent, strict=True):
+        if g + b + a < e:
+            padding, before, after = tuple((e, e) for e in extent), extent, extent
+            if boundary == "periodic" and any(e > g for e, g in zip(extent, grid, strict=True)):
+                kernel, dilation, extent = (1,) * d, (1,) * d, (1,) * d
+                padding, before, after = 0, (0,) * d, (0,) * d
+            break
+    seed = draw(st.integers(0, 2**31))
+    return {
+        "d": d,
+        "grid": grid,
+        "kernel": kernel,
+        "stride": stride,
+        "dilation": dilation,
+        "padding": padding,
+        "before": before,
+        "after": after,
+        "B": draw(st.integers(1, 3)),
+        "P": draw(st.integers(1, 4)),
+        "Q": draw(st.integers(1, 4)),
+        "seed": seed,
+    }
+
+
+def _pads(padding: Any, extent: tuple[int, ...], d: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if padding == "valid":
+        return (0,) * d, (0,) * d
+    if padding == "same":
+        before = tuple((e - 1) // 2 for e in extent)
+        return before, tuple(e - 1 - b for e, b in zip(extent, before, strict=True))
+    if isinstance(padding, int):
+        return (padding,) * d, (padding,) * d
+    if isinstance(padding[0], tuple):
+        return tuple(p[0] for p in padding), tuple(p[1] for p in padding)
+    return tuple(padding), tuple(padding)
+
+
+def torch_reference(c: dict[str, Any], x: torch.Tensor, weight: torch.Tensor, boundary: str) -> torch.Tensor:
+    xp = torch_pad(x, c["before"], c["after"], "circular" if boundary == "periodic" else "zeros")
+    return CONV[c["d"]](xp, weight, stride=c["stride"], dilation=c["dilation"])
+
+
+def tensors(c: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(c["seed"])
+    x = torch.randn(c["B"], c["P"], *c["grid"], generator=g, dtype=torch.float64)
+    weight = torch.randn(c["Q"], c["P"], *c["kernel"], generator=g, dtype=torch.float64)
+    return x, weight
+
+
+def build(c: dict[str, Any], boundary: str, like: Any) -> GridBasis:
+    return grid_basis(c["grid"], c["kernel"], c["stride"], c["dilation"], c["padding"], boundary=boundary, like=like)
+
+
+@pytest.mark.parametrize("boundary", ["zero", "periodic"])
+@given(data=st.data())
+def test_every_path_equals_torch_convolution(boundary: str, data: Any) -> None:
+    c = data.draw(conv_cases(boundary))
+    x, weight = tensors(c)
+    ref = torch_reference(c, x, weight, boundary)
+    A = build(c, boundary, x)
+    assert A.shape == (math.prod(c["kernel"]), math.prod(c["grid"]), math.prod(ref.shape[2:]))
+    assert A.out_grid == tuple(ref.shape[2:])
+    xb, theta = to_bmp(x), to_theta(weight)
+    for order in (*ORDERS, "atheta", "auto"):
+        y = conv(A, xb, theta, order=order)
+        torch.testing.assert_close(from_bnq(y, ref.shape), ref, msg=f"order={order}")
+    torch.testing.assert_close(from_bnq(conv(A.to_sparse(), xb, theta), ref.shape), ref, msg="sparse")
+    torch.testing.assert_close(from_bnq(conv(DenseBasis(A.to_dense()), xb, theta), ref.shape), ref, msg="dense")
+    # The NumPy path (no torch inside) equals the torch path.
+    An = build(c, boundary, None)
+    for order in ("ax", "xtheta", "auto"):
+        yn = conv(An, xb.numpy().copy(), theta.numpy().copy(), order=order)
+        np.testing.assert_allclose(from_bnq(yn, ref.shape).numpy(), ref.numpy(), rtol=1e-9, atol=1e-9)
+
+
+@given(
+    d=st.integers(1, 3),
+    taps=st.integers(1, 6),
+    seed=st.integers(0, 2**31),
+    stride=st.integers(1, 2),
+    padding=st.sampled_from(["same", 0, 1]),
+)
+def test_irregular_offsets_equal_a_zero_filled_box_kernel(
+    d: int, taps: int, seed: int, stride: int, padding: Any
+) -> None:
+    rng = np.random.default_rng(seed)
+    box = tuple(int(v) for v in rng.integers(1, 5, size=d))
+    cells = rng.choice(math.prod(box), size=min(taps, math.prod(box)), replace=False)
+    offsets = np.stack(np.unravel_index(cells, box), 1) - 1  # any origin: only positions matter
+    grid = tuple(int(v) for v in rng.integers(4, 8, size=d))
+    if padding == "same":
+        stride = 1
+    x = torch.from_numpy(rng.normal(size=(2, 3, *grid)))
+    theta = torch.from_numpy(rng.normal(size=(len(cells), 3, 2)))
+    A = grid_basis(grid, stride=stride, padding=padding, offsets=offsets, like=x)
+    rel = offsets - offsets.min(0)
+    extent = tuple(int(v) + 1 for v in rel.max(0))
+    weight = torch.zeros(2, 3, *extent, dtype=torch.float64)
+    for j, pos in enumerate(rel):
+        weight[(slice(None), slice(None), *pos)] = theta[j].T
+    before, after = _pads(padding, extent, d)
+    ref = CONV[d](torch_pad(x, before, after, "zeros"), weight, stride=stride)
+    for order in (*ORDERS, "auto"):
+        torch.testing.assert_close(from_bnq(conv(A, to_bmp(x), theta, order=order), ref.shape), ref)
+
+
+@given(
+    d=st.integers(1, 3),
+    seed=st.integers(0, 2**31),
+    count_include_pad=st.booleans(),
+    data=st.data(),
+)
+def test_average_pooling_equals_torch(d: int, seed: int, count_include_pad: bool, data: Any) -> None:
+    kernel = tuple(data.draw(st.integers(1, 3)) for _ in range(d))
+    stride = tuple(data.draw(st.integers(1, 3)) for _ in range(d))
+    padding = tuple(data.draw(st.integers(0, k // 2)) for k in kernel)
+    grid = tuple(data.draw(st.integers(k, k + 5)) for k in kernel)
+    x = torch.from_numpy(np.random.default_rng(seed).normal(size=(2, 3, *grid)))
+    ref = POOL[d](x, kernel, stride, padding, count_include_pad=count_include_pad)
+    A = avg_pool_basis(grid, kernel, stride, padding, count_include_pad=count_include_pad, like=x)
+    for method in ("native", "shift"):
+        y = apply_shifts(A, to_bmp(x), method)[:, 0]
+        torch.testing.assert_close(from_bnq(y, ref.shape), ref, msg=method)
+    # Through the engine with Θ = I it is the same (and so is the NumPy basis).
+    eye = torch.eye(3, dtype=torch.float64)[None]
+    torch.testing.assert_close(from_bnq(conv(A, to_bmp(x), eye), ref.shape), ref)
+    An = avg_pool_basis(grid, kernel, stride, padding, count_include_pad=count_include_pad)
+    yn = apply_shifts(An, to_bmp(x).numpy().copy())[:, 0]
+    np.testing.assert_allclose(from_bnq(yn, ref.shape).numpy(), ref.numpy(), atol=1e-12)
+
+
+@given(d=st.integers(1, 3), seed=st.integers(0, 2**31), data=st.data())
+def test_shift_matrix_is_definition_1(d: int, seed: int, data: Any) -> None:
+    grid = tuple(data.draw(st.integers(1, 4)) for _ in range(d))
+    shift = tuple(data.draw(st.integers(-4, 4)) for _ in range(d))
+    periodic = data.draw(st.booleans())
+    A = shift_matrix(grid, shift, boundary="periodic" if periodic else "zero").to_dense()[0]
+    positions = list(np.ndindex(*grid))
+    expected = np.zeros((len(positions), len(positions)))
+    for m, pm in enumerate(positions):
+        for n, pn in enumerate(positions):
+            diff = np.subtract(pn, pm)
+            if periodic:
+                diff = np.mod(diff - shift, grid)
+                expected[m, n] = float(not diff.any())
+            else:
+                expected[m, n] = float(tuple(diff) == shift)
+    np.testing.assert_array_equal(A, expected)
+
+
+@given(d=st.integers(1, 3), data=st.data())
+def test_periodic_shift_matrices_compose_by_adding_shifts(d: int, data: Any) -> None:
+    grid = tuple(data.draw(st.integers(1, 5)) for _ in range(d))
+    s1 = tuple(data.draw(st.integers(-5, 5)) for _ in range(d))
+    s2 = tuple(data.draw(st.integers(-5, 5)) for _ in range(d))
+    A1 = shift_matrix(grid, s1, "periodic").to_dense()[0]
+    A2 = shift_matrix(grid, s2, "periodic").to_dense()[0]
+    A12 = shift_matrix(grid, tuple(a + b for a, b in zip(s1, s2, strict=True)), "periodic").to_dense()[0]
+    np.testing.assert_array_equal(A1 @ A2, A12)
+
+
+@given(data=st.data())
+def test_periodic_grid_convolution_is_shift_equivariant(data: Any) -> None:
+    c = data.draw(conv_cases("periodic"))
+    if data.draw(st.booleans()):  # make sure the law's condition is often met
+        c.update(stride=(1,) * c["d"], padding="same", before=None, after=None)
+        c["kernel"] = tuple(min(k, g) for k, g in zip(c["kernel"], c["grid"], strict=True))
+        c["dilation"] = (1,) * c["d"]
+    x, weight = tensors(c)
+    A = build(c, "periodic", x)
+    t = tuple(data.draw(st.integers(-3, 3)) for _ in range(c["d"]))
+    dims = tuple(range(2, 2 + c["d"]))
+    # Rolling the input by stride * t rolls the output by t.
+    x_rolled = torch.roll(x, tuple(s * v for s, v in zip(c["stride"], t, strict=True)), dims)
+    out_shape = (c["B"], c["Q"], *A.out_grid)
+
+    def run(inp: torch.Tensor) -> torch.Tensor:
+        return from_bnq(conv(A, to_bmp(inp), to_theta(weight), order="ax"), out_shape)
+
+    # The law holds when the outputs tile the whole torus (output grid x stride = grid).
+    if all(o * s == g for o, s, g in zip(A.out_grid, c["stride"], c["grid"], strict=True)):
+        torch.testing.assert_close(run(x_rolled), torch.roll(run(x), t, dims))
+
+
+@pytest.mark.parametrize("order", [*ORDERS, "atheta", "sparse"])
+@pytest.mark.parametrize("case", ["same", "strided", "periodic", "weighted"])
+def test_gradcheck(order: str, case: str) -> None:
+    torch.manual_seed(0)
+    grid = (4, 3)
+    x = torch.randn(1, 12, 2, dtype=torch.float64, requires_grad=True)
+    theta = torch.randn(9, 2, 2, dtype=torch.float64, requires_grad=True)
+    if case == "same":
+        A = grid_basis(grid, 3, padding="same", like=x)
+    elif case == "strided":
+        A = grid_basis(grid, 3, stride=2, dilation=(1, 2), padding=(2, 1), like=x)
+    elif case == "periodic":
+        A = grid_basis(grid, 3, padding=1, boundary="periodic", like=x)
+    else:
+        base = grid_basis(grid, 3, padding=1, like=x)
+        w = torch.randn(9, 9, dtype=torch.float64, requires_grad=True)
+        g = base.geometry
+        A = GridBasis(g.grid, g.out_grid, g.offsets, g.stride, weights=w)
+
+    def f(x: torch.Tensor, theta: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        basis = A
+        if rest:
+            basis = GridBasis(A.grid, A.out_grid, A.offsets, A.stride, weights=rest[0])
+        if order == "sparse":
+            return conv(basis.to_sparse(), x, theta)
+        return conv(basis, x, theta, order=order)
+
+    inputs = (x, theta) + ((w,) if case == "weighted" else ())
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_module_loads_a_trained_conv2d_state_dict() -> None:
+    from structconv.nn import GridConv2d
+
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(3, 6, 3, stride=2, padding=1, dilation=1)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(5):  # a few real training steps, so the weights are not the initial ones
+        x = torch.randn(8, 3, 12, 12)
+        loss = (ref(x) - 1.0).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    layer = GridConv2d(3, 6, 3, stride=2, padding=1)
+    assert set(layer.state_dict()) == set(ref.state_dict())
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 3, 12, 12)
+    for order in ("auto", "ax", "xtheta"):
+        layer.order = order
+        torch.testing.assert_close(layer(x), ref(x), atol=1e-5, rtol=1e-5)
+    # And back: the torch layer accepts ours.
+    back = torch.nn.Conv2d(3, 6, 3, stride=2, padding=1)
+    back.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(back(x), ref(x))
+
+
+@pytest.mark.parametrize(
+    ("ndim", "kwargs"),
+    [
+        (1, {"kernel_size": 4, "padding": "same", "dilation": 2}),
+        (1, {"kernel_size": 3, "stride": 2, "padding": 2, "bias": False}),
+        (2, {"kernel_size": (3, 2), "padding": (1, 0), "stride": (1, 2)}),
+        (2, {"kernel_size": 3, "padding": 1, "padding_mode": "circular"}),
+        (2, {"kernel_size": 2, "padding": "valid"}),
+        (3, {"kernel_size": 3, "padding": 1, "stride": 2}),
+        (3, {"kernel_size": (1, 2, 3), "padding": "same", "padding_mode": "circular"}),
+    ],
+)
+def test_modules_match_torch_layers(ndim: int, kwargs: dict[str, Any]) -> None:
+    from structconv import nn as snn
+
+    torch.manual_seed(1)
+    ref = getattr(torch.nn, f"Conv{ndim}d")(3, 4, **kwargs)
+    layer = getattr(snn, f"GridConv{ndim}d")(3, 4, **kwargs)
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, *([7] * ndim))
+    torch.testing.assert_close(layer(x), ref(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer(x[0]), ref(x[0]), atol=1e-5, rtol=1e-5)  # unbatched
+
+
+def test_module_initialisation_matches_torch_distribution() -> None:
+    from structconv.nn import GridConv2d
+
+    torch.manual_seed(0)
+    ours = GridConv2d(16, 32, 3)
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(16, 32, 3)
+    torch.testing.assert_close(ours.weight, ref.weight)
+    torch.testing.assert_close(ours.bias, ref.bias)
+
+
+@pytest.mark.parametrize("ndim", [1, 2, 3])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"kernel_size": 2},
+        {"kernel_size": 3, "stride": 2, "padding": 1},
+        {"kernel_size": 3, "stride": 1, "padding": 1, "count_include_pad": False},
+        {"kernel_size": 3, "stride": 2, "padding": 1, "divisor_override": 5},
+    ],
+)
+def test_pool_modules_match_torch(ndim: int, kwargs: dict[str, Any]) -> None:
+    from structconv import nn as snn
+
+    if ndim == 1:  # torch.nn.AvgPool1d has no divisor_override
+        kwargs = {k: v for k, v in kwargs.items() if k != "divisor_override"}
+    ref = getattr(torch.nn, f"AvgPool{ndim}d")(**kwargs)
+    x = torch.randn(2, 3, *([6] * ndim))
+    for method in ("auto", "shift"):
+        layer = getattr(snn, f"AvgPool{ndim}d")(method=method, **kwargs)
+        torch.testing.assert_close(layer(x), ref(x))
+
+
+def test_auto_runs_native_on_torch_and_a_shift_order_on_numpy() -> None:
+    x = torch.randn(4, 64, 8, dtype=torch.float64)
+    theta = torch.randn(9, 8, 16, dtype=torch.float64)
+    assert explain(grid_basis((8, 8), 3, padding=1, like=x), x, theta).chosen == "native"
+    chosen = explain(grid_basis((8, 8), 3, padding=1), x.numpy(), theta.numpy()).chosen
+    assert chosen in ("ax", "xtheta")
+    with pytest.raises(ValueError, match="order='native' is not valid"):
+        conv(grid_basis((8, 8), 3, padding=1), x.numpy(), theta.numpy(), order="native")
+
+
+def test_memory_does_not_grow_with_the_grid_and_no_path_densifies(monkeypatch: Any) -> None:
+    small = grid_basis((32, 32), 3, padding=1)
+    large = grid_basis((512, 512), 3, padding=1)
+    assert small.nbytes() == large.nbytes() == 9 * 2 * 8
+    x = torch.randn(2, 32 * 32, 4)
+    theta = torch.randn(9, 4, 5)
+    A = grid_basis((32, 32), 3, padding=1, like=x)
+    ref = conv(A, x, theta, order="native")
+
+    def boom(self: Any) -> Any:
+        raise AssertionError("densified")
+
+    monkeypatch.setattr(GridBasis, "to_dense", boom)
+    for order in ("ax", "xtheta"):
+        torch.testing.assert_close(conv(A, x, theta, order=order), ref)
+    torch.testing.assert_close(A.apply_each(x).shape, torch.Size([2, 9, 1024, 4]))
+
+
+def test_value_operations() -> None:
+    rng = np.random.default_rng(0)
+    A = grid_basis((5, 6), 3, stride=2, padding=1)
+    dense = A.to_dense()
+    np.testing.assert_array_equal(A.T.to_dense(), np.swapaxes(dense, 1, 2))
+    sub = A[[4, 0, 8]]
+    assert isinstance(sub, GridBasis)
+    np.testing.assert_array_equal(sub.to_dense(), dense[[4, 0, 8]])
+    assert A.energy() == pytest.approx(float((dense**2).sum()) / A.N)
+    x, theta = rng.normal(size=(2, 30, 3)), rng.normal(size=(3, 3, 2))
+    np.testing.assert_allclose(conv(sub, x, theta), np.einsum("kmn,bmp,kpq->bnq", dense[[4, 0, 8]], x, theta))
+    At = A.to(dtype=np.float32)
+    assert At.dtype == np.float32
+    torch_basis = grid_basis((5, 6), 3, like=torch.zeros(1)).to(dtype=torch.float64)
+    assert torch_basis.dtype == torch.float64 and torch_basis.backend == "torch"
+    # apply_members equals the dense einsum, reduced or not.
+    s = rng.normal(size=(2, 9, 30, 4))
+    np.testing.assert_allclose(A.apply_members(s, reduce=False), np.einsum("kmn,bkmc->bknc", dense, s))
+    np.testing.assert_allclose(A.apply_members(s, reduce=True), np.einsum("kmn,bkmc->bnc", dense, s))
+
+
+@cuda
+@pytest.mark.parametrize("order", [*ORDERS, "auto"])
+def test_cuda_paths_equal_cpu(order: str) -> None:
+    x = torch.randn(2, 3, 9, 9, dtype=torch.float64)
+    weight = torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    ref = F.conv2d(x, weight, padding=1)
+    xc, wc = x.cuda(), weight.cuda()
+    A = grid_basis((9, 9), 3, padding=1, like=xc)
+    y = conv(A, to_bmp(xc), to_theta(wc), order=order)
+    torch.testing.assert_close(from_bnq(y.cpu(), ref.shape), ref)

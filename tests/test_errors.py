@@ -80,3 +80,86 @@ def test_mixed_devices_are_refused():
     meta = torch.ones(5, 3, 6, dtype=torch.float64, device="meta")
     with pytest.raises(ValueError, match="device"):
         conv(DenseBasis(torch.ones(2, 3, 4, dtype=torch.float64)), meta, torch.ones(2, 6, 7, dtype=torch.float64))
+
+
+# --- grid bases and layers -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"grid": (4, 4), "kernel": 7}, ValueError, r"kernel spans 7 entries along grid dimension 0 .* only 4"),
+        ({"grid": (4, 4), "kernel": 3, "dilation": 3}, ValueError, r"kernel spans 7 entries"),
+        ({"grid": (8, 8), "kernel": 3, "stride": 0}, ValueError, r"stride must be positive, got 0"),
+        ({"grid": (8, 8), "kernel": 3, "dilation": (1, -1)}, ValueError, r"dilation must be positive"),
+        ({"grid": (8, 8), "kernel": 3, "padding": -1}, ValueError, r"padding must be non-negative"),
+        ({"grid": (8, 8), "kernel": 3, "padding": (1, 1, 1)}, ValueError, r"padding must have 2 entries"),
+        ({"grid": (8, 8), "kernel": 3, "padding": ((1, 1), (1,))}, ValueError, r"padding given as pairs"),
+        ({"grid": (8, 8), "kernel": 3, "padding": "full"}, ValueError, r"padding must be 'same', 'valid'"),
+        ({"grid": (8, 8), "kernel": 3, "stride": 2, "padding": "same"}, ValueError, r"'same' needs stride 1"),
+        ({"grid": (8, 0), "kernel": 3}, ValueError, r"grid must be positive"),
+        ({"grid": (8, 8), "kernel": (3, 3, 3)}, ValueError, r"kernel must have 2 entries"),
+        ({"grid": (8, 8), "kernel": 2.5}, TypeError, r"kernel must be an int or a sequence"),
+        ({"grid": (8, 8), "kernel": 3, "boundary": "reflect"}, ValueError, r"boundary must be one of"),
+        ({"grid": (8, 8)}, ValueError, r"give kernel .* or offsets"),
+        ({"grid": (8, 8), "kernel": 3, "offsets": [[0, 0]]}, ValueError, r"offsets replaces kernel"),
+        ({"grid": (8, 8), "offsets": [[0, 0], [0, 0]]}, ValueError, r"offsets must be distinct"),
+        ({"grid": (8, 8), "offsets": [[0, 0, 0]]}, ValueError, r"offsets must have shape \(K, 2\)"),
+        ({"grid": (8, 8), "kernel": 3, "like": [1.0]}, TypeError, r"like must be a numpy.ndarray or a torch.Tensor"),
+    ],
+)
+def test_grid_basis_errors(kwargs, error, message):
+    from structconv import grid_basis
+
+    with pytest.raises(error, match=message):
+        grid_basis(**kwargs)
+
+
+def test_grid_shapes_must_match_the_input():
+    from structconv import grid_basis
+
+    A = grid_basis((8, 8), 3, padding=1)
+    with pytest.raises(ValueError, match=r"the basis has M=64 input entries"):
+        conv(A, np.ones((2, 49, 3)), np.ones((9, 3, 4)))
+    with pytest.raises(ValueError, match=r"theta has K=4 members"):
+        conv(A, np.ones((2, 64, 3)), np.ones((4, 3, 4)))
+    with pytest.raises(ValueError, match=r"theta has P=5 input channels but x has 3"):
+        conv(A, np.ones((2, 64, 3)), np.ones((9, 5, 4)))
+    with pytest.raises(TypeError, match=r"dtype"):
+        conv(A, np.ones((2, 64, 3), dtype=np.float32), np.ones((9, 3, 4), dtype=np.float32))
+
+
+def test_grid_layer_errors():
+    from structconv.nn import AvgPool2d, GridConv2d
+
+    layer = GridConv2d(3, 4, 3, padding=1)
+    with pytest.raises(ValueError, match=r"GridConv2d: expected 3 input channels \(dim 1\), got input of shape"):
+        layer(torch.randn(2, 5, 8, 8))
+    with pytest.raises(ValueError, match=r"GridConv2d: input must have shape \(B, C, S1, S2\)"):
+        layer(torch.randn(8, 8))
+    with pytest.raises(ValueError, match=r"kernel spans 3 entries .* only 2"):
+        GridConv2d(3, 4, 3)(torch.randn(1, 3, 2, 2))
+    with pytest.raises(ValueError, match=r"groups=2 is not supported"):
+        GridConv2d(4, 4, 3, groups=2)
+    with pytest.raises(ValueError, match=r"padding_mode must be one of"):
+        GridConv2d(4, 4, 3, padding_mode="reflect")
+    with pytest.raises(ValueError, match=r"'same' needs stride 1"):
+        GridConv2d(4, 4, 3, stride=2, padding="same")
+    with pytest.raises(ValueError, match=r"in_channels must be a positive integer"):
+        GridConv2d(0, 4, 3)
+    with pytest.raises(ValueError, match=r"ceil_mode=True is not supported"):
+        AvgPool2d(2, ceil_mode=True)
+
+
+def test_shift_helpers_errors():
+    from structconv import apply_shifts, avg_pool_basis, grid_basis, shift_matrix
+
+    with pytest.raises(ValueError, match=r"d must have one entry per grid dimension \(2\)"):
+        shift_matrix((3, 3), 1)
+    A = avg_pool_basis((4, 4), 2)
+    with pytest.raises(ValueError, match=r"x has 9 entries \(dim 1\) but the basis grid \(4, 4\) has M=16"):
+        apply_shifts(A, np.ones((1, 9, 2)))
+    with pytest.raises(ValueError, match=r"method='native' needs a torch basis"):
+        apply_shifts(A, np.ones((1, 16, 2)), "native")
+    with pytest.raises(TypeError, match=r"basis must be a GridBasis"):
+        apply_shifts(DenseBasis(np.ones((1, 16, 4))), np.ones((1, 16, 2)))
+    with pytest.raises(ValueError, match=r"a NumPy basis lives on the CPU"):
+        grid_basis((4, 4), 3, padding=1).to(device="cuda")

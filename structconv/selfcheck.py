@@ -203,9 +203,89 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
 
     results.append(CheckResult("Prop. 3: compose = sequence", cases, _max_over(data, prop3), tol))
 
+    results.extend(_grid_checks(rng, cases, backends))
     if "torch" in backends:
         results.append(_gradcheck(data[: min(4, len(data))]))
     return results
+
+
+def _grid_cases(rng: np.random.Generator, count: int) -> Iterator[dict[str, Any]]:
+    for _ in range(count):
+        grid = tuple(int(v) for v in rng.integers(3, 9, size=2))
+        kernel = tuple(int(v) for v in rng.integers(1, 4, size=2))
+        same = bool(rng.integers(2))
+        stride = (1, 1) if same else tuple(int(v) for v in rng.integers(1, 3, size=2))
+        B, P, Q = (int(v) for v in rng.integers(1, 4, size=3))
+        yield {
+            "grid": grid,
+            "kernel": kernel,
+            "stride": stride,
+            "padding": "same" if same else tuple(k // 2 for k in kernel),
+            "boundary": str(rng.choice(["zero", "periodic"])),
+            "x": rng.normal(size=(B, grid[0] * grid[1], P)),
+            "theta": rng.normal(size=(kernel[0] * kernel[1], P, Q)),
+        }
+
+
+def _grid_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...]) -> list[CheckResult]:
+    from .grid import grid_basis
+
+    cases = list(_grid_cases(rng, count))
+    tol = 1e-10
+    out = []
+
+    def basis(c: dict[str, Any], like: Any) -> Any:
+        return grid_basis(c["grid"], c["kernel"], c["stride"], padding=c["padding"], boundary=c["boundary"], like=like)
+
+    for backend in backends:
+        orders = ("native", "ax", "xtheta", "auto") if backend == "torch" else ("ax", "xtheta", "auto")
+        cv: Callable[[np.ndarray], Any] = _torch if backend == "torch" else (lambda a: a)
+        for order in orders:
+
+            def err(c: dict[str, Any], order: str = order, cv: Callable[[np.ndarray], Any] = cv) -> float:
+                A = basis(c, cv(np.zeros(1)))
+                y = conv(A, cv(c["x"]), cv(c["theta"]), order=order)
+                dense = basis(c, None).to_dense()
+                return _rel_error(y, _reference(dense, c["x"], c["theta"]))
+
+            out.append(CheckResult(f"grid conv = einsum [{backend}, {order}]", count, _max_over(cases, err), tol))
+    if "torch" in backends:
+
+        def against_torch(c: dict[str, Any]) -> float:
+            from torch.nn import functional as F  # noqa: N812
+
+            x, theta = _torch(c["x"]), _torch(c["theta"])
+            B, _, P = x.shape
+            img = x.transpose(1, 2).reshape(B, P, *c["grid"])
+            weight = theta.permute(2, 1, 0).reshape(theta.shape[2], P, *c["kernel"])
+            if c["padding"] == "same":
+                total = [k - 1 for k in c["kernel"]]
+                pads = [total[1] // 2, total[1] - total[1] // 2, total[0] // 2, total[0] - total[0] // 2]
+            else:
+                pads = [c["padding"][1], c["padding"][1], c["padding"][0], c["padding"][0]]
+            mode = "circular" if c["boundary"] == "periodic" else "constant"
+            ref = F.conv2d(F.pad(img, pads, mode=mode), weight, stride=c["stride"])
+            y = conv(basis(c, x), x, theta)
+            return _rel_error(y, ref.flatten(2).transpose(1, 2))
+
+        out.append(
+            CheckResult("grid conv = F.conv2d (zero / circular padding)", count, _max_over(cases, against_torch), tol)
+        )
+
+    def equivariance(c: dict[str, Any]) -> float:
+        grid = c["grid"]
+        A = grid_basis(grid, c["kernel"], padding="same", boundary="periodic")
+        t = tuple(int(v) for v in rng.integers(-3, 4, size=2))
+        B = c["x"].shape[0]
+
+        def roll(v: np.ndarray) -> np.ndarray:
+            rolled: np.ndarray = np.roll(v.reshape(B, *grid, -1), t, axis=(1, 2)).reshape(B, grid[0] * grid[1], -1)
+            return rolled
+
+        return _rel_error(conv(A, roll(c["x"]), c["theta"]), roll(conv(A, c["x"], c["theta"])))
+
+    out.append(CheckResult("periodic grid conv is shift-equivariant", count, _max_over(cases, equivariance), tol))
+    return out
 
 
 def _gradcheck(cases: list[dict[str, Any]]) -> CheckResult:

@@ -100,6 +100,31 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: list[Row], path: Path) -> None:
+    """Bar chart of every variant's ratio to F.conv2d per case, with the two goals drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in rows[0].times if n != rows[0].peer]
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
+    for i, name in enumerate(names):
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
+        ax.bar(xs, [r.ratio(name) for r in rows], width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(GOAL_DEFAULT, color="tab:blue", linestyle="--", linewidth=0.8, label=f"goal default {GOAL_DEFAULT}x")
+    ax.axhline(GOAL_GENERIC, color="tab:orange", linestyle="--", linewidth=0.8, label=f"goal generic {GOAL_GENERIC}x")
+    ax.set_xticks(range(len(rows)), [r.case for r in rows], rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("time / time of F.conv2d")
+    ax.set_title(f"Grid convolution through structconv, batch {rows[0].params['B']} (median of runs)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=128)
@@ -121,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         "geomean_default": math.exp(sum(math.log(r.ratio("default")) for r in report.rows) / len(report.rows)),
     }
     js, txt = report.write(args.out, text)
+    png = args.out / f"{report.name}.png"
+    plot(report.rows, png)
     print(text)
-    print(f"wrote {js} and {txt}")
+    print(f"wrote {js}, {txt} and {png}")
     return 0
 
 

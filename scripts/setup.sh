@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install structconv with its test and docs extras. Idempotent.
+# Create .venv and install structconv with its test, docs and bench extras. Idempotent.
 # torch is installed first at an exact CPU version (TORCH_SPEC overrides it), so that the
 # package's lower-bounded requirement (torch>=2.1) is already met and pip fetches no CUDA build.
 set -euo pipefail
@@ -11,5 +11,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 pip install -q "$TORCH_SPEC" 2>&1 | grep -v "is ignored: it is neither" || true
-pip install -q -e '.[test,docs]' 2>&1 | grep -v "is ignored: it is neither" || true
+pip install -q -e '.[test,docs,bench]' 2>&1 | grep -v "is ignored: it is neither" || true
 python -c "import torch, structconv; print('structconv', structconv.__version__, '| torch', torch.__version__)"

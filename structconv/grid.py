@@ -270,11 +270,19 @@ class GridBasis(Basis):
 
     # --- value operations ------------------------------------------------------------------
     def to_sparse(self) -> SparseBasis:
-        """The same basis as a :class:`~structconv.SparseBasis` (``K·J·N`` stored entries at most)."""
+        """The same basis as a :class:`~structconv.SparseBasis`.
+
+        A convolution basis stores one entry per in-grid (tap, output) pair, at most ``K·N``;
+        a weighted one stores every member's weight on every tap, at most ``K·J·N``.
+        """
         geo = self.geometry
         index = geo.tap_index  # (J, N)
         K, J, N = self.K, geo.taps, self.N
-        k, j, n = np.meshgrid(np.arange(K), np.arange(J), np.arange(N), indexing="ij")
+        if self.weights is None:  # member k is tap k alone
+            j, n = np.meshgrid(np.arange(J), np.arange(N), indexing="ij")
+            k = j
+        else:
+            k, j, n = np.meshgrid(np.arange(K), np.arange(J), np.arange(N), indexing="ij")
         m = index[j, n]
         keep = m >= 0
         coords = np.stack([k[keep], m[keep], n[keep]])

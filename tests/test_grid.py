@@ -417,3 +417,10 @@ def test_cuda_paths_equal_cpu(order: str) -> None:
     A = grid_basis((9, 9), 3, padding=1, like=xc)
     y = conv(A, to_bmp(xc), to_theta(wc), order=order)
     torch.testing.assert_close(from_bnq(y.cpu(), ref.shape), ref)
+
+
+def test_sparse_form_stores_one_entry_per_in_grid_tap() -> None:
+    A = grid_basis((6, 5), 3, padding=1)
+    sparse = A.to_sparse()
+    assert sparse.nnz == int(A.geometry.valid_counts.sum())
+    np.testing.assert_array_equal(sparse.to_dense(), A.to_dense())

@@ -243,11 +243,9 @@ def shift_then_gemm(x: Array, thetas: Array, geo: Geometry) -> Array:
     B = int(x.shape[0])
     rows = layout.rows(B)
     if is_torch(x):
-        from ._shift_torch import ShiftGemm
+        from ._shift_torch import shift_gemm
 
-        y_ext = ShiftGemm.apply(  # type: ignore[no-untyped-call]
-            buf, thetas, layout.shifts, rows
-        )
+        y_ext = shift_gemm(buf, thetas, layout.shifts, rows)
     else:
         y_ext = buf[layout.shifts[0] : layout.shifts[0] + rows] @ thetas[0]
         for j in range(1, len(layout.shifts)):

@@ -50,6 +50,16 @@ class ShiftGemm(torch.autograd.Function):
         return grad_buf, grad_theta, None, None
 
 
+def shift_gemm(buf: torch.Tensor, thetas: torch.Tensor, shifts: tuple[int, ...], rows: int) -> torch.Tensor:
+    """:class:`ShiftGemm` with autocast honoured (its in-place ``addmm_`` is not autocast by torch)."""
+    kind = buf.device.type
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+        buf, thetas = buf.to(dtype), thetas.to(dtype)
+    y: torch.Tensor = ShiftGemm.apply(buf, thetas, shifts, rows)  # type: ignore[no-untyped-call]
+    return y
+
+
 class ShiftAdd(torch.autograd.Function):
     r""":math:`Y = \sum_j S_{[f_j, f_j + R),\,j}` (the shift-and-add of the fused x·Θ order)."""
 
@@ -79,22 +89,25 @@ def _window(x: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, list[int]]:
     """
     B, _, C = (int(s) for s in x.shape)
     origin, dilation, size, _ = geo.box
-    lo, hi, start, stop = [], [], [], []
+    xg = x.reshape(B, *geo.grid, C)
+    spans = []
     for i in range(geo.ndim):
         extent = geo.stride[i] * (geo.out_grid[i] - 1) + dilation[i] * (size[i] - 1) + 1
-        begin, end = origin[i], origin[i] + extent
-        lo.append(max(0, -begin))
-        hi.append(max(0, end - geo.grid[i]))
-        start.append(max(0, begin))
-        stop.append(min(geo.grid[i], end))
-    xg = x.reshape(B, *geo.grid, C)
+        spans.append((origin[i], origin[i] + extent))
     if geo.boundary == "periodic":
-        for i in range(geo.ndim):
-            idx = torch.arange(start[i] - lo[i], stop[i] + hi[i], device=x.device) % geo.grid[i]
-            xg = xg.index_select(1 + i, idx)
+        for i, (begin, end) in enumerate(spans):
+            xg = xg.index_select(1 + i, torch.arange(begin, end, device=x.device) % geo.grid[i])
         return xg.movedim(-1, 1), [0] * geo.ndim
-    if any(a > 0 or b < g for a, b, g in zip(start, stop, geo.grid, strict=True)):
-        xg = xg[(slice(None), *(slice(a, b) for a, b in zip(start, stop, strict=True)))]
+    lo, hi, cut = [], [], []
+    for (begin, end), g in zip(spans, geo.grid, strict=True):
+        a = min(max(begin, 0), g)
+        b = max(min(end, g), a)
+        cut.append(slice(a, b))
+        # A window wholly outside the grid reads nothing: all of it is padding.
+        lo.append(a - begin if b > a else end - begin)
+        hi.append(end - b if b > a else 0)
+    if any(c.start > 0 or c.stop < g for c, g in zip(cut, geo.grid, strict=True)):
+        xg = xg[(slice(None), *cut)]
     symmetric = lo == hi
     if not symmetric:
         xg = frame(xg, tuple(lo), tuple(hi), "zero")
@@ -114,7 +127,7 @@ def native_conv(x: torch.Tensor, thetas: torch.Tensor, geo: Geometry) -> torch.T
         weight = thetas.permute(2, 1, 0).reshape(Q, P, *size)
     else:
         box = thetas.new_zeros(geo.box_volume, P, Q)
-        box = box.index_copy(0, torch.as_tensor(index, device=thetas.device), thetas)
+        box = box.index_add(0, torch.as_tensor(index, device=thetas.device), thetas)  # repeated taps add up
         weight = box.permute(2, 1, 0).reshape(Q, P, *size)
     window, padding = _window(x, geo)
     y = _CONV[geo.ndim](window, weight, stride=geo.stride, padding=padding, dilation=dilation)
@@ -133,14 +146,16 @@ def native_depthwise(x: torch.Tensor, weights: torch.Tensor, geo: Geometry) -> t
     _, dilation, size, index = geo.box
     window, padding = _window(x, geo)
     N = math.prod(geo.out_grid)
-    uniform = K == 1 and geo.is_full_box and bool((weights == weights[0, 0]).all())
+    # The pooling shortcut would send the gradient of equal but learnable weights to one of them.
+    learnable = torch.is_grad_enabled() and weights.requires_grad
+    uniform = K == 1 and geo.is_full_box and not learnable and bool((weights == weights[0, 0]).all())
     pool_ok = all(d == 1 for d in dilation) and all(2 * p <= k for p, k in zip(padding, size, strict=True))
     if uniform and pool_ok:
         pooled = _AVG_POOL[geo.ndim](window, size, geo.stride, padding, count_include_pad=True)
         y = pooled * (weights[0, 0] * geo.taps)
         return y.reshape(B, C, N).transpose(1, 2)[:, None]
     box = weights.new_zeros(K, geo.box_volume)
-    box = box.index_copy(1, torch.as_tensor(index, device=weights.device), weights)
+    box = box.index_add(1, torch.as_tensor(index, device=weights.device), weights)
     kernel = box.reshape(K, 1, *size).repeat(C, 1, *([1] * geo.ndim))
     y = _CONV[geo.ndim](window, kernel, stride=geo.stride, padding=padding, dilation=dilation, groups=C)
     return y.reshape(B, C, K, N).permute(0, 2, 3, 1)

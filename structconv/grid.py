@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, einsum, is_torch, shape_str, to_numpy
+from ._backend import Array, device_of, dtype_name, einsum, is_torch, shape_str, to_numpy
 from ._shift import Geometry, gather_taps, gemm_then_shift, shift_then_gemm
 from .basis import Basis, Cost
 from .sparse import SparseBasis
@@ -42,7 +42,7 @@ BOUNDARIES = ("zero", "periodic")
 # --- argument normalisation ---------------------------------------------------------------------
 def _ints(value: Size, d: int | None, arg: str, minimum: int) -> tuple[int, ...]:
     """``value`` as a tuple of ``d`` integers ``>= minimum`` (an int is repeated)."""
-    if isinstance(value, bool) or not isinstance(value, int | Sequence | np.ndarray):
+    if isinstance(value, bool) or not isinstance(value, int | np.integer | Sequence | np.ndarray):
         raise TypeError(f"{arg} must be an int or a sequence of ints, got {type(value).__name__}")
     items = [value] * (d or 1) if isinstance(value, int | np.integer) else list(value)
     if d is not None and len(items) != d:
@@ -134,6 +134,12 @@ class GridBasis(Basis):
     like
         An array whose backend, dtype and device the basis takes (default NumPy float64); taken
         from ``weights`` when given.
+
+    Notes
+    -----
+    The stride-1 ``"ax"`` and ``"xtheta"`` orders run hand-written backward passes, which are
+    differentiable once: for double backward (gradient penalties, meta-learning) ask for
+    ``order="native"`` (torch) or use the sparse form, :meth:`to_sparse`.
     """
 
     __slots__ = ("_backend", "_device", "_dtype", "geometry", "normalize", "weights")
@@ -159,6 +165,10 @@ class GridBasis(Basis):
         if off.ndim != 2 or off.shape[1] != d or off.shape[0] == 0 or not np.issubdtype(off.dtype, np.integer):
             raise ValueError(f"offsets must be a non-empty integer array of shape (J, {d}), got {off.shape}")
         self.geometry = Geometry(g, out, st, off.astype(np.int64), boundary)
+        if weights is not None:
+            from ._checks import check_array
+
+            check_array(weights, "weights", (2,), ("(K, J)",))
         self._backend, self._dtype, self._device = _placement(weights if weights is not None else like)
         if weights is not None and (weights.ndim != 2 or tuple(weights.shape)[1:] != (off.shape[0],)):
             raise ValueError(
@@ -255,9 +265,17 @@ class GridBasis(Basis):
         if is_torch(w):
             import torch
 
-            valid_t = torch.as_tensor(valid, dtype=w.dtype, device=w.device)
-            return 1.0 / (w[0] @ valid_t)
-        return 1.0 / (w[0] @ valid)
+            total = w[0] @ torch.as_tensor(valid, dtype=w.dtype, device=w.device)
+            empty = bool((total == 0).any())
+        else:
+            total = w[0] @ valid
+            empty = bool((total == 0).any())
+        if empty:
+            raise ValueError(
+                "normalize=True but some output reads no in-grid entry (or its weights sum to zero); "
+                "reduce the padding or the offsets so that every window touches the grid"
+            )
+        return 1.0 / total
 
     def _scaled(self, y: Array, axis_from_end: int = 2) -> Array:
         """Multiply the output-entry axis (``-axis_from_end``) by the column scale."""
@@ -278,6 +296,9 @@ class GridBasis(Basis):
         geo = self.geometry
         index = geo.tap_index  # (J, N)
         K, J, N = self.K, geo.taps, self.N
+        k: np.ndarray
+        j: np.ndarray
+        n: np.ndarray
         if self.weights is None:  # member k is tap k alone
             j, n = np.meshgrid(np.arange(J), np.arange(N), indexing="ij")
             k = j
@@ -375,7 +396,10 @@ class GridBasis(Basis):
 
     def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
         J, K, N = self.geometry.taps, self.K, self.N
-        return Cost(2.0 * batch * K * J * N * channels, float(batch * K * J * N * channels))
+        if self.weights is None:  # one gather per member, then a sum
+            return Cost(float(batch * K * N * channels) * reduce, float(batch * K * N * channels))
+        mix = 2.0 * batch * K * J * self.M * channels if reduce else 2.0 * batch * K * J * N * channels
+        return Cost(mix, float(batch * (J if reduce else K * J) * N * channels))
 
     # --- whole orders ------------------------------------------------------------------------
     def native_available(self) -> bool:
@@ -518,7 +542,7 @@ def grid_basis(
             raise ValueError("give kernel (a window size) or offsets (an irregular kernel)")
         window = _window_offsets(kernel, dilation, d)
     else:
-        if kernel is not None or dilation != 1:
+        if kernel is not None or _ints(dilation, d, "dilation", 1) != (1,) * d:
             raise ValueError("offsets replaces kernel and dilation; leave them unset")
         window = np.asarray(offsets)
         if window.ndim != 2 or window.shape[1] != d or window.shape[0] == 0:
@@ -561,6 +585,11 @@ def avg_pool_basis(
     d = len(g)
     k = _ints(kernel, d, "kernel", 1)
     st = k if stride is None else _ints(stride, d, "stride", 1)
+    if isinstance(padding, str):
+        raise ValueError(f"padding must be an int, a per-dimension tuple or (before, after) pairs, got {padding!r}")
+    before, after = _padding(padding, k, st)
+    if any(2 * p > size for p, size in zip(before + after, k + k, strict=True)):
+        raise ValueError(f"padding must be at most half the kernel {k} (as in torch), got {padding!r}")
     out, taps = _layout_window(g, _window_offsets(k, 1, d), st, padding)
     J = taps.shape[0]
     value = 1.0 if not count_include_pad else 1.0 / J
@@ -614,7 +643,16 @@ def apply_shifts(basis: GridBasis, x: Array, method: str = "auto") -> Array:
         raise ValueError(f"method must be 'auto', 'native' or 'shift', got {method!r}")
     from ._checks import check_array
 
-    check_array(x, "x", (3,), ("(B, M, C)",))
+    backend = check_array(x, "x", (3,), ("(B, M, C)",))
+    if (
+        backend != basis.backend
+        or dtype_name(x) != str(basis.dtype).removeprefix("torch.")
+        or device_of(x) != basis.device
+    ):
+        raise TypeError(
+            f"x is a {backend} {dtype_name(x)} array on {device_of(x)} but the basis is {basis.backend} "
+            f"{basis.dtype} on {basis.device}; build the basis with like=x"
+        )
     if int(x.shape[1]) != basis.M:
         raise ValueError(f"x has {int(x.shape[1])} entries (dim 1) but the basis grid {basis.grid} has M={basis.M}")
     if method == "native" and not basis.native_available():

@@ -163,3 +163,25 @@ def test_shift_helpers_errors():
         apply_shifts(DenseBasis(np.ones((1, 16, 4))), np.ones((1, 16, 2)))
     with pytest.raises(ValueError, match=r"a NumPy basis lives on the CPU"):
         grid_basis((4, 4), 3, padding=1).to(device="cuda")
+
+
+def test_grid_errors_found_in_review():
+    from structconv import GridBasis, apply_shifts, avg_pool_basis, grid_basis
+
+    with pytest.raises(ValueError, match=r"padding must be at most half the kernel"):
+        avg_pool_basis((6, 6), 2, padding=2, count_include_pad=False)
+    with pytest.raises(ValueError, match=r"padding must be an int"):
+        avg_pool_basis((6, 6), 3, padding="same")
+    with pytest.raises(ValueError, match=r"normalize=True but some output reads no in-grid entry"):
+        GridBasis(4, 4, [[9]], weights=np.ones((1, 1)), normalize=True).column_scale()
+    with pytest.raises(TypeError, match=r"weights must hold floating-point numbers"):
+        GridBasis(4, 4, [[0]], weights=np.ones((1, 1), dtype=int))
+    with pytest.raises(TypeError, match=r"weights must be a numpy.ndarray or a torch.Tensor"):
+        GridBasis(4, 4, [[0]], weights=[[1.0]])
+    assert grid_basis((5, 5), offsets=[[0, 0], [1, 1]], dilation=(1, 1)).K == 2
+    with pytest.raises(TypeError, match=r"build the basis with like=x"):
+        apply_shifts(avg_pool_basis((4, 4), 2), torch.ones(1, 16, 2, dtype=torch.float64))
+    from structconv.nn import GridConv2d
+
+    with pytest.raises(ValueError, match=r"order must be one of"):
+        GridConv2d(2, 2, 3, order="fast")

@@ -424,3 +424,60 @@ def test_sparse_form_stores_one_entry_per_in_grid_tap() -> None:
     sparse = A.to_sparse()
     assert sparse.nnz == int(A.geometry.valid_counts.sum())
     np.testing.assert_array_equal(sparse.to_dense(), A.to_dense())
+
+
+def _einsum_reference(A: GridBasis, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    dense = torch.as_tensor(A.to_sparse().to_dense())
+    return torch.einsum("kmn,bmp,kpq->bnq", dense, x, theta)
+
+
+@pytest.mark.parametrize("shift", [-6, -5, -4, 4, 5, 6])
+def test_windows_wholly_outside_the_grid_read_zeros(shift: int) -> None:
+    x = torch.randn(1, 4, 2, dtype=torch.float64)
+    theta = torch.randn(1, 2, 3, dtype=torch.float64)
+    A = shift_matrix(4, shift, like=x)
+    for order in (*ORDERS, "auto"):
+        torch.testing.assert_close(conv(A, x, theta, order=order), _einsum_reference(A, x, theta))
+    B = grid_basis(4, 3, dilation=5, padding=5, like=x)[2]
+    torch.testing.assert_close(conv(B, x, theta), _einsum_reference(B, x, theta))
+    torch.testing.assert_close(apply_shifts(B, x), apply_shifts(B, x, "shift"))
+
+
+def test_repeated_taps_add_up_on_every_path() -> None:
+    x = torch.randn(1, 16, 2, dtype=torch.float64)
+    theta = torch.randn(2, 2, 3, dtype=torch.float64)
+    A = grid_basis((4, 4), 3, padding=1, like=x)[[4, 4]]
+    for order in (*ORDERS, "auto"):
+        torch.testing.assert_close(conv(A, x, theta, order=order), _einsum_reference(A, x, theta))
+    torch.testing.assert_close(apply_shifts(A, x), apply_shifts(A, x, "shift"))
+
+
+def test_equal_learnable_tap_weights_get_their_own_gradients() -> None:
+    x = torch.randn(2, 25, 3, dtype=torch.float64)
+    base = grid_basis((5, 5), 3, padding=1, like=x)
+    grads = []
+    for method in ("auto", "shift"):
+        w = torch.full((1, 9), 0.5, dtype=torch.float64, requires_grad=True)
+        A = GridBasis(base.grid, base.out_grid, base.offsets, weights=w)
+        apply_shifts(A, x, method).pow(2).sum().backward()
+        grads.append(w.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_shift_gemm_under_autocast() -> None:
+    x, theta = torch.randn(2, 64, 4), torch.randn(9, 4, 5)
+    A = grid_basis((8, 8), 3, padding=1, like=x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = conv(A, x, theta, order="ax")
+    torch.testing.assert_close(y.float(), conv(A, x, theta, order="native"), atol=0.1, rtol=0.05)
+
+
+def test_layers_follow_changed_settings_and_numpy_integers() -> None:
+    from structconv.nn import GridConv2d
+
+    layer = GridConv2d(2, 3, 3, padding=1)
+    x = torch.randn(1, 2, 8, 8)
+    assert layer(x).shape == (1, 3, 8, 8)
+    layer.stride = (2, 2)
+    assert layer(x).shape == (1, 3, 4, 4)
+    assert grid_basis(np.int64(8), np.int64(3), stride=np.int64(2)).out_grid == (3,)

@@ -21,6 +21,7 @@ from ..grid import GridBasis, Padding, Size, _ints, apply_shifts, avg_pool_basis
 
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic"}
 _CACHE_SIZE = 8
+_ORDERS = ("auto", "native", "ax", "xtheta", "atheta")
 
 
 class _BasisCache:
@@ -93,6 +94,8 @@ class _GridConvNd(nn.Module):
         self.dilation = _ints(dilation, d, "dilation", 1)
         self.padding = padding
         self.padding_mode = padding_mode
+        if order not in _ORDERS:
+            raise ValueError(f"{name}: order must be one of {_ORDERS}, got {order!r}")
         self.order = order
         self.groups = 1
         # Validates padding ("same" with a stride, malformed values) on a grid large enough for it.
@@ -121,8 +124,9 @@ class _GridConvNd(nn.Module):
 
     def basis(self, grid: tuple[int, ...], like: torch.Tensor) -> GridBasis:
         """The shift basis this layer uses on an input grid of sizes ``grid``."""
-        key = (grid, like.dtype, str(like.device))
-        return self._bases.get(key, lambda: grid_basis(grid, like=like, **self._geometry()))
+        geometry = self._geometry()
+        key = (grid, like.dtype, str(like.device), tuple((k, str(v)) for k, v in geometry.items()))
+        return self._bases.get(key, lambda: grid_basis(grid, like=like, **geometry))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Convolve ``x`` of shape ``(B, C_in, *grid)`` (or unbatched) like ``torch.nn.Conv{d}d``."""
@@ -223,7 +227,8 @@ class _AvgPoolNd(nn.Module):
             w = torch.full((1, g.taps), 1.0 / self.divisor_override, dtype=like.dtype, device=like.device)
             return GridBasis(g.grid, g.out_grid, g.offsets, g.stride, g.boundary, weights=w)
 
-        return self._bases.get((grid, like.dtype, str(like.device)), build)
+        settings = (self.kernel_size, self.stride, str(self.padding), self.count_include_pad, self.divisor_override)
+        return self._bases.get((grid, like.dtype, str(like.device), settings), build)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Average ``x`` of shape ``(B, C, *grid)`` (or unbatched) like ``torch.nn.AvgPool{d}d``.

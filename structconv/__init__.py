@@ -10,6 +10,7 @@ from .composite import ComposedBasis, ConcatBasis, SelectBasis, concat
 from .contract import Candidate, Plan, conv, explain
 from .dense import DenseBasis
 from .factor import LowRank, Separable
+from .graph import PolynomialBasis, gcn_basis, graph_basis
 from .grid import GridBasis, apply_shifts, avg_pool_basis, grid_basis, shift_matrix
 from .sparse import SparseBasis
 from .theory import combine, compose, decompose
@@ -24,6 +25,7 @@ __all__ = [
     "GridBasis",
     "LowRank",
     "Plan",
+    "PolynomialBasis",
     "SelectBasis",
     "Separable",
     "SparseBasis",
@@ -36,6 +38,8 @@ __all__ = [
     "conv",
     "decompose",
     "explain",
+    "gcn_basis",
+    "graph_basis",
     "grid_basis",
     "shift_matrix",
 ]

@@ -111,32 +111,49 @@ def to_numpy(a: Array) -> np.ndarray:
 
 
 class SparseMatrix:
-    """A 2-D sparse matrix in the backend's fastest layout for ``S @ dense``.
+    """A 2-D sparse matrix for ``S @ dense``, from (possibly repeated) coordinates.
 
-    Torch uses CSR (autograd flows to the values and to the dense operand); NumPy uses
-    ``scipy.sparse.csr_array``.  Duplicate entries are summed.
+    NumPy uses ``scipy.sparse.csr_array``.  Torch has two kernels and picks per call:
+
+    * gather-scatter (``index_select``, scale, ``index_add``): no set-up, and gradients to the
+      values cost one product (torch's CSR backward for the values is far slower), so it is used
+      whenever the values require grad and for the first product of a matrix;
+    * CSR (built on the second product and kept): the fastest for repeated products.
+
+    Repeated coordinates add up in every kernel.
     """
 
-    __slots__ = ("matrix", "shape")
+    __slots__ = ("_csr", "_uses", "cols", "matrix", "rows", "shape", "values")
 
     def __init__(self, rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> None:
         self.shape = shape
-        if is_torch(values):
-            torch = _torch()
-            index = torch.stack([rows, cols])
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                coo = torch.sparse_coo_tensor(index, values, shape, check_invariants=False)
-                self.matrix = coo.coalesce().to_sparse_csr()
-        else:
+        self.rows, self.cols, self.values = rows, cols, values
+        self._csr: Any = None
+        self._uses = 0
+        self.matrix: Any = None
+        if not is_torch(values):
             import scipy.sparse
 
             self.matrix = scipy.sparse.csr_array((values, (rows, cols)), shape=shape)
             self.matrix.sum_duplicates()
 
-    def __matmul__(self, dense: Array) -> Array:
-        if is_torch(dense):
+    def _torch_csr(self) -> Any:
+        if self._csr is None:
+            torch = _torch()
+            index = torch.stack([self.rows, self.cols])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
-                return self.matrix @ dense
-        return np.asarray(self.matrix @ dense)
+                coo = torch.sparse_coo_tensor(index, self.values, self.shape, check_invariants=False)
+                self._csr = coo.coalesce().to_sparse_csr()
+        return self._csr
+
+    def __matmul__(self, dense: Array) -> Array:
+        if not is_torch(dense):
+            return np.asarray(self.matrix @ dense)
+        self._uses += 1
+        if self.values.requires_grad or (self._csr is None and self._uses < 2):
+            gathered = dense.index_select(0, self.cols) * self.values[:, None]
+            return dense.new_zeros((self.shape[0], dense.shape[1])).index_add(0, self.rows, gathered)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return self._torch_csr() @ dense

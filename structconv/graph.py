@@ -387,7 +387,7 @@ class PolynomialBasis(Basis):
         return self._matrix.device
 
     def plan_key(self) -> tuple[Any, ...]:
-        return (type(self).__name__, self.shape, self._matrix.nnz, self._degrees, self._family)
+        return (type(self).__name__, self.shape, self._matrix.stored, self._degrees, self._family)
 
     # --- the recurrence ----------------------------------------------------------------------
     def _step(self, v: Array) -> Array:
@@ -433,7 +433,7 @@ class PolynomialBasis(Basis):
         return stack([self._forward(s[:, k], d)[d] for k, d in enumerate(self._degrees)], 1)
 
     def _products(self, batch: int, channels: int) -> float:
-        return 2.0 * self._matrix.nnz * batch * channels * max(self._degrees)
+        return 2.0 * self._matrix.stored * batch * channels * max(self._degrees)
 
     def cost_each(self, batch: int, channels: int) -> Cost:
         D = max(self._degrees)
@@ -486,7 +486,7 @@ class PolynomialBasis(Basis):
     def _estimated_nnz(self) -> float:
         """An upper estimate of the stored entries of every member (for the planner)."""
         N = self.N
-        avg = max(self._matrix.nnz / N, 1.0)
+        avg = max(self._matrix.stored / N, 1.0)
         return float(sum(min(N * N, N * avg**d if d else N) for d in self._degrees))
 
     def special_orders(self) -> tuple[str, ...]:
@@ -504,7 +504,7 @@ class PolynomialBasis(Basis):
         if order != "materialized":
             return None
         nnz = self._estimated_nnz()
-        build = 0.0 if self._materialized is not None else 2.0 * self._matrix.nnz * nnz
+        build = 0.0 if self._materialized is not None else 2.0 * self._matrix.stored * nnz
         channels = min(p, q)
         gemm = 2.0 * batch * self.N * self.K * p * q
         return Cost(gemm, float(nnz + batch * self.K * self.N * channels), build + 2.0 * nnz * batch * channels)
@@ -538,7 +538,7 @@ class PolynomialBasis(Basis):
     def __repr__(self) -> str:
         return (
             f"PolynomialBasis(family={self._family!r}, degrees={self._degrees}, N={self.N}, "
-            f"nnz(S)={self._matrix.nnz}, backend={self.backend}, dtype={self.dtype})"
+            f"nnz(S)={self._matrix.stored}, backend={self.backend}, dtype={self.dtype})"
         )
 
 

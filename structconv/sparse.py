@@ -51,7 +51,7 @@ class SparseBasis(Basis):
            [2., 0.]])
     """
 
-    __slots__ = ("_indices", "_layouts", "_shape", "_values")
+    __slots__ = ("_coalesced", "_indices", "_layouts", "_shape", "_values")
     representation = "sparse"
 
     def __init__(self, indices: Array, values: Array, shape: Sequence[int]) -> None:
@@ -80,8 +80,21 @@ class SparseBasis(Basis):
                     f"got values in [{index_np[row].min()}, {index_np[row].max()}]"
                 )
         self._shape = shape
-        self._indices, self._values = _coalesce(as_index(index_np, values), index_np, values, shape)
         self._layouts: dict[str, SparseMatrix] = {}
+        if is_torch(values):
+            # Sorting is deferred: the kernels add repeated entries up anyway, and a basis built
+            # for one product (a graph layer's, every call) should not pay for a sort.
+            self._indices, self._values = as_index(index_np, values), values
+            self._coalesced = False
+        else:
+            self._indices, self._values = _coalesce(as_index(index_np, values), index_np, values, shape)
+            self._coalesced = True
+
+    def _coalesce_now(self) -> None:
+        if not self._coalesced:
+            index_np = to_numpy(self._indices)
+            self._indices, self._values = _coalesce(self._indices, index_np, self._values, self._shape)
+            self._coalesced = True
 
     # --- constructors -------------------------------------------------------------------
     @classmethod
@@ -128,16 +141,24 @@ class SparseBasis(Basis):
     @property
     def indices(self) -> Array:
         """Coordinates, shape ``(3, nnz)`` or ``(4, nnz)``, coalesced and sorted."""
+        self._coalesce_now()
         return self._indices
 
     @property
     def values(self) -> Array:
         """Values, shape ``(nnz,)``."""
+        self._coalesce_now()
         return self._values
+
+    @property
+    def stored(self) -> int:
+        """Entries held, repeated coordinates counted separately until they are coalesced."""
+        return int(self._values.shape[0])
 
     @property
     def nnz(self) -> int:
         """Number of stored entries."""
+        self._coalesce_now()
         return int(self._values.shape[0])
 
     @property
@@ -157,7 +178,7 @@ class SparseBasis(Basis):
         return device_of(self._values)
 
     def plan_key(self) -> tuple[Any, ...]:
-        return (type(self).__name__, self.shape, self.nnz)
+        return (type(self).__name__, self.shape, self.stored)
 
     def to_dense(self) -> Array:
         v = self._values
@@ -204,6 +225,7 @@ class SparseBasis(Basis):
         return self._rebuild(self._indices, self._values if dtype is None else self._values.astype(dtype), self._shape)
 
     def energy(self) -> float:
+        self._coalesce_now()
         v = self._values
         return float((v * v).sum()) / (self.N * (self.batch or 1))
 
@@ -283,20 +305,20 @@ class SparseBasis(Basis):
         return 1 if self.batch is not None else batch
 
     def cost_each(self, batch: int, channels: int) -> Cost:
-        flops = 2.0 * self.nnz * self._per_instance(batch) * channels
+        flops = 2.0 * self.stored * self._per_instance(batch) * channels
         return Cost(0.0, float(batch * self.K * self.N * channels + batch * self.M * channels), flops)
 
     def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
-        flops = 2.0 * self.nnz * self._per_instance(batch) * channels
+        flops = 2.0 * self.stored * self._per_instance(batch) * channels
         out = batch * self.N * channels * (1 if reduce else self.K)
         return Cost(0.0, float(out + batch * self.K * self.M * channels), flops)
 
     def cost_combined(self, batch: int, p: int, q: int) -> Cost:
-        pairs = min(self.nnz, self.M * self.N * (self.batch or 1))
+        pairs = min(self.stored, self.M * self.N * (self.batch or 1))
         per = self._per_instance(batch)
         # Forming Phi on the pairs and the per-pair (batch x p) @ (p x q) products are both
         # irregular: many tiny matrices, not one GEMM.
-        flops = 2.0 * self.nnz * p * q + 2.0 * pairs * per * p * q
+        flops = 2.0 * self.stored * p * q + 2.0 * pairs * per * p * q
         # Fixed work (sorting the pairs, building three sparse matrices) and a per-pair
         # overhead of the batched tiny products, measured by benchmarks/bench_orders.py.
         flops += _COMBINED_FIXED + _COMBINED_PER_PAIR * pairs

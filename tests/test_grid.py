@@ -34,6 +34,11 @@ def from_bnq(y: Any, like_shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def torch_pad(x: torch.Tensor, before: tuple[int, ...], after: tuple[int, ...], mode: str) -> torch.Tensor:
+    if mode == "circular":  # F.pad refuses to wrap more than once; index modulo the size instead
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            size = x.shape[2 + i]
+            x = x.index_select(2 + i, torch.arange(-b, size + a) % size)
+        return x
     pads: list[int] = []
     for b, a in zip(reversed(before), reversed(after), strict=True):
         pads += [b, a]

@@ -199,6 +199,11 @@ def _scatter_sum(values: Array, index: Array, size: int) -> Array:
     return out
 
 
+def _take(a: Array, index: Array) -> Array:
+    """``a[index]``; on torch through ``index_select``, whose backward is a scatter-add."""
+    return a.index_select(0, index) if is_torch(a) else a[index]
+
+
 def _check_non_negative(edges: Edges, what: str) -> None:
     if bool((edges.weight < 0).any()):
         raise ValueError(f"edge_weight must be non-negative for {what} (degrees are square-rooted or inverted)")
@@ -249,7 +254,7 @@ def gcn_normalize(edges: Edges, add_self_loops: bool = True, improved: bool = Fa
     if add_self_loops:
         edges = add_remaining_self_loops(edges, 2.0 if improved else 1.0)
     dinv = _inverse(_scatter_sum(edges.weight, edges.dst, edges.num_nodes), 0.5)
-    return edges.with_edges(edges.src, edges.dst, dinv[edges.src] * edges.weight * dinv[edges.dst])
+    return edges.with_edges(edges.src, edges.dst, _take(dinv, edges.src) * edges.weight * _take(dinv, edges.dst))
 
 
 def walk_normalize(edges: Edges, direction: str = "forward") -> Edges:

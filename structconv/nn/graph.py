@@ -374,7 +374,10 @@ class GATConv(nn.Module):
         hv = h.view(N, H, D)
         score_src = (hv * self.att_src).sum(-1)
         score_dst = (hv * self.att_dst).sum(-1)
-        logits = F.leaky_relu(score_src[edges.src] + score_dst[edges.dst], self.negative_slope)  # (E, H)
+        # index_select, not fancy indexing: its backward is a scatter-add rather than an index_put.
+        logits = F.leaky_relu(
+            score_src.index_select(0, edges.src) + score_dst.index_select(0, edges.dst), self.negative_slope
+        )
         if edge_weight is not None:
             if bool((edges.weight < 0).any()):
                 raise ValueError("GATConv: edge_weight must be non-negative (it enters as log w)")
@@ -397,7 +400,8 @@ def _segment_softmax(logits: torch.Tensor, index: torch.Tensor, size: int) -> to
     """Softmax of ``logits`` (``(E, H)``) over the entries that share ``index`` (their target)."""
     H = logits.shape[1]
     expanded = index[:, None].expand(-1, H)
-    peak = logits.new_full((size, H), -torch.inf).scatter_reduce(0, expanded, logits, "amax", include_self=True)
-    exp = (logits - peak[index]).exp()
+    # The shift by each group's maximum cancels in the ratio; detached, it costs no backward pass.
+    peak = logits.new_full((size, H), -torch.inf).scatter_reduce(0, expanded, logits.detach(), "amax")
+    exp = (logits - peak.index_select(0, index)).exp()
     total = logits.new_zeros(size, H).index_add(0, index, exp)
-    return exp / total[index]
+    return exp / total.index_select(0, index)

@@ -1,0 +1,196 @@
+"""Graph layers against PyTorch Geometric on Cora, with the same weights (issue 4).
+
+For GCNConv, TAGConv (K=3), ChebConv (K=3) and GATConv (8 heads of 8), it times forward +
+backward on Cora (2,708 nodes, 1,433 features, 10,556 edges) in one run:
+
+* ``pyg``: the PyG layer given ``edge_index`` (it normalises the graph on every call);
+* ``ours``: the structconv layer given ``edge_index`` (builds its basis on every call);
+* ``ours-prebuilt`` / ``pyg-cached``: the basis built once and passed in, against PyG's own
+  ``cached=True`` where the layer has it (GCN), else the same PyG call;
+
+then a 200-epoch two-layer GCN training run (the paper's set-up) with each library, and a
+scaling case: a random graph with 100k nodes and 1M edges, 10k to 1M edges, time and peak
+memory of one forward + backward of GCNConv (32 -> 32 channels).
+
+    python -m benchmarks.bench_graph                 # all (a few minutes)
+    python -m benchmarks.bench_graph --skip-scaling  # Cora only
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional as F  # noqa: N812
+
+from benchmarks.harness import Report, Row, median_time, progress
+from structconv import gcn_basis
+from structconv.data import load_planetoid
+from structconv.graph import PolynomialBasis, as_edges, gcn_normalize, scaled_laplacian
+from structconv.nn import ChebConv, GATConv, GCNConv, TAGConv
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid"
+
+
+def copy_weights(ours: Any, ref: Any, kind: str) -> None:
+    """Give our layer the PyG layer's parameters."""
+    with torch.no_grad():
+        if kind == "gcn":
+            ours.theta.copy_(ref.lin.weight.T[None])
+        elif kind in ("tag", "cheb"):
+            ours.theta.copy_(torch.stack([lin.weight.T for lin in ref.lins]))
+        else:
+            ours.weight.copy_(ref.lin.weight.T)
+            ours.att_src.copy_(ref.att_src[0])
+            ours.att_dst.copy_(ref.att_dst[0])
+        ours.bias.copy_(ref.bias)
+
+
+def layers(P: int) -> dict[str, tuple[Any, Any, Any]]:
+    import torch_geometric.nn as pyg
+
+    return {
+        "GCNConv": (GCNConv(P, 16), pyg.GCNConv(P, 16), pyg.GCNConv(P, 16, cached=True)),
+        "TAGConv(K=3)": (TAGConv(P, 16, K=3), pyg.TAGConv(P, 16, K=3), None),
+        "ChebConv(K=3)": (ChebConv(P, 16, K=3), pyg.ChebConv(P, 16, K=3), None),
+        "GATConv(8x8)": (GATConv(P, 8, heads=8), pyg.GATConv(P, 8, heads=8), None),
+    }
+
+
+def prebuilt(name: str, x: torch.Tensor, edge_index: torch.Tensor) -> Any:
+    if name == "GCNConv":
+        return gcn_basis(edge_index, int(x.shape[0]), like=x)
+    edges = as_edges(edge_index, int(x.shape[0]), like=x)
+    if name.startswith("TAG"):
+        return PolynomialBasis(gcn_normalize(edges, add_self_loops=False).to_basis(), range(4), "powers")
+    if name.startswith("Cheb"):
+        return PolynomialBasis(scaled_laplacian(edges)[0].to_basis(), range(3), "chebyshev")
+    return None
+
+
+def fwd_bwd(layer: Any, x: torch.Tensor, graph: Any) -> Any:
+    def run() -> None:
+        layer(x, graph).sum().backward()
+        layer.zero_grad(set_to_none=True)
+
+    return run
+
+
+def cora_layers(x: torch.Tensor, edge_index: torch.Tensor, repeats: int) -> list[Row]:
+    rows = []
+    items = list(layers(int(x.shape[1])).items())
+    for i, (name, (ours, ref, ref_cached)) in enumerate(items, start=1):
+        progress(i, len(items), name)
+        kind = name[:3].lower() if not name.startswith("Cheb") else "cheb"
+        copy_weights(ours, ref, kind)
+        ours.eval()
+        ref.eval()
+        with torch.no_grad():
+            err = float((ours(x, edge_index) - ref(x, edge_index)).abs().max())
+        variants: dict[str, Any] = {"pyg": fwd_bwd(ref, x, edge_index), "ours": fwd_bwd(ours, x, edge_index)}
+        basis = prebuilt(name, x, edge_index)
+        if basis is not None:
+            variants["ours-prebuilt"] = fwd_bwd(ours, x, basis)
+        if ref_cached is not None:
+            ref_cached.load_state_dict(ref.state_dict())
+            variants["pyg-cached"] = fwd_bwd(ref_cached, x, edge_index)
+        times = {k: median_time(v, repeats=repeats, warmup=3) for k, v in variants.items()}
+        rows.append(
+            Row(name, {"N": int(x.shape[0]), "E": int(edge_index.shape[1])}, times, "pyg", {"max_abs_diff": err})
+        )
+    return rows
+
+
+def train_gcn(make: Any, x: torch.Tensor, graph: Any, y: torch.Tensor, mask: torch.Tensor, epochs: int) -> float:
+    torch.manual_seed(0)
+    conv1, conv2 = make(int(x.shape[1]), 16), make(16, int(y.max()) + 1)
+    params = list(conv1.parameters()) + list(conv2.parameters())
+    opt = torch.optim.Adam(params, lr=0.01, weight_decay=5e-4)
+    start = time.perf_counter()
+    for _ in range(epochs):
+        opt.zero_grad()
+        h = F.dropout(F.relu(conv1(F.dropout(x, 0.5), graph)), 0.5)
+        loss = F.cross_entropy(conv2(h, graph)[mask], y[mask])
+        loss.backward()
+        opt.step()
+    return time.perf_counter() - start
+
+
+def training(x: torch.Tensor, edge_index: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, repeats: int) -> Row:
+    import torch_geometric.nn as pyg
+
+    basis = gcn_basis(edge_index, int(x.shape[0]), like=x)
+    variants = {
+        "pyg": lambda: train_gcn(pyg.GCNConv, x, edge_index, y, mask, 200),
+        "ours": lambda: train_gcn(GCNConv, x, edge_index, y, mask, 200),
+        "ours-prebuilt": lambda: train_gcn(GCNConv, x, basis, y, mask, 200),
+        "pyg-cached": lambda: train_gcn(lambda p, q: pyg.GCNConv(p, q, cached=True), x, edge_index, y, mask, 200),
+    }
+    times = {k: statistics.median(v() for _ in range(repeats)) for k, v in variants.items()}
+    return Row("GCN 200 epochs", {"epochs": 200}, times, "pyg")
+
+
+def scaling(repeats: int) -> list[Row]:
+    """One GCNConv forward + backward on random graphs of 100k nodes and growing edge counts."""
+    rows = []
+    N = 100_000
+    sizes = (10_000, 100_000, 1_000_000)
+    for i, E in enumerate(sizes, start=1):
+        progress(i, len(sizes), f"random graph N={N} E={E}")
+        g = torch.Generator().manual_seed(E)
+        edge_index = torch.randint(0, N, (2, E), generator=g)
+        x = torch.randn(N, 32, generator=g)
+        layer = GCNConv(32, 32)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t = median_time(fwd_bwd(layer, x, edge_index), repeats=repeats, warmup=1)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        rows.append(
+            Row(
+                f"GCNConv N=100k E={E}",
+                {"N": N, "E": E},
+                {"ours": t},
+                "ours",
+                {"maxrss_mb": peak / 1024, "maxrss_growth_mb": (peak - before) / 1024},
+            )
+        )
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = []
+    for r in rows:
+        cells = "  ".join(f"{k} {1e3 * v:8.2f} ms ({r.ratio(k):.2f}x)" for k, v in r.times.items())
+        extra = "  ".join(f"{k}={v:.3g}" for k, v in r.extra.items())
+        lines.append(f"{r.case:<24} {cells}  {extra}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--train-repeats", type=int, default=3)
+    parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    torch.set_grad_enabled(True)
+    cora = load_planetoid(args.data, "cora")
+    report = Report("graph_cpu")
+    report.rows += cora_layers(cora.x, cora.edge_index, args.repeats)
+    report.rows.append(training(cora.x, cora.edge_index, cora.y, cora.train_mask, args.train_repeats))
+    if not args.skip_scaling:
+        report.rows += scaling(3)
+    text = table(report.rows)
+    js, txt = report.write(args.out, text)
+    print(text)
+    print(f"wrote {js} and {txt}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

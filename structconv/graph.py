@@ -147,7 +147,10 @@ def _strided() -> Any:
 
 def _square(shape: tuple[int, ...], num_nodes: int | None) -> None:
     if len(shape) != 2 or shape[0] != shape[1]:
-        raise ValueError(f"an adjacency matrix must be square (N, N), got shape {shape_str(shape)}")
+        raise ValueError(
+            f"an adjacency matrix must be square (N, N), got shape {shape_str(shape)} "
+            "(an edge_index (2, E) must hold integers)"
+        )
     if num_nodes is not None and num_nodes != shape[0]:
         raise ValueError(f"num_nodes={num_nodes} but the adjacency matrix has {shape[0]} rows")
 
@@ -461,11 +464,12 @@ class PolynomialBasis(Basis):
         if is_torch(S.values):
             import torch
 
-            m = torch.sparse_coo_tensor(S.indices[1:], S.values, (S.M, S.N)).coalesce()
+            m = torch.sparse_coo_tensor(S.indices[1:], S.values, (S.M, S.N), check_invariants=True).coalesce()
             eye = torch.sparse_coo_tensor(
                 torch.arange(S.M, device=m.device).repeat(2, 1),
                 torch.ones(S.M, dtype=m.dtype, device=m.device),
                 (S.M, S.M),
+                check_invariants=True,
             )
             mats = [eye, m]
             for _ in range(2, max(self._degrees) + 1):

@@ -185,3 +185,78 @@ def test_grid_errors_found_in_review():
 
     with pytest.raises(ValueError, match=r"order must be one of"):
         GridConv2d(2, 2, 3, order="fast")
+
+
+# --- graphs ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (
+            lambda g: g.gcn_basis(np.array([[0, 5], [1, 0]]), 3),
+            ValueError,
+            r"edge_index refers to node 5 but num_nodes=3",
+        ),
+        (lambda g: g.gcn_basis(np.array([[0, -1], [1, 0]])), ValueError, r"node numbers >= 0, got -1"),
+        (
+            lambda g: g.gcn_basis(np.array([[0, 1, 2]])),
+            ValueError,
+            r"edge_index must have shape \(2, E\), got \(1, 3\)",
+        ),
+        (lambda g: g.gcn_basis(np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])), ValueError, r"must be square"),
+        (
+            lambda g: g.gcn_basis(np.array([[0, 1], [1, 0]]), edge_weight=np.array([1.0, -2.0])),
+            ValueError,
+            r"edge_weight must be non-negative for gcn normalisation",
+        ),
+        (
+            lambda g: g.gcn_basis(np.array([[0, 1], [1, 0]]), edge_weight=np.array([1.0, np.nan])),
+            ValueError,
+            r"edge_weight contains non-finite values",
+        ),
+        (
+            lambda g: g.gcn_basis(np.array([[0, 1], [1, 0]]), edge_weight=np.array([1.0])),
+            ValueError,
+            r"edge_weight must have shape \(E,\) = \(2,\)",
+        ),
+        (lambda g: g.graph_basis(np.array([[0, 1], [1, 0]]), "powers", K=0), ValueError, r"K must be an integer >= 1"),
+        (lambda g: g.graph_basis(np.array([[0, 1], [1, 0]]), "spectral"), ValueError, r"kind must be one of"),
+        (lambda g: g.graph_basis(np.array([[0, 1], [1, 0]]), "relational"), ValueError, r"needs edge_type"),
+        (
+            lambda g: g.graph_basis(
+                np.array([[0, 1], [1, 0]]), "relational", edge_type=np.array([0, 3]), num_relations=2
+            ),
+            ValueError,
+            r"edge_type must lie in \[0, num_relations=2\)",
+        ),
+        (
+            lambda g: g.graph_basis(np.array([[0, 1], [1, 0]]), "chebyshev", K=2, lambda_max=-1.0),
+            ValueError,
+            r"lambda_max must be a positive number",
+        ),
+        (lambda g: g.gcn_basis("edges"), TypeError, r"graph must be an edge_index"),
+    ],
+)
+def test_graph_errors(call, error, message):
+    import structconv.graph as g
+
+    with pytest.raises(error, match=message):
+        call(g)
+
+
+def test_graph_layer_errors():
+    from structconv.nn import GATConv, GCNConv, TAGConv
+
+    layer = GCNConv(4, 2)
+    edge_index = torch.tensor([[0, 1], [1, 0]])
+    with pytest.raises(ValueError, match=r"GCNConv: x has 3 channels \(dim 1\) but the layer expects 4"):
+        layer(torch.randn(2, 3), edge_index)
+    with pytest.raises(ValueError, match=r"edge_index refers to node 1 but num_nodes=1"):
+        layer(torch.randn(1, 4), edge_index)
+    with pytest.raises(ValueError, match=r"GCNConv: x must be node features of shape \(N, 4\)"):
+        layer(torch.randn(2, 2, 4), edge_index)
+    with pytest.raises(ValueError, match=r"TAGConv: K must be a positive integer"):
+        TAGConv(4, 2, K=0)
+    with pytest.raises(ValueError, match=r"GATConv: dropout must lie in \[0, 1\)"):
+        GATConv(4, 2, dropout=1.5)
+    with pytest.raises(ValueError, match=r"an edge_index \(2, E\) must hold integers"):
+        layer(torch.randn(3, 4), torch.tensor([[0.0, 1.0, 2.0], [1.0, 0.0, 0.0]]))

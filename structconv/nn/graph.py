@@ -93,6 +93,8 @@ class GCNConv(_GraphLayer):
     :math:`K = 1` every neighbour shares one channel map, which is what limits GCN: it can
     only average its neighbourhood, never tell neighbours apart.  Arguments as PyG's
     ``GCNConv`` (no ``cached``: pass a prebuilt basis instead).  Glorot weights, zero bias.
+    ``improved=True`` gives added self-loops weight 2 whether or not edge weights are given
+    (PyG 2.8 applies it only when ``edge_weight`` is passed).
     """
 
     def __init__(

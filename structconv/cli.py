@@ -27,6 +27,28 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
+def _planetoid(args: argparse.Namespace) -> int:
+    from .data import load_planetoid
+    from .experiments.planetoid import MODELS, summarize, train
+
+    models = MODELS if args.model == "all" else tuple(args.model.split(","))
+    unknown = set(models) - set(MODELS)
+    if unknown:
+        print(
+            f"structconv planetoid: --model got {sorted(unknown)}; expected 'all' or some of {MODELS}", file=sys.stderr
+        )
+        return 2
+    try:
+        data = load_planetoid(args.data, args.name)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"structconv planetoid: {err}", file=sys.stderr)
+        return 2
+    print(f"{data!r}; {args.seeds} seeds per model; test accuracy at the best validation epoch", flush=True)
+    results = [train(m, data, seed, args.epochs) for m in models for seed in range(args.seeds)]
+    print(summarize(results))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``structconv``."""
     parser = argparse.ArgumentParser(
@@ -38,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--cases", type=int, default=12, help="random cases per identity (default 12)")
     check.add_argument("--backends", default="numpy,torch", help="comma-separated: numpy,torch (default both)")
     check.set_defaults(func=_check)
+    planetoid = sub.add_parser("planetoid", help="train GCN, ChebNet, TAGConv and GAT on a Planetoid split (Cora)")
+    planetoid.add_argument("--data", default="../shared/data/planetoid", help="folder holding ind.<name>.* files")
+    planetoid.add_argument("--name", default="cora", help="dataset name (default cora)")
+    planetoid.add_argument("--model", default="all", help="all, or comma-separated of gcn,cheb,tag,gat")
+    planetoid.add_argument("--seeds", type=int, default=10, help="runs per model (default 10)")
+    planetoid.add_argument("--epochs", type=int, default=None, help="override the paper's epoch count")
+    planetoid.set_defaults(func=_planetoid)
     return parser
 
 

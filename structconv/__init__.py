@@ -9,6 +9,7 @@ from .basis import Basis, Cost, as_basis
 from .composite import ComposedBasis, ConcatBasis, SelectBasis, concat
 from .contract import Candidate, Plan, conv, explain
 from .dense import DenseBasis
+from .edges import EdgeBasis
 from .factor import LowRank, Separable
 from .graph import PolynomialBasis, gcn_basis, graph_basis
 from .grid import GridBasis, apply_shifts, avg_pool_basis, grid_basis, shift_matrix
@@ -22,6 +23,7 @@ __all__ = [
     "ConcatBasis",
     "Cost",
     "DenseBasis",
+    "EdgeBasis",
     "GridBasis",
     "LowRank",
     "Plan",

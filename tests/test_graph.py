@@ -304,3 +304,33 @@ def test_prebuilt_basis_is_used_as_is() -> None:
     ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
     x = torch.randn(3, 4)
     torch.testing.assert_close(layer(x, gcn_basis(ei, 3, like=x)), layer(x, ei))
+
+
+@pytest.mark.parametrize("concat", [True, False])
+def test_gat_forward_equals_the_engine_with_a_low_rank_parameter(concat: bool) -> None:
+    torch.manual_seed(0)
+    layer = snn.GATConv(5, 3, heads=4, concat=concat, bias=False).double()
+    x = torch.randn(9, 5, dtype=torch.float64)
+    ei = torch.randint(0, 9, (2, 30))
+    basis, _ = layer.attention(x, ei)
+    torch.testing.assert_close(layer(x, ei), conv(basis, x, layer.value_and_placement()))
+
+
+@given(g=graphs(), K=st.integers(1, 4), backend=st.sampled_from(["numpy", "torch"]))
+def test_edge_basis_every_order_equals_the_dense_einsum(g: dict[str, Any], K: int, backend: str) -> None:
+    from structconv import EdgeBasis
+
+    rng = g["rng"]
+    E = g["index"].shape[1]
+    weights = rng.normal(size=(E, K))
+    cv = torch.from_numpy if backend == "torch" else (lambda a: a)
+    basis = EdgeBasis(cv(g["index"][0]), cv(g["index"][1]), cv(weights), (g["N"], g["N"]))
+    dense = np.zeros((K, g["N"], g["N"]))
+    for k in range(K):
+        np.add.at(dense[k], (g["index"][0], g["index"][1]), weights[:, k])
+    np.testing.assert_allclose(np.asarray(basis.to_dense()), dense)
+    x, theta = rng.normal(size=(2, g["N"], 3)), rng.normal(size=(K, 3, 2))
+    for order in ("ax", "xtheta", "atheta", "auto"):
+        y = conv(basis, cv(x), cv(theta), order=order)
+        np.testing.assert_allclose(np.asarray(y), np.einsum("kmn,bmp,kpq->bnq", dense, x, theta), atol=1e-10)
+    np.testing.assert_allclose(np.asarray(basis.T.to_dense()), dense.transpose(0, 2, 1))

@@ -18,6 +18,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from ..basis import Basis
 from ..contract import conv
+from ..edges import EdgeBasis
 from ..factor import LowRank, Separable
 from ..graph import (
     PolynomialBasis,
@@ -28,7 +29,6 @@ from ..graph import (
     remove_self_loops,
     scaled_laplacian,
 )
-from ..sparse import SparseBasis
 
 
 def glorot_(t: torch.Tensor) -> None:
@@ -364,7 +364,7 @@ class GATConv(nn.Module):
 
     def attention(
         self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None = None
-    ) -> tuple[SparseBasis, torch.Tensor]:
+    ) -> tuple[EdgeBasis, torch.Tensor]:
         """The attention basis (``H`` members) and the projected features :math:`xW` of shape ``(N, H·D)``."""
         _check_x(x, self.in_channels, "GATConv")
         N, H, D = int(x.shape[0]), self.heads, self.out_channels
@@ -386,16 +386,29 @@ class GATConv(nn.Module):
             logits = logits + edges.weight.log()[:, None]
         alpha = _segment_softmax(logits, edges.dst, N)
         alpha = F.dropout(alpha, self.dropout, self.training)
-        E = int(edges.src.shape[0])
-        heads = torch.arange(H, device=x.device).repeat_interleave(E)
-        index = torch.stack([heads, edges.src.repeat(H), edges.dst.repeat(H)])
-        return SparseBasis(index, alpha.T.reshape(-1), (H, N, N)), h
+        return EdgeBasis(edges.src, edges.dst, alpha, (N, N)), h
 
     def forward(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-        """Apply the layer to ``x`` (``(N, P)``) on ``edge_index``."""
+        """Apply the layer to ``x`` (``(N, P)``) on ``edge_index``.
+
+        This is the engine's x·Θ-first order for :math:`\\Theta_h = W_h E_h^\top`, run step by
+        step because its first step, :math:`xW`, is already computed for the attention scores:
+        the layer applies the basis to it with the basis' own hook
+        (:meth:`~structconv.Basis.apply_members`, unreduced) and then places the heads
+        (:math:`E_h`).  :func:`structconv.conv` with ``LowRank(W, E)`` gives the same result (a
+        test checks it) but would compute :math:`xW` twice.
+        """
         basis, h = self.attention(x, edge_index, edge_weight)
-        y: torch.Tensor = conv(basis, h, self._placement(h))
+        N, H, D = int(x.shape[0]), self.heads, self.out_channels
+        heads = basis.apply_members(h.view(1, N, H, D).permute(0, 2, 1, 3), reduce=False)[0]  # (H, N, D)
+        y: torch.Tensor = heads.permute(1, 0, 2).reshape(N, H * D) if self.concat else heads.mean(0)
         return y if self.bias is None else y + self.bias
+
+    def value_and_placement(self) -> LowRank:
+        """:math:`\\Theta_h = W_h E_h^\top` as a :class:`~structconv.LowRank` parameter, for :func:`structconv.conv`."""
+        H, D = self.heads, self.out_channels
+        value = self.weight.view(self.in_channels, H, D).permute(1, 0, 2)
+        return LowRank(value, self._placement(self.weight).out)
 
 
 def _segment_softmax(logits: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:

@@ -1,0 +1,174 @@
+r"""Bases whose members share one sparsity pattern: weights on the edges of one graph.
+
+Attention restricted to a graph (GAT's heads, masked attention) gives :math:`K` members that
+differ only in their weights: :math:`A_{k,mn} = w_{ek}` for each edge :math:`e = (m \to n)`.
+Storing the pattern once and the weights as an ``(E, K)`` array lets every hook gather each
+edge's source row once for all members, i.e. rows of width :math:`K\cdot C` instead of
+:math:`K` separate rows of width :math:`C` (the sparse representation's layout), which is what
+makes scatter kernels efficient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._backend import Array, device_of, is_torch, shape_str
+from ._checks import check_array
+from .basis import Basis, Cost
+from .sparse import SparseBasis
+
+
+def _scatter_rows(values: Array, index: Array, size: int) -> Array:
+    """Sum the rows of ``values`` (axis 1) into ``size`` rows by ``index``."""
+    shape = (values.shape[0], size, *values.shape[2:])
+    if is_torch(values):
+        return values.new_zeros(shape).index_add(1, index, values)
+    out = np.zeros(shape, dtype=values.dtype)
+    for b in range(values.shape[0]):
+        np.add.at(out[b], index, values[b])
+    return out
+
+
+def _take_rows(a: Array, index: Array) -> Array:
+    return a.index_select(1, index) if is_torch(a) else a[:, index]
+
+
+def _moveaxis(a: Array, source: int, dest: int) -> Array:
+    return a.movedim(source, dest) if is_torch(a) else np.moveaxis(a, source, dest)
+
+
+class EdgeBasis(Basis):
+    r"""``K`` members on one edge pattern: :math:`A_{k,mn} = \sum_{e:(m\to n)} w_{ek}`.
+
+    Parameters
+    ----------
+    src, dst
+        ``(E,)`` integer arrays: edge :math:`e` goes from input entry ``src[e]`` to output entry
+        ``dst[e]`` (repeated edges add up).
+    weights
+        ``(E, K)`` floating array on the same backend (it may require grad).
+    shape
+        ``(M, N)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from structconv import EdgeBasis
+    >>> A = EdgeBasis(np.array([0, 1]), np.array([1, 1]), np.array([[1.0, 2.0], [3.0, 4.0]]), (2, 2))
+    >>> A.to_dense()[1]
+    array([[0., 2.],
+           [0., 4.]])
+    """
+
+    __slots__ = ("_dst", "_shape", "_src", "_weights")
+    representation = "edges"
+
+    def __init__(self, src: Array, dst: Array, weights: Array, shape: Sequence[int]) -> None:
+        if int(weights.shape[0]):
+            check_array(weights, "weights", (2,), ("(E, K)",))
+        elif weights.ndim != 2 or int(weights.shape[1]) == 0:
+            raise ValueError(f"weights must have shape (E, K), got {shape_str(tuple(weights.shape))}")
+        M, N = (int(s) for s in shape)
+        E = int(weights.shape[0])
+        for name, idx, size in (("src", src, M), ("dst", dst, N)):
+            if tuple(idx.shape) != (E,):
+                raise ValueError(f"{name} must have shape (E,) = ({E},), got {shape_str(tuple(idx.shape))}")
+            if E and (int(idx.min()) < 0 or int(idx.max()) >= size):
+                raise ValueError(f"{name} must lie in [0, {size}), got [{int(idx.min())}, {int(idx.max())}]")
+        if is_torch(weights) != is_torch(src) or is_torch(weights) != is_torch(dst):
+            raise TypeError("src, dst and weights must be on the same backend")
+        self._src, self._dst, self._weights, self._shape = src, dst, weights, (M, N)
+
+    @property
+    def src(self) -> Array:
+        return self._src
+
+    @property
+    def dst(self) -> Array:
+        return self._dst
+
+    @property
+    def weights(self) -> Array:
+        return self._weights
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (int(self._weights.shape[1]), *self._shape)
+
+    @property
+    def backend(self) -> str:
+        return "torch" if is_torch(self._weights) else "numpy"
+
+    @property
+    def dtype(self) -> Any:
+        return self._weights.dtype
+
+    @property
+    def device(self) -> str:
+        return device_of(self._weights)
+
+    def plan_key(self) -> tuple[Any, ...]:
+        return (type(self).__name__, self.shape, int(self._weights.shape[0]))
+
+    # --- value operations ------------------------------------------------------------------
+    def to_sparse(self) -> SparseBasis:
+        """The same basis as a :class:`~structconv.SparseBasis` (``K·E`` entries)."""
+        K = self.K
+        w = self._weights
+        if is_torch(w):
+            import torch
+
+            k = torch.arange(K, device=w.device).repeat_interleave(w.shape[0])
+            index = torch.stack([k, self._src.repeat(K), self._dst.repeat(K)])
+            return SparseBasis(index, w.T.reshape(-1), self.shape)
+        k_np = np.repeat(np.arange(K), w.shape[0])
+        index_np = np.stack([k_np, np.tile(self._src, K), np.tile(self._dst, K)])
+        return SparseBasis(index_np, w.T.reshape(-1), self.shape)
+
+    def to_dense(self) -> Array:
+        return self.to_sparse().to_dense()
+
+    def transpose(self) -> EdgeBasis:
+        return EdgeBasis(self._dst, self._src, self._weights, (self._shape[1], self._shape[0]))
+
+    def select(self, members: Sequence[int]) -> EdgeBasis:
+        index = list(members)
+        if not index:
+            raise ValueError("members must name at least one basis member")
+        return EdgeBasis(self._src, self._dst, self._weights[:, index], self._shape)
+
+    def to(self, device: Any = None, dtype: Any = None) -> EdgeBasis:
+        w = self._weights
+        if is_torch(w):
+            return EdgeBasis(self._src.to(device), self._dst.to(device), w.to(device=device, dtype=dtype), self._shape)
+        if device not in (None, "cpu"):
+            raise ValueError(f"device={device!r}: a NumPy basis lives on the CPU; convert it to torch first")
+        return EdgeBasis(self._src, self._dst, w if dtype is None else w.astype(dtype), self._shape)
+
+    def energy(self) -> float:
+        return self.to_sparse().energy()
+
+    # --- engine hooks ----------------------------------------------------------------------
+    def apply_each(self, x: Array) -> Array:
+        gathered = _take_rows(x, self._src)  # (B, E, C)
+        weighted = gathered[:, :, None, :] * self._weights[None, :, :, None]  # (B, E, K, C)
+        return _moveaxis(_scatter_rows(weighted, self._dst, self.N), 2, 1)
+
+    def apply_members(self, s: Array, reduce: bool) -> Array:
+        rows = _moveaxis(s, 1, 2)  # (B, M, K, C): one row per entry holds every member
+        weighted = _take_rows(rows, self._src) * self._weights[None, :, :, None]  # (B, E, K, C)
+        if reduce:
+            return _scatter_rows(weighted.sum(2), self._dst, self.N)
+        return _moveaxis(_scatter_rows(weighted, self._dst, self.N), 2, 1)
+
+    def cost_each(self, batch: int, channels: int) -> Cost:
+        E, K = int(self._weights.shape[0]), self.K
+        return Cost(0.0, float(batch * (E + self.N) * K * channels), 2.0 * batch * E * K * channels)
+
+    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
+        E, K = int(self._weights.shape[0]), self.K
+        out = batch * self.N * channels * (1 if reduce else K)
+        return Cost(0.0, float(batch * E * K * channels + out), 2.0 * batch * E * K * channels)

@@ -123,12 +123,13 @@ class SparseMatrix:
     Repeated coordinates add up in every kernel.
     """
 
-    __slots__ = ("_csr", "_uses", "cols", "matrix", "rows", "shape", "values")
+    __slots__ = ("_csr", "_csr_t", "_uses", "cols", "matrix", "rows", "shape", "values")
 
     def __init__(self, rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> None:
         self.shape = shape
         self.rows, self.cols, self.values = rows, cols, values
         self._csr: Any = None
+        self._csr_t: Any = None
         self._uses = 0
         self.matrix: Any = None
         if not is_torch(values):
@@ -154,6 +155,37 @@ class SparseMatrix:
         if self.values.requires_grad or (self._csr is None and self._uses < 2):
             gathered = dense.index_select(0, self.cols) * self.values[:, None]
             return dense.new_zeros((self.shape[0], dense.shape[1])).index_add(0, self.rows, gathered)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            return self._torch_csr() @ dense
+        if not dense.requires_grad:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return self._torch_csr() @ dense
+        return _csr_product()(self, dense)
+
+    def _torch_csr_t(self) -> Any:
+        """The transposed CSR matrix, built once for backward passes (torch's own transposes per call)."""
+        if self._csr_t is None:
+            flipped = SparseMatrix(self.cols, self.rows, self.values, (self.shape[1], self.shape[0]))
+            self._csr_t = flipped._torch_csr()
+        return self._csr_t
+
+
+@lru_cache(maxsize=1)
+def _csr_product() -> Any:
+    """``S @ dense`` with a backward pass through the cached ``S^T`` (values are constants here)."""
+    torch = _torch()
+
+    class CsrProduct(torch.autograd.Function):  # type: ignore[misc,name-defined]
+        @staticmethod
+        def forward(ctx: Any, matrix: SparseMatrix, dense: Any) -> Any:
+            ctx.matrix = matrix
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return matrix._torch_csr() @ dense
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return None, ctx.matrix._torch_csr_t() @ grad
+
+    return lambda matrix, dense: CsrProduct.apply(matrix, dense)

@@ -334,3 +334,18 @@ def test_edge_basis_every_order_equals_the_dense_einsum(g: dict[str, Any], K: in
         y = conv(basis, cv(x), cv(theta), order=order)
         np.testing.assert_allclose(np.asarray(y), np.einsum("kmn,bmp,kpq->bnq", dense, x, theta), atol=1e-10)
     np.testing.assert_allclose(np.asarray(basis.T.to_dense()), dense.transpose(0, 2, 1))
+
+
+def test_reused_basis_switches_to_csr_and_keeps_exact_gradients() -> None:
+    torch.manual_seed(0)
+    layer = snn.GCNConv(3, 2).double()
+    ei = torch.randint(0, 7, (2, 20))
+    x = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    basis = gcn_basis(ei, 7, like=x)
+    first = layer(x, basis)  # gather-scatter
+    second = layer(x, basis)  # CSR, with the cached transpose in backward
+    torch.testing.assert_close(first, second)
+    assert torch.autograd.gradcheck(lambda v: layer(v, basis), (x,))
+    g1 = torch.autograd.grad(first.sum(), x)[0]
+    g2 = torch.autograd.grad(layer(x, basis).sum(), x)[0]
+    torch.testing.assert_close(g1, g2)

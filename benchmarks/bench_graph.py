@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from benchmarks.harness import Report, Row, median_time, progress
+from benchmarks.harness import Report, Row, interleaved_times, progress
 from structconv import gcn_basis
 from structconv.data import load_planetoid
 from structconv.experiments.planetoid import SparseInput
@@ -101,7 +101,7 @@ def cora_layers(x: torch.Tensor, edge_index: torch.Tensor, repeats: int) -> list
         if ref_cached is not None:
             ref_cached.load_state_dict(ref.state_dict())
             variants["pyg-cached"] = fwd_bwd(ref_cached, x, edge_index)
-        times = {k: median_time(v, repeats=repeats, warmup=3) for k, v in variants.items()}
+        times = interleaved_times(variants, repeats=repeats, warmup=3)
         rows.append(
             Row(name, {"N": int(x.shape[0]), "E": int(edge_index.shape[1])}, times, "pyg", {"max_abs_diff": err})
         )

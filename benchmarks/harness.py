@@ -39,6 +39,24 @@ def median_time(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device
     return statistics.median(times)
 
 
+def interleaved_times(
+    variants: dict[str, Callable[[], Any]], repeats: int = 21, warmup: int = 3, device: str = "cpu"
+) -> dict[str, float]:
+    """Median seconds of each variant, timed round-robin so that drifts in machine load hit all alike."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in samples.items()}
+
+
 @dataclass
 class Row:
     """One measured case: the median time of each variant, and the peer they are compared to."""

@@ -17,6 +17,7 @@ Conventions, chosen deliberately:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -473,7 +474,9 @@ class PolynomialBasis(Basis):
             )
             mats = [eye, m]
             for _ in range(2, max(self._degrees) + 1):
-                nxt = torch.sparse.mm(mats[-1], m)
+                with warnings.catch_warnings():  # torch's note that sparse CSR support is in beta
+                    warnings.simplefilter("ignore", UserWarning)
+                    nxt = torch.sparse.mm(mats[-1], m)
                 mats.append((2 * nxt - mats[-2]).coalesce() if self._family == "chebyshev" else nxt.coalesce())
             parts = [mats[d].coalesce() for d in self._degrees]
             idx = torch.cat(

@@ -12,6 +12,7 @@ r"""The framework's propositions as functions (Andreoli, §1.1–1.2).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -172,7 +173,9 @@ def _sparse_product(b1: SparseBasis, b2: SparseBasis) -> SparseBasis:
         right = torch.sparse_coo_tensor(
             torch.stack([rows2, cols2]), b2.values, shape_r, check_invariants=False
         ).coalesce()
-        prod = torch.sparse.mm(left, right).coalesce()
+        with warnings.catch_warnings():  # torch's note that sparse CSR support is in beta
+            warnings.simplefilter("ignore", UserWarning)
+            prod = torch.sparse.mm(left, right).coalesce()
         rows, cols = prod.indices()
         values: Any = prod.values()
     else:

@@ -204,9 +204,71 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
     results.append(CheckResult("Prop. 3: compose = sequence", cases, _max_over(data, prop3), tol))
 
     results.extend(_grid_checks(rng, cases, backends))
+    results.extend(_graph_checks(rng, cases, backends))
     if "torch" in backends:
         results.append(_gradcheck(data[: min(4, len(data))]))
     return results
+
+
+def _graph_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...]) -> list[CheckResult]:
+    from .edges import EdgeBasis
+    from .graph import graph_basis
+
+    tol = 1e-10
+    graphs = []
+    for _ in range(count):
+        N = int(rng.integers(2, 9))
+        E = int(rng.integers(0, 3 * N))
+        graphs.append((N, rng.integers(0, N, size=(2, E)), rng.uniform(0.1, 2.0, size=E)))
+
+    def adjacency(N: int, index: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        A = np.zeros((N, N))
+        np.add.at(A, (index[0], index[1]), weight)
+        return A
+
+    def inv_sqrt(d: np.ndarray) -> np.ndarray:
+        return np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 0.0)
+
+    def gcn(g: tuple[int, np.ndarray, np.ndarray]) -> float:
+        N, index, weight = g
+        A = adjacency(N, index[:, index[0] != index[1]], weight[index[0] != index[1]])
+        for n in range(N):  # the last given loop weight, else 1
+            loops = weight[(index[0] == n) & (index[1] == n)]
+            A[n, n] = loops[-1] if loops.size else 1.0
+        d = inv_sqrt(A.sum(0))
+        return _rel_error(graph_basis(index, "gcn", num_nodes=N, edge_weight=weight).to_dense()[0], d[:, None] * A * d)
+
+    out = [CheckResult("graph: gcn basis = D^-1/2 (A+I) D^-1/2", count, max(gcn(g) for g in graphs), tol)]
+
+    def polynomial(g: tuple[int, np.ndarray, np.ndarray], backend: str) -> float:
+        N, index, weight = g
+        cv: Callable[[np.ndarray], Any] = _torch if backend == "torch" else (lambda a: a)
+        errs = []
+        for kind in ("powers", "chebyshev", "diffusion"):
+            basis = graph_basis(cv(index), kind, K=3, num_nodes=N, edge_weight=cv(weight))
+            dense = _np(basis.to_dense())
+            x, theta = rng.normal(size=(2, N, 3)), rng.normal(size=(basis.K, 3, 2))
+            for order in ("ax", "xtheta", "auto") + (("materialized",) if kind != "diffusion" else ()):
+                errs.append(_rel_error(conv(basis, cv(x), cv(theta), order=order), _reference(dense, x, theta)))
+        return max(errs)
+
+    def edges(g: tuple[int, np.ndarray, np.ndarray], backend: str) -> float:
+        N, index, _ = g
+        cv: Callable[[np.ndarray], Any] = _torch if backend == "torch" else (lambda a: a)
+        w = rng.normal(size=(index.shape[1], 3))
+        basis = EdgeBasis(cv(index[0]), cv(index[1]), cv(w), (N, N))
+        dense = np.stack([adjacency(N, index, w[:, k]) for k in range(3)])
+        x, theta = rng.normal(size=(2, N, 3)), rng.normal(size=(3, 3, 2))
+        return max(
+            _rel_error(conv(basis, cv(x), cv(theta), order=o), _reference(dense, x, theta)) for o in ("ax", "xtheta")
+        )
+
+    for backend in backends:
+        worst = max(polynomial(g, backend) for g in graphs)
+        out.append(CheckResult(f"graph: polynomial orders = einsum [{backend}]", count, worst, tol))
+        worst = max(edges(g, backend) for g in graphs)
+        out.append(CheckResult(f"graph: edge basis = einsum [{backend}]", count, worst, tol))
+    return out
 
 
 def _grid_cases(rng: np.random.Generator, count: int) -> Iterator[dict[str, Any]]:

@@ -21,6 +21,12 @@ from .basis import Basis, Cost
 from .sparse import SparseBasis
 
 
+def _bool() -> Any:
+    import torch
+
+    return torch.bool
+
+
 def _scatter_rows(values: Array, index: Array, size: int) -> Array:
     """Sum the rows of ``values`` (axis 1) into ``size`` rows by ``index``."""
     shape = (values.shape[0], size, *values.shape[2:])
@@ -80,6 +86,16 @@ class EdgeBasis(Basis):
                 raise ValueError(f"{name} must lie in [0, {size}), got [{int(idx.min())}, {int(idx.max())}]")
         if is_torch(weights) != is_torch(src) or is_torch(weights) != is_torch(dst):
             raise TypeError("src, dst and weights must be on the same backend")
+        for name, idx in (("src", src), ("dst", dst)):
+            integer = (
+                not idx.is_floating_point() and idx.dtype != _bool()
+                if is_torch(idx)
+                else (np.issubdtype(idx.dtype, np.integer))
+            )
+            if not integer:
+                raise TypeError(f"{name} must hold integers, got dtype {idx.dtype}")
+            if device_of(idx) != device_of(weights):
+                raise ValueError(f"{name} is on {device_of(idx)} but weights are on {device_of(weights)}")
         self._src, self._dst, self._weights, self._shape = src, dst, weights, (M, N)
 
     @property

@@ -109,21 +109,24 @@ def as_edges(
         For a malformed ``edge_index`` (shape, dtype, out-of-range or negative nodes), weights of
         the wrong length or non-finite weights, or a non-square adjacency.
     """
-    if _is_int_array(graph):
+    sparse_torch = is_torch(graph) and graph.layout != _strided()
+    if _is_int_array(graph) and not sparse_torch:
         return _from_edge_index(graph, num_nodes, edge_weight, like)
     if edge_weight is not None:
         raise ValueError("edge_weight goes with an edge_index; a matrix graph carries its own weights")
-    if is_torch(graph) and graph.layout != _strided():
+    if sparse_torch:
         coo = graph.to_sparse_coo().coalesce()
         _square(tuple(coo.shape), num_nodes)
-        idx = coo.indices()
         values = coo.values()
-        return _from_edge_index(idx, int(coo.shape[0]), values if values.is_floating_point() else None, like)
+        if not values.is_floating_point():  # integer entries are weights too (as scipy's are)
+            ref: Any = like
+            values = values.to(ref.dtype if is_torch(ref) else _default_dtype())
+        return _from_edge_index(coo.indices(), int(coo.shape[0]), values, like, "graph")
     if hasattr(graph, "tocoo") and hasattr(graph, "nnz"):  # scipy.sparse
         coo = graph.tocoo()
         _square(tuple(coo.shape), num_nodes)
         idx = np.stack([coo.row, coo.col]).astype(np.int64)
-        return _from_edge_index(idx, int(coo.shape[0]), np.asarray(coo.data, dtype=np.float64), like)
+        return _from_edge_index(idx, int(coo.shape[0]), np.asarray(coo.data, dtype=np.float64), like, "graph")
     if is_torch(graph) or isinstance(graph, np.ndarray):
         if graph.ndim != 2:
             raise ValueError(
@@ -133,7 +136,7 @@ def as_edges(
         _square(tuple(graph.shape), num_nodes)
         idx = graph.nonzero().T if is_torch(graph) else np.stack(np.nonzero(graph))
         values = graph[tuple(idx)]
-        return _from_edge_index(idx, int(graph.shape[0]), values, like)
+        return _from_edge_index(idx, int(graph.shape[0]), values, like, "graph")
     raise TypeError(
         "graph must be an edge_index (2, E), a torch sparse tensor, a scipy.sparse matrix or a dense "
         f"adjacency, got {type(graph).__name__}"
@@ -156,7 +159,15 @@ def _square(shape: tuple[int, ...], num_nodes: int | None) -> None:
         raise ValueError(f"num_nodes={num_nodes} but the adjacency matrix has {shape[0]} rows")
 
 
-def _from_edge_index(index: Array, num_nodes: int | None, weight: Array | None, like: Array | None) -> Edges:
+def _default_dtype() -> Any:
+    import torch
+
+    return torch.get_default_dtype()
+
+
+def _from_edge_index(
+    index: Array, num_nodes: int | None, weight: Array | None, like: Array | None, weight_name: str = "edge_weight"
+) -> Edges:
     if index.ndim != 2 or int(index.shape[0]) != 2:
         raise ValueError(f"edge_index must have shape (2, E), got {shape_str(tuple(index.shape))}")
     if not _is_int_array(index):
@@ -167,6 +178,8 @@ def _from_edge_index(index: Array, num_nodes: int | None, weight: Array | None, 
     if lo < 0:
         raise ValueError(f"edge_index must hold node numbers >= 0, got {lo}")
     if num_nodes is None:
+        if not E:
+            raise ValueError("num_nodes must be given for a graph without edges")
         num_nodes = hi + 1
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int | np.integer) or num_nodes <= 0:
         raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
@@ -190,7 +203,7 @@ def _from_edge_index(index: Array, num_nodes: int | None, weight: Array | None, 
         weight = np.ones(E, dtype=dtype) if weight is None else np.asarray(weight).astype(dtype, copy=False)
     if tuple(weight.shape) != (E,):
         raise ValueError(f"edge_weight must have shape (E,) = ({E},), got {shape_str(tuple(weight.shape))}")
-    check_finite(weight, "edge_weight")
+    check_finite(weight, "edge weights" if weight_name == "graph" else "edge_weight")
     return Edges(index[0], index[1], weight, int(num_nodes))
 
 
@@ -210,7 +223,10 @@ def _take(a: Array, index: Array) -> Array:
 
 def _check_non_negative(edges: Edges, what: str) -> None:
     if bool((edges.weight < 0).any()):
-        raise ValueError(f"edge_weight must be non-negative for {what} (degrees are square-rooted or inverted)")
+        raise ValueError(
+            f"edge weights (edge_weight, or the entries of a matrix graph) must be non-negative for {what} "
+            "(degrees are square-rooted or inverted)"
+        )
 
 
 def _inverse(deg: Array, power: float) -> Array:
@@ -262,17 +278,19 @@ def gcn_normalize(edges: Edges, add_self_loops: bool = True, improved: bool = Fa
 
 
 def walk_normalize(edges: Edges, direction: str = "forward") -> Edges:
-    r"""Random-walk transition weights: each node's outgoing (``forward``) or incoming (``backward``) weights sum to 1.
+    r"""Random-walk averaging, as diffusion convolution (DCRNN) uses it.
 
-    ``backward`` also reverses the edges, so both directions gather messages at the target.
+    ``forward`` gives :math:`y = D_{\mathrm{out}}^{-1}A\,x`: each node averages its out-neighbours
+    (the member holds the reversed edges, since the formula gathers at targets); ``backward``
+    gives :math:`y = D_{\mathrm{in}}^{-1}A^\top x`: each node averages its in-neighbours.
     """
     _check_non_negative(edges, "random-walk normalisation")
     if direction == "forward":
         inv = _inverse(_scatter_sum(edges.weight, edges.src, edges.num_nodes), 1.0)
-        return edges.with_edges(edges.src, edges.dst, inv[edges.src] * edges.weight)
+        return edges.with_edges(edges.dst, edges.src, _take(inv, edges.src) * edges.weight)
     if direction == "backward":
         inv = _inverse(_scatter_sum(edges.weight, edges.dst, edges.num_nodes), 1.0)
-        return edges.with_edges(edges.dst, edges.src, inv[edges.dst] * edges.weight)
+        return edges.with_edges(edges.src, edges.dst, _take(inv, edges.dst) * edges.weight)
     raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
 
 
@@ -566,7 +584,7 @@ def gcn_basis(
     num_nodes: int | None = None,
     edge_weight: Array | None = None,
     improved: bool = False,
-    add_self_loops: bool = True,
+    add_self_loops: bool | None = None,
     normalize: bool = True,
     like: Array | None = None,
 ) -> SparseBasis:
@@ -574,7 +592,8 @@ def gcn_basis(
 
     Matches PyG's ``gcn_norm``: self-loops are added only where missing (weight 2 when
     ``improved``), degrees are counted at the target, isolated nodes give 0.  With
-    ``normalize=False`` the (looped) adjacency is used as is.
+    ``normalize=False`` the adjacency is used as is (self-loops are then added only if
+    ``add_self_loops=True``; by default they go with the normalisation, as in PyG).
 
     Examples
     --------
@@ -586,6 +605,8 @@ def gcn_basis(
            [0.5, 0.5]])
     """
     edges = as_edges(graph, num_nodes, edge_weight, like)
+    if add_self_loops is None:
+        add_self_loops = normalize
     if normalize:
         edges = gcn_normalize(edges, add_self_loops, improved)
     elif add_self_loops:
@@ -678,7 +699,13 @@ def relational_basis(
         )
     N = edges.num_nodes
     torch_side = is_torch(edges.weight)
-    etype = edge_type.to(edges.src.device).long() if torch_side else np.asarray(edge_type, dtype=np.int64)
+    etype: Any
+    if torch_side:
+        import torch
+
+        etype = torch.as_tensor(edge_type, device=edges.src.device).long()
+    else:
+        etype = np.asarray(to_numpy(edge_type), dtype=np.int64)
     # Mean over each relation's in-neighbours: count incoming edges per (target, relation).
     key = edges.dst * R + etype
     count = _scatter_sum(edges.weight * 0 + 1, key, N * R)

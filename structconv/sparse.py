@@ -93,7 +93,10 @@ class SparseBasis(Basis):
     def _coalesce_now(self) -> None:
         if not self._coalesced:
             index_np = to_numpy(self._indices)
-            self._indices, self._values = _coalesce(self._indices, index_np, self._values, self._shape)
+            # The stored values replace the given ones for good: keep them connected to autograd
+            # even if the first read happens under no_grad (a validation pass, the planner).
+            with _torch().enable_grad():
+                self._indices, self._values = _coalesce(self._indices, index_np, self._values, self._shape)
             self._coalesced = True
 
     # --- constructors -------------------------------------------------------------------

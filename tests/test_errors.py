@@ -206,7 +206,7 @@ def test_grid_errors_found_in_review():
         (
             lambda g: g.gcn_basis(np.array([[0, 1], [1, 0]]), edge_weight=np.array([1.0, -2.0])),
             ValueError,
-            r"edge_weight must be non-negative for gcn normalisation",
+            r"edge weights \(edge_weight, or the entries of a matrix graph\) must be non-negative for gcn",
         ),
         (
             lambda g: g.gcn_basis(np.array([[0, 1], [1, 0]]), edge_weight=np.array([1.0, np.nan])),

@@ -96,13 +96,20 @@ def test_powers_chebyshev_and_diffusion_bases(g: dict[str, Any], K: int) -> None
                 lambda_max=lam,
             )
             np.testing.assert_allclose(cheb.to_dense(), np.stack(T[:K]), atol=1e-10)
-    # Diffusion: forward walk (rows of A normalised) and backward walk (columns), as gather matrices.
-    P_f = inv_power(A.sum(1), 1.0)[:, None] * A
-    P_b = (A * inv_power(A.sum(0), 1.0)[None]).T
+    # Diffusion (DCRNN): y = (D_out^-1 A)^k x and y = (D_in^-1 A^T)^k x; a member B acts as y = B^T x.
+    forward = inv_power(A.sum(1), 1.0)[:, None] * A
+    backward = inv_power(A.sum(0), 1.0)[:, None] * A.T
     diff = graph_basis(g["index"], "diffusion", K=K, num_nodes=N, edge_weight=g["weight"]).to_dense()
-    expected = [np.eye(N)] + [np.linalg.matrix_power(P_f, k) for k in range(1, K + 1)]
-    expected += [np.linalg.matrix_power(P_b, k) for k in range(1, K + 1)]
+    expected = [np.eye(N)] + [np.linalg.matrix_power(forward, k).T for k in range(1, K + 1)]
+    expected += [np.linalg.matrix_power(backward, k).T for k in range(1, K + 1)]
     np.testing.assert_allclose(diff, np.stack(expected), atol=1e-12)
+    # Averaging preserves a constant signal on every node with an out-neighbour.
+    x = np.ones((1, N, 1))
+    theta = np.zeros((2 * K + 1, 1, 1))
+    theta[1] = 1.0
+    y = conv(graph_basis(g["index"], "diffusion", K=K, num_nodes=N), x, theta)
+    has_out = A.sum(1) > 0
+    np.testing.assert_allclose(y[0, has_out, 0], 1.0)
 
 
 @given(g=graphs(), data=st.data())
@@ -349,3 +356,31 @@ def test_reused_basis_switches_to_csr_and_keeps_exact_gradients() -> None:
     g1 = torch.autograd.grad(first.sum(), x)[0]
     g2 = torch.autograd.grad(layer(x, basis).sum(), x)[0]
     torch.testing.assert_close(g1, g2)
+
+
+def test_review_regressions() -> None:
+    # GCNConv(normalize=False) adds no self-loops by default, as PyG.
+    torch.manual_seed(0)
+    ref = pyg.GCNConv(4, 2, normalize=False)
+    ours = snn.GCNConv(4, 2, normalize=False)
+    ours.theta.data = ref.lin.weight.data.T[None].clone()
+    ours.bias.data = ref.bias.data.clone()
+    x = torch.randn(3, 4)
+    ei = torch.tensor([[0, 1, 1], [1, 0, 2]])
+    torch.testing.assert_close(ours(x, ei), ref(x, ei))
+    # A first read under no_grad keeps the values connected to autograd.
+    w = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    basis = graph_basis(torch.tensor([[1, 0, 1, 2], [0, 1, 2, 1]]), "powers", K=2, edge_weight=w)
+    xd, th = torch.randn(3, 2, dtype=torch.float64), torch.randn(3, 2, 2, dtype=torch.float64)
+    with torch.no_grad():
+        conv(basis, xd, th, order="materialized")
+    assert conv(basis, xd, th).requires_grad
+    # An integer torch sparse adjacency is a matrix graph with integer weights.
+    dense = torch.tensor([[0, 2, 0], [1, 0, 0], [0, 0, 0]])
+    np.testing.assert_allclose(
+        gcn_basis(dense.to_sparse()).to_dense().numpy(), gcn_basis(dense.double().numpy()).to_dense(), rtol=1e-6
+    )
+    # GAT: a node whose only incoming edges have weight 0 gets no message, not NaN.
+    gat = snn.GATConv(4, 2, add_self_loops=False)
+    out = gat(x, ei, torch.tensor([1.0, 0.0, 1.0]))
+    assert torch.isfinite(out).all()

@@ -52,7 +52,7 @@ class SparseInput:
     def dropout(self, p: float, training: bool) -> torch.Tensor:
         if not training or p == 0.0:
             return self.dense
-        keep = torch.rand(self.values.shape, dtype=self.values.dtype) >= p
+        keep = torch.rand(self.values.shape, dtype=self.values.dtype, device=self.values.device) >= p
         out = torch.zeros_like(self.dense)
         out[self.index] = self.values * keep / (1.0 - p)
         return out

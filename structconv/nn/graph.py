@@ -102,11 +102,15 @@ class GCNConv(_GraphLayer):
         in_channels: int,
         out_channels: int,
         improved: bool = False,
-        add_self_loops: bool = True,
+        add_self_loops: bool | None = None,
         normalize: bool = True,
         bias: bool = True,
     ) -> None:
         super().__init__(in_channels, out_channels, 1, bias)
+        if add_self_loops is None:  # as PyG: loops go with the normalisation
+            add_self_loops = normalize
+        elif add_self_loops and not normalize:
+            raise ValueError("GCNConv: add_self_loops=True needs normalize=True (as in PyG)")
         self.improved, self.add_self_loops, self.normalize = improved, add_self_loops, normalize
         self.reset_parameters()
 
@@ -383,7 +387,9 @@ class GATConv(nn.Module):
         if edge_weight is not None:
             if bool((edges.weight < 0).any()):
                 raise ValueError("GATConv: edge_weight must be non-negative (it enters as log w)")
-            logits = logits + edges.weight.log()[:, None]
+            keep = edges.weight > 0  # weight 0 masks the edge: drop it rather than take log 0
+            edges = edges.with_edges(edges.src[keep], edges.dst[keep], edges.weight[keep])
+            logits = logits[keep] + edges.weight.log()[:, None]
         alpha = _segment_softmax(logits, edges.dst, N)
         alpha = F.dropout(alpha, self.dropout, self.training)
         return EdgeBasis(edges.src, edges.dst, alpha, (N, N)), h

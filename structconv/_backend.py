@@ -115,22 +115,22 @@ class SparseMatrix:
 
     NumPy uses ``scipy.sparse.csr_array``.  Torch has two kernels and picks per call:
 
-    * gather-scatter (``index_select``, scale, ``index_add``): no set-up, and gradients to the
-      values cost one product (torch's CSR backward for the values is far slower), so it is used
-      whenever the values require grad and for the first product of a matrix;
-    * CSR (built on the second product and kept): the fastest for repeated products.
+    * gather-scatter (``index_select``, scale, ``index_add``) whenever the values require grad:
+      their gradient then costs one product (torch's CSR backward for the values is far slower);
+    * otherwise CSR, built once per matrix by a counting sort of the rows (a radix sort on the
+      CPU, so building is cheaper than one gather-scatter), with the transposed CSR built on the
+      first backward pass.
 
     Repeated coordinates add up in every kernel.
     """
 
-    __slots__ = ("_csr", "_csr_t", "_uses", "cols", "matrix", "rows", "shape", "values")
+    __slots__ = ("_csr", "_csr_t", "cols", "matrix", "rows", "shape", "values")
 
     def __init__(self, rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> None:
         self.shape = shape
         self.rows, self.cols, self.values = rows, cols, values
         self._csr: Any = None
         self._csr_t: Any = None
-        self._uses = 0
         self.matrix: Any = None
         if not is_torch(values):
             import scipy.sparse
@@ -140,19 +140,13 @@ class SparseMatrix:
 
     def _torch_csr(self) -> Any:
         if self._csr is None:
-            torch = _torch()
-            index = torch.stack([self.rows, self.cols])
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                coo = torch.sparse_coo_tensor(index, self.values, self.shape, check_invariants=False)
-                self._csr = coo.coalesce().to_sparse_csr()
+            self._csr = _csr_from_coordinates(self.rows, self.cols, self.values, self.shape)
         return self._csr
 
     def __matmul__(self, dense: Array) -> Array:
         if not is_torch(dense):
             return np.asarray(self.matrix @ dense)
-        self._uses += 1
-        if self.values.requires_grad or (self._csr is None and self._uses < 2):
+        if self.values.requires_grad:
             gathered = dense.index_select(0, self.cols) * self.values[:, None]
             return dense.new_zeros((self.shape[0], dense.shape[1])).index_add(0, self.rows, gathered)
         if not dense.requires_grad:
@@ -167,6 +161,22 @@ class SparseMatrix:
             flipped = SparseMatrix(self.cols, self.rows, self.values, (self.shape[1], self.shape[0]))
             self._csr_t = flipped._torch_csr()
         return self._csr_t
+
+
+def _csr_from_coordinates(rows: Any, cols: Any, values: Any, shape: tuple[int, int]) -> Any:
+    """A torch CSR matrix from coordinates; repeated coordinates stay separate entries and add up."""
+    torch = _torch()
+    if rows.device.type == "cpu":
+        r = rows.numpy()
+        # NumPy's stable sort is a radix sort for 16-bit keys: linear in the number of entries.
+        order = torch.from_numpy(np.argsort(r.astype(np.uint16) if shape[0] <= 65536 else r, kind="stable"))
+    else:
+        order = torch.argsort(rows, stable=True)
+    crow = torch.zeros(shape[0] + 1, dtype=torch.int64, device=rows.device)
+    crow[1:] = torch.bincount(rows, minlength=shape[0]).cumsum(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, cols[order], values[order], shape, check_invariants=False)
 
 
 @lru_cache(maxsize=1)

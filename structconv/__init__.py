@@ -5,6 +5,7 @@ and a parameter :math:`\Theta` (one ``P x Q`` channel map per basis member), con
 engine, :func:`conv`.
 """
 
+from .attention import BiAffine, attention_basis, masked_softmax
 from .basis import Basis, Cost, as_basis
 from .composite import ComposedBasis, ConcatBasis, SelectBasis, concat
 from .contract import Candidate, Plan, conv, explain
@@ -18,6 +19,7 @@ from .theory import combine, compose, decompose
 
 __all__ = [
     "Basis",
+    "BiAffine",
     "Candidate",
     "ComposedBasis",
     "ConcatBasis",
@@ -33,6 +35,7 @@ __all__ = [
     "SparseBasis",
     "apply_shifts",
     "as_basis",
+    "attention_basis",
     "avg_pool_basis",
     "combine",
     "compose",
@@ -43,6 +46,7 @@ __all__ = [
     "gcn_basis",
     "graph_basis",
     "grid_basis",
+    "masked_softmax",
     "shift_matrix",
 ]
 

@@ -1,5 +1,6 @@
 """Torch layers, each a basis plus a parameter over :func:`structconv.conv`."""
 
+from .attention import MultiHeadSelfAttention
 from .graph import ChebConv, GATConv, GCNConv, RGCNConv, SGConv, TAGConv
 from .grid import AvgPool1d, AvgPool2d, AvgPool3d, GridConv1d, GridConv2d, GridConv3d
 from .structconv import StructConv
@@ -14,6 +15,7 @@ __all__ = [
     "GridConv1d",
     "GridConv2d",
     "GridConv3d",
+    "MultiHeadSelfAttention",
     "RGCNConv",
     "SGConv",
     "StructConv",

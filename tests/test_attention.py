@@ -1,0 +1,102 @@
+"""Attention mechanisms and bases; multi-head self-attention against torch's own layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from structconv import BiAffine, attention_basis, masked_softmax
+from structconv.nn import MultiHeadSelfAttention
+
+
+@given(seed=st.integers(0, 2**31), K=st.integers(1, 3), M=st.integers(1, 6), N=st.integers(1, 6), P=st.integers(1, 4))
+def test_bi_affine_scores_follow_equation_11(seed: int, K: int, M: int, N: int, P: int) -> None:
+    rng = np.random.default_rng(seed)
+    x, z = rng.normal(size=(2, M, P)), rng.normal(size=(2, N, P + 1))
+    Lam, lam, lam2, xi = (rng.normal(size=s) for s in ((K, P, P + 1), (K, P), (K, P + 1), (K,)))
+    mech = BiAffine(bilinear=Lam, linear=lam, linear_aux=lam2, offset=xi, scale=0.5)
+    expected = 0.5 * (
+        np.einsum("bmp,kpr,bnr->bkmn", x, Lam, z)
+        + np.einsum("bmp,kp->bkm", x, lam)[..., None]
+        + np.einsum("bnr,kr->bkn", z, lam2)[:, :, None]
+        + xi[None, :, None, None]
+    )
+    np.testing.assert_allclose(mech.scores(x, z), expected)
+    key, query = rng.normal(size=(K, P, 2)), rng.normal(size=(K, P + 1, 2))
+    low = BiAffine(key=key, query=query)
+    np.testing.assert_allclose(low.scores(x, z), np.einsum("bmp,kpr,bnr->bkmn", x, key @ query.transpose(0, 2, 1), z))
+
+
+@given(
+    seed=st.integers(0, 2**31), M=st.integers(1, 6), N=st.integers(1, 6), backend=st.sampled_from(["numpy", "torch"])
+)
+def test_masked_softmax_is_column_stochastic_and_never_nan(seed: int, M: int, N: int, backend: str) -> None:
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=(2, 3, M, N)) * 10
+    mask = rng.random((M, N)) < 0.5
+    mask[:, 0] = False  # one column attends to nothing
+    cv = torch.from_numpy if backend == "torch" else (lambda a: a)
+    w = np.asarray(masked_softmax(cv(scores), cv(mask)))
+    assert np.isfinite(w).all()
+    assert (w[..., ~mask] == 0).all()
+    sums = w.sum(-2)
+    np.testing.assert_allclose(sums[..., mask.any(0)], 1.0)
+    np.testing.assert_allclose(sums[..., ~mask.any(0)], 0.0)
+    additive = np.where(mask, 0.0, -np.inf)
+    np.testing.assert_allclose(np.asarray(masked_softmax(cv(scores), cv(additive))), w)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+def test_multi_head_self_attention_equals_torch(bias: bool, masked: bool) -> None:
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(12, 3, bias=bias, batch_first=True).double()
+    if bias:  # non-zero biases, so that every bias path is exercised
+        torch.nn.init.normal_(ref.in_proj_bias)
+        torch.nn.init.normal_(ref.out_proj.bias)
+    layer = MultiHeadSelfAttention(12, 3, bias=bias).double()
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 9, 12, dtype=torch.float64, requires_grad=True)
+    causal = torch.ones(9, 9, dtype=torch.bool).triu(1)  # torch: True = may NOT attend, [query, key]
+    y_ref = ref(x, x, x, need_weights=False, attn_mask=causal if masked else None)[0]
+    y = layer(x, mask=~causal.T if masked else None)
+    torch.testing.assert_close(y, y_ref)
+    g = torch.randn_like(y)
+    (gx,) = torch.autograd.grad(y, x, g)
+    (gx_ref,) = torch.autograd.grad(y_ref, x, g)
+    torch.testing.assert_close(gx, gx_ref)
+
+
+def test_gradcheck_attention_basis() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    key = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    lam = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(4, 4) < 0.7
+
+    def f(x: Any, key: Any, lam: Any) -> Any:
+        mech = BiAffine(key=key, query=key, linear=lam, scale=0.7)
+        return attention_basis(x, mechanism=mech, mask=mask, leaky_relu=0.2).to_dense()
+
+    assert torch.autograd.gradcheck(f, (x, key, lam))
+
+
+def test_attention_errors() -> None:
+    x = np.ones((2, 4, 3))
+    with pytest.raises(ValueError, match=r"x has width P=3 but the mechanism expects P=5"):
+        attention_basis(x, mechanism=BiAffine(bilinear=np.ones((1, 5, 5))))
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 3\) does not broadcast"):
+        attention_basis(x, mechanism=BiAffine(bilinear=np.ones((1, 3, 3))), mask=np.ones((3, 3), bool))
+    with pytest.raises(ValueError, match=r"mask must be boolean \(True = allowed\) or hold only -inf and 0"):
+        attention_basis(x, mechanism=BiAffine(bilinear=np.ones((1, 3, 3))), mask=np.full((4, 4), 2.0))
+    with pytest.raises(ValueError, match=r"give bilinear .* or key and query"):
+        BiAffine(bilinear=np.ones((1, 3, 3)), key=np.ones((1, 3, 2)), query=np.ones((1, 3, 2)))
+    with pytest.raises(ValueError, match=r"same number of heads"):
+        BiAffine(bilinear=np.ones((2, 3, 3)), offset=np.ones(3))
+    with pytest.raises(ValueError, match=r"embed_dim=10 must be divisible by num_heads=3"):
+        MultiHeadSelfAttention(10, 3)

@@ -223,3 +223,84 @@ def attention_basis(
     else:
         weights = scores
     return DenseBasis(weights)
+
+
+# --- relative-position attention on grids ------------------------------------------------------------
+def _relative_offsets(grid: tuple[int, ...], periodic: bool) -> Any:
+    """``(M, N, d)`` offsets :math:`\\delta_{mn} = \\mathrm{pos}(m) - \\mathrm{pos}(n)` (NumPy, row-major positions)."""
+    import numpy as np
+
+    pos = np.stack(np.meshgrid(*[np.arange(s) for s in grid], indexing="ij"), -1).reshape(-1, len(grid))
+    delta = pos[:, None, :] - pos[None, :, :]
+    if periodic:  # the representative of each offset closest to 0 on the torus
+        size = np.asarray(grid)
+        delta = (delta + size // 2) % size - size // 2
+    return delta
+
+
+def quadratic_scores(grid: Any, centres: Array, alpha: Array, boundary: str = "zero") -> Array:
+    r"""Scores :math:`-\alpha_h\lVert\delta_{mn} - \Delta_h\rVert^2` of the quadratic encoding (Lemma 2), ``(H, M, N)``.
+
+    With :math:`r_\delta = (\lVert\delta\rVert^2, \delta)` and
+    :math:`v_h = -\alpha_h(1, -2\Delta_h)`, :math:`v_h\cdot r_\delta = -\alpha_h\lVert\delta - \Delta_h\rVert^2 +
+    \alpha_h\lVert\Delta_h\rVert^2`; the last term is constant in :math:`m` and cancels in the
+    column-wise softmax, so the scores are taken without it.  :math:`\delta_{mn}` is the position of
+    input (key) :math:`m` minus that of output (query) :math:`n`, and on a ``"periodic"`` grid the
+    difference :math:`\delta - \Delta_h` is wrapped to its shortest representative.
+    """
+    import numpy as np
+
+    from .grid import BOUNDARIES, _grid
+
+    g = _grid(grid)
+    if boundary not in BOUNDARIES:
+        raise ValueError(f"boundary must be one of {BOUNDARIES}, got {boundary!r}")
+    if centres.ndim != 2 or int(centres.shape[1]) != len(g):
+        raise ValueError(f"centres must have shape (H, {len(g)}), got {shape_str(tuple(centres.shape))}")
+    if tuple(alpha.shape) != (int(centres.shape[0]),):
+        raise ValueError(
+            f"alpha must have shape (H,) = ({int(centres.shape[0])},), got {shape_str(tuple(alpha.shape))}"
+        )
+    if bool((alpha <= 0).any()):
+        raise ValueError("alpha must be positive (it is the inverse width of each head's Gaussian)")
+    delta = _relative_offsets(g, periodic=False).astype(np.float64)
+    lib = _lib(centres)
+    delta_t = lib.as_tensor(delta, dtype=centres.dtype, device=centres.device) if is_torch(centres) else delta
+    diff = delta_t[None] - centres[:, None, None, :]  # (H, M, N, d)
+    if boundary == "periodic":
+        size = lib.as_tensor(g, dtype=centres.dtype, device=centres.device) if is_torch(centres) else np.asarray(g)
+        diff = (
+            lib.remainder(diff + size // 2, size) - size // 2
+            if is_torch(centres)
+            else (diff + size // 2) % size - size // 2
+        )
+    return -alpha[:, None, None] * (diff * diff).sum(-1)
+
+
+def positional_basis(
+    grid: Any,
+    centres: Array,
+    alpha: Array | None = None,
+    boundary: str = "zero",
+) -> DenseBasis:
+    r"""Position-only attention heads with the quadratic encoding, shared by the batch: ``(H, M, N)``.
+
+    ``alpha=None`` is the hard limit :math:`\alpha\to\infty`: head :math:`h` is one-hot on the input
+    at offset :math:`\Delta_h` from each output, i.e. exactly the shift matrix of that offset (a
+    ``"zero"`` grid leaves the columns whose target falls off the grid empty, which is zero
+    padding; a ``"periodic"`` grid wraps).  With a finite :math:`\alpha` each column is the softmax
+    of :func:`quadratic_scores` over the grid.
+    """
+    if alpha is None:
+        import numpy as np
+
+        from .grid import GridBasis, _grid
+
+        g = _grid(grid)
+        offsets = np.asarray(centres.detach().cpu().numpy() if is_torch(centres) else centres)
+        if not np.allclose(offsets, np.round(offsets)):
+            raise ValueError("hard attention (alpha=None) needs integer centres (the offsets it attends to)")
+        like = centres if is_torch(centres) and centres.is_floating_point() else None
+        shifts = GridBasis(g, g, np.round(offsets).astype(np.int64), 1, boundary, like=like)
+        return DenseBasis(shifts.to_dense())
+    return DenseBasis(masked_softmax(quadratic_scores(grid, centres, alpha, boundary)))

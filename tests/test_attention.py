@@ -100,3 +100,59 @@ def test_attention_errors() -> None:
         BiAffine(bilinear=np.ones((2, 3, 3)), offset=np.ones(3))
     with pytest.raises(ValueError, match=r"embed_dim=10 must be divisible by num_heads=3"):
         MultiHeadSelfAttention(10, 3)
+
+
+@pytest.mark.parametrize("boundary", ["zero", "periodic"])
+@given(data=st.data())
+def test_hard_quadratic_attention_is_the_grid_convolution(boundary: str, data: Any) -> None:
+    from torch.nn import functional as F  # noqa: N812
+
+    from structconv import conv, grid_basis
+    from structconv.attention import positional_basis
+
+    k = data.draw(st.sampled_from([1, 3, 5]))
+    grid = (data.draw(st.integers(k, k + 4)), data.draw(st.integers(k, k + 4)))
+    P, Q = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    seed = data.draw(st.integers(0, 2**31))
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, P, *grid, generator=g, dtype=torch.float64)
+    weight = torch.randn(Q, P, k, k, generator=g, dtype=torch.float64)
+    A = grid_basis(grid, k, padding="same", boundary=boundary, like=x)
+    centres = torch.from_numpy(A.offsets).double()  # one head per kernel position, Δ_h = offset
+    heads = positional_basis(grid, centres, boundary=boundary)
+    np.testing.assert_array_equal(heads.to_dense().numpy(), A.to_dense().numpy())
+    y = conv(heads, x.flatten(2).transpose(1, 2), weight.flatten(2).permute(2, 1, 0))
+    pad = k // 2
+    xp = F.pad(x, (pad,) * 4, mode="circular") if boundary == "periodic" else F.pad(x, (pad,) * 4)
+    ref = F.conv2d(xp, weight)
+    torch.testing.assert_close(y.transpose(1, 2).reshape(ref.shape), ref)
+
+
+def test_soft_quadratic_attention_tends_to_the_hard_one() -> None:
+    from structconv.attention import positional_basis
+
+    centres = torch.tensor([[-1.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    hard = positional_basis((6, 6), centres, boundary="periodic").to_dense()
+    errors = [
+        float(
+            (positional_basis((6, 6), centres, torch.full((2,), a, dtype=torch.float64), "periodic").to_dense() - hard)
+            .abs()
+            .max()
+        )
+        for a in (1.0, 5.0, 20.0, 50.0)
+    ]
+    assert errors == sorted(errors, reverse=True) and errors[-1] < 1e-12
+    # The scores follow the quadratic encoding v_h . r_delta up to a per-column constant.
+    from structconv.attention import quadratic_scores
+
+    alpha = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    s = quadratic_scores((6, 6), centres, alpha)
+    pos = torch.stack(torch.meshgrid(torch.arange(6.0), torch.arange(6.0), indexing="ij"), -1).reshape(-1, 2).double()
+    delta = pos[:, None] - pos[None]
+    r = torch.cat([(delta**2).sum(-1, keepdim=True), delta], -1)
+    v = -alpha[:, None] * torch.cat([torch.ones(2, 1, dtype=torch.float64), -2 * centres], 1)
+    encoded = torch.einsum("hc,mnc->hmn", v, r)
+    diff = encoded - s
+    torch.testing.assert_close(diff, diff[:, :1].expand_as(diff))
+    with pytest.raises(ValueError, match=r"alpha must be positive"):
+        quadratic_scores((6, 6), centres, torch.tensor([1.0, 0.0], dtype=torch.float64))

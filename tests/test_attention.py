@@ -156,3 +156,34 @@ def test_soft_quadratic_attention_tends_to_the_hard_one() -> None:
     torch.testing.assert_close(diff, diff[:, :1].expand_as(diff))
     with pytest.raises(ValueError, match=r"alpha must be positive"):
         quadratic_scores((6, 6), centres, torch.tensor([1.0, 0.0], dtype=torch.float64))
+
+
+@given(seed=st.integers(0, 2**31), k=st.sampled_from([1, 3, 5]), size=st.integers(5, 9))
+def test_conv_to_attention_reproduces_conv2d_at_the_alpha_bound(seed: int, k: int, size: int) -> None:
+    from torch.nn import functional as F  # noqa: N812
+
+    from structconv import conv
+    from structconv.theory import attention_alpha_bound, conv_to_attention
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 4, size, size, generator=g)
+    weight = torch.randn(6, 4, k, k, generator=g) / k
+    bias = torch.randn(6, generator=g)
+    ref = F.conv2d(F.pad(x, (k // 2,) * 4, mode="circular"), weight, bias)
+    xb = x.flatten(2).transpose(1, 2)
+    for alpha in (None, attention_alpha_bound(torch.float32)):
+        basis, theta, b = conv_to_attention(weight, (size, size), bias, alpha=alpha, boundary="periodic")
+        assert k * k == basis.K
+        y = (conv(basis, xb, theta) + b).transpose(1, 2).reshape(ref.shape)
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+
+
+def test_alpha_bound_values_and_errors() -> None:
+    from structconv.theory import attention_alpha_bound, conv_to_attention
+
+    assert 17.5 < attention_alpha_bound(torch.float32) < 18.5
+    assert 37.5 < attention_alpha_bound(torch.float64) < 38.5
+    with pytest.raises(ValueError, match=r"grid has 1 dimensions but weight is a 2-D kernel"):
+        conv_to_attention(torch.randn(2, 2, 3, 3), 8)
+    with pytest.raises(ValueError, match=r"alpha must be positive"):
+        conv_to_attention(torch.randn(2, 2, 3, 3), (8, 8), alpha=-1.0)

@@ -24,6 +24,7 @@ from ..graph import (
     PolynomialBasis,
     add_remaining_self_loops,
     as_edges,
+    gcn_basis,
     gcn_normalize,
     relational_basis,
     remove_self_loops,
@@ -65,6 +66,12 @@ class _GraphLayer(nn.Module):
         self.out_channels = _positive(out_channels, "out_channels", name)
         self.theta = nn.Parameter(torch.empty(members, in_channels, out_channels))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+
+    def reset_parameters(self) -> None:
+        """Glorot weights and a zero bias (PyG's default for these layers)."""
+        glorot_(self.theta)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         raise NotImplementedError
@@ -114,18 +121,9 @@ class GCNConv(_GraphLayer):
         self.improved, self.add_self_loops, self.normalize = improved, add_self_loops, normalize
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        glorot_(self.theta)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
-
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
-        edges = as_edges(graph, int(x.shape[0]), edge_weight, like=x)
-        if self.normalize:
-            edges = gcn_normalize(edges, self.add_self_loops, self.improved)
-        elif self.add_self_loops:
-            edges = add_remaining_self_loops(edges, 2.0 if self.improved else 1.0)
-        return edges.to_basis()
+        n = int(x.shape[0])
+        return gcn_basis(graph, n, edge_weight, self.improved, self.add_self_loops, self.normalize, like=x)
 
 
 class TAGConv(_GraphLayer):
@@ -205,11 +203,6 @@ class ChebConv(_GraphLayer):
         super().__init__(in_channels, out_channels, K, bias)
         self.normalization, self.lambda_max = normalization, lambda_max
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        glorot_(self.theta)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
 
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         edges = as_edges(graph, int(x.shape[0]), edge_weight, like=x)

@@ -25,6 +25,7 @@ from typing import Any
 
 from ._backend import Array, einsum, is_torch, shape_str, zeros
 from ._checks import check_array
+from .basis import Basis
 from .dense import DenseBasis
 
 
@@ -304,3 +305,67 @@ def positional_basis(
         shifts = GridBasis(g, g, np.round(offsets).astype(np.int64), 1, boundary, like=like)
         return DenseBasis(shifts.to_dense())
     return DenseBasis(masked_softmax(quadratic_scores(grid, centres, alpha, boundary)))
+
+
+def positional_shift_basis(
+    grid: Any,
+    centres: Array,
+    alpha: Array,
+    boundary: str = "zero",
+    threshold: float = 1e-12,
+) -> Basis:
+    r"""Soft quadratic heads run as renormalised, truncated Gaussian shift bases (DESIGN.md §3).
+
+    A position-only head's unnormalised weight :math:`e^{-\alpha_h\lVert\delta - \Delta_h\rVert^2}`
+    depends on the offset :math:`\delta` alone, so the head is a one-member
+    :class:`~structconv.GridBasis` with those tap weights, each column renormalised over the taps
+    that fall on the grid: the softmax of :func:`positional_basis` without its :math:`M\times N`
+    score matrix.  Taps whose weight is below ``threshold`` times the largest are dropped (a box
+    of radius :math:`\lceil\sqrt{\ln(1/\mathrm{threshold})/\alpha_h}\rceil` around
+    :math:`\Delta_h`), which moves every weight by at most about ``threshold`` times the number of
+    dropped taps.  Gradients flow to ``centres`` and ``alpha``.  Returns the heads as one basis
+    (a :class:`~structconv.ConcatBasis` of ``H`` grid bases).
+    """
+    import math
+
+    import numpy as np
+
+    from .composite import ConcatBasis
+    from .grid import GridBasis, _grid
+
+    g = _grid(grid)
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"threshold must lie in (0, 1), got {threshold!r}")
+    if centres.ndim != 2 or int(centres.shape[1]) != len(g) or tuple(alpha.shape) != (int(centres.shape[0]),):
+        raise ValueError(
+            f"centres must have shape (H, {len(g)}) and alpha (H,), got {shape_str(tuple(centres.shape))} "
+            f"and {shape_str(tuple(alpha.shape))}"
+        )
+    heads = []
+    lib = _lib(centres)
+    for h in range(int(centres.shape[0])):
+        a = float(alpha[h].detach() if is_torch(alpha) else alpha[h])  # the radius is not differentiated
+        if a <= 0:
+            raise ValueError("alpha must be positive (it is the inverse width of each head's Gaussian)")
+        radius = math.ceil(math.sqrt(math.log(1.0 / threshold) / a))
+        centre = np.asarray(centres[h].detach().cpu().numpy() if is_torch(centres) else centres[h], dtype=np.float64)
+        lo = np.floor(centre).astype(np.int64) - radius
+        hi = np.ceil(centre).astype(np.int64) + radius
+        if boundary == "periodic":  # no more taps than the torus has pixels: each pixel read once
+            span = np.asarray(g)
+            width = np.minimum(hi - lo + 1, span)
+            lo = np.round(centre).astype(np.int64) - width // 2
+            hi = lo + width - 1
+        else:
+            size = np.asarray(g)
+            lo, hi = np.maximum(lo, -(size - 1)), np.minimum(hi, size - 1)
+        axes = [np.arange(a0, b0 + 1) for a0, b0 in zip(lo, hi, strict=True)]
+        offsets = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(g))
+        if is_torch(centres):
+            taps = lib.as_tensor(offsets, dtype=centres.dtype, device=centres.device)
+        else:
+            taps = offsets.astype(centres.dtype)
+        diff = taps - centres[h]
+        weights = lib.exp(-alpha[h] * (diff * diff).sum(-1))[None]
+        heads.append(GridBasis(g, g, offsets, 1, boundary, weights=weights, normalize=True))
+    return ConcatBasis(heads)

@@ -187,3 +187,39 @@ def test_alpha_bound_values_and_errors() -> None:
         conv_to_attention(torch.randn(2, 2, 3, 3), 8)
     with pytest.raises(ValueError, match=r"alpha must be positive"):
         conv_to_attention(torch.randn(2, 2, 3, 3), (8, 8), alpha=-1.0)
+
+
+@pytest.mark.parametrize("boundary", ["zero", "periodic"])
+@given(data=st.data())
+def test_truncated_shift_heads_equal_the_dense_softmax(boundary: str, data: Any) -> None:
+    from structconv import conv
+    from structconv.attention import positional_basis, positional_shift_basis
+
+    grid = (data.draw(st.integers(2, 7)), data.draw(st.integers(2, 7)))
+    H = data.draw(st.integers(1, 3))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    centres = rng.integers(-2, 3, size=(H, 2)).astype(np.float64)
+    if boundary == "zero":  # the dense softmax's per-pixel distance is unambiguous: any real centre
+        centres += rng.uniform(-0.5, 0.5, size=(H, 2))
+    alpha = rng.uniform(0.3, 5.0, size=H)
+    dense = positional_basis(grid, torch.from_numpy(centres), torch.from_numpy(alpha), boundary).to_dense()
+    shifted = positional_shift_basis(grid, torch.from_numpy(centres), torch.from_numpy(alpha), boundary)
+    np.testing.assert_allclose(shifted.to_dense().numpy(), dense.numpy(), atol=1e-9)
+    x = torch.randn(2, grid[0] * grid[1], 3, dtype=torch.float64)
+    theta = torch.randn(H, 3, 2, dtype=torch.float64)
+    torch.testing.assert_close(conv(shifted, x, theta), conv(dense, x, theta))
+
+
+def test_truncated_shift_heads_gradcheck() -> None:
+    from structconv import conv
+    from structconv.attention import positional_shift_basis
+
+    x = torch.randn(1, 20, 2, dtype=torch.float64)
+    theta = torch.randn(2, 2, 2, dtype=torch.float64)
+    centres = torch.tensor([[0.3, -0.6], [1.0, 0.2]], dtype=torch.float64, requires_grad=True)
+    alpha = torch.tensor([0.8, 2.0], dtype=torch.float64, requires_grad=True)
+
+    def f(c: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        return conv(positional_shift_basis((4, 5), c, a, threshold=1e-8), x, theta)
+
+    assert torch.autograd.gradcheck(f, (centres, alpha))

@@ -223,3 +223,21 @@ def test_truncated_shift_heads_gradcheck() -> None:
         return conv(positional_shift_basis((4, 5), c, a, threshold=1e-8), x, theta)
 
     assert torch.autograd.gradcheck(f, (centres, alpha))
+
+
+def test_quadratic_positional_layer_equals_the_dense_computation() -> None:
+    from structconv import LowRank, conv
+    from structconv.attention import positional_basis
+    from structconv.nn import QuadraticPositionalAttention
+
+    torch.manual_seed(0)
+    layer = QuadraticPositionalAttention((5, 6), 8, 3, alpha=0.7, threshold=1e-12).double()
+    x = torch.randn(2, 5, 6, 8, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    dense = positional_basis((5, 6), layer.centres, layer.log_alpha.exp(), "zero")
+    ref = conv(dense, x.reshape(2, 30, 8), LowRank(layer.value, layer.out)) + layer.bias
+    torch.testing.assert_close(y.reshape(2, 30, 8), ref)
+    y.sum().backward()
+    assert layer.centres.grad is not None and layer.log_alpha.grad is not None and x.grad is not None
+    with pytest.raises(ValueError, match=r"x must have shape \(B, 30, 8\)"):
+        layer(torch.randn(2, 29, 8, dtype=torch.float64))

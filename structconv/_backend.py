@@ -31,6 +31,19 @@ def is_torch(a: object) -> bool:
     return torch is not None and isinstance(a, torch.Tensor)
 
 
+def namespace(a: Array) -> Any:
+    """The module (``torch`` or ``numpy``) whose functions apply to ``a``."""
+    return _torch() if is_torch(a) else np
+
+
+def is_integer_array(a: object) -> bool:
+    """Whether ``a`` is a NumPy array or torch tensor of integers (not booleans)."""
+    if is_torch(a):
+        t: Any = a
+        return not t.is_floating_point() and not t.is_complex() and t.dtype != _torch().bool
+    return isinstance(a, np.ndarray) and np.issubdtype(a.dtype, np.integer)
+
+
 def backend_of(a: object, arg: str) -> str:
     """Name the backend of ``a`` or raise a ``TypeError`` naming the argument."""
     if isinstance(a, np.ndarray):

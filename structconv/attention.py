@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._backend import Array, einsum, is_torch, shape_str, zeros
+from ._backend import Array, einsum, is_torch, namespace, shape_str, zeros
 from ._checks import check_array
 from .basis import Basis
 from .dense import DenseBasis
@@ -117,16 +117,6 @@ class BiAffine:
         return total * self.scale if self.scale != 1.0 else total
 
 
-def _lib(a: Array) -> Any:
-    if is_torch(a):
-        import torch
-
-        return torch
-    import numpy as np
-
-    return np
-
-
 def _allowed(mask: Array, lib: Any) -> Array:
     """A boolean mask (``True`` = allowed) from a boolean or additive ``{-inf, 0}`` mask."""
     if str(mask.dtype).endswith("bool"):
@@ -143,7 +133,7 @@ def masked_softmax(scores: Array, mask: Array | None = None) -> Array:
     ``mask`` broadcasts to ``scores``: booleans (``True`` = allowed) or additive values in
     :math:`\{-\infty, 0\}`.  Columns with no allowed entry give zeros.
     """
-    lib = _lib(scores)
+    lib = namespace(scores)
     torch_side = is_torch(scores)
     if mask is not None:
         allowed = _allowed(mask, lib)
@@ -206,11 +196,11 @@ def attention_basis(
             raise ValueError(f"x has batch {int(x3.shape[0])} but z has batch {int(z3.shape[0])}")
     scores = mechanism.scores(x3, z3)
     if leaky_relu is not None:
-        lib = _lib(scores)
+        lib = namespace(scores)
         scores = lib.where(scores >= 0, scores, scores * leaky_relu)
     if mask is not None:
         try:
-            _lib(scores).broadcast_shapes(tuple(mask.shape), tuple(scores.shape))
+            namespace(scores).broadcast_shapes(tuple(mask.shape), tuple(scores.shape))
         except (RuntimeError, ValueError) as err:
             raise ValueError(
                 f"mask of shape {shape_str(tuple(mask.shape))} does not broadcast to the scores "
@@ -219,8 +209,10 @@ def attention_basis(
     if normalize:
         weights = masked_softmax(scores, mask)
     elif mask is not None:
-        allowed = _allowed(mask, _lib(scores))
-        weights = scores.masked_fill(~allowed, 0.0) if is_torch(scores) else _lib(scores).where(allowed, scores, 0.0)
+        allowed = _allowed(mask, namespace(scores))
+        weights = (
+            scores.masked_fill(~allowed, 0.0) if is_torch(scores) else namespace(scores).where(allowed, scores, 0.0)
+        )
     else:
         weights = scores
     return DenseBasis(weights)
@@ -265,7 +257,7 @@ def quadratic_scores(grid: Any, centres: Array, alpha: Array, boundary: str = "z
     if bool((alpha <= 0).any()):
         raise ValueError("alpha must be positive (it is the inverse width of each head's Gaussian)")
     delta = _relative_offsets(g, periodic=False).astype(np.float64)
-    lib = _lib(centres)
+    lib = namespace(centres)
     delta_t = lib.as_tensor(delta, dtype=centres.dtype, device=centres.device) if is_torch(centres) else delta
     diff = delta_t[None] - centres[:, None, None, :]  # (H, M, N, d)
     if boundary == "periodic":
@@ -342,7 +334,7 @@ def positional_shift_basis(
             f"and {shape_str(tuple(alpha.shape))}"
         )
     heads = []
-    lib = _lib(centres)
+    lib = namespace(centres)
     for h in range(int(centres.shape[0])):
         a = float(alpha[h].detach() if is_torch(alpha) else alpha[h])  # the radius is not differentiated
         if a <= 0:

@@ -15,16 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, device_of, is_torch, shape_str
+from ._backend import Array, device_of, is_integer_array, is_torch, shape_str
 from ._checks import check_array
 from .basis import Basis, Cost
 from .sparse import SparseBasis
-
-
-def _bool() -> Any:
-    import torch
-
-    return torch.bool
 
 
 def _scatter_rows(values: Array, index: Array, size: int) -> Array:
@@ -87,12 +81,7 @@ class EdgeBasis(Basis):
         if is_torch(weights) != is_torch(src) or is_torch(weights) != is_torch(dst):
             raise TypeError("src, dst and weights must be on the same backend")
         for name, idx in (("src", src), ("dst", dst)):
-            integer = (
-                not idx.is_floating_point() and idx.dtype != _bool()
-                if is_torch(idx)
-                else (np.issubdtype(idx.dtype, np.integer))
-            )
-            if not integer:
+            if not is_integer_array(idx):
                 raise TypeError(f"{name} must hold integers, got dtype {idx.dtype}")
             if device_of(idx) != device_of(weights):
                 raise ValueError(f"{name} is on {device_of(idx)} but weights are on {device_of(weights)}")

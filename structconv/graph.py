@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, is_torch, shape_str, to_numpy
+from ._backend import Array, is_integer_array, is_torch, namespace, shape_str, to_numpy
 from ._checks import check_finite
 from .basis import Basis, Cost
 from .sparse import SparseBasis
@@ -52,32 +52,12 @@ class Edges:
     def to_basis(self) -> SparseBasis:
         """The adjacency as a one-member :class:`~structconv.SparseBasis`, shape ``(1, N, N)``."""
         zeros = self.src * 0
-        stack = _lib(self.weight).stack
+        stack = namespace(self.weight).stack
         return SparseBasis(stack([zeros, self.src, self.dst]), self.weight, (1, self.num_nodes, self.num_nodes))
 
 
-def _lib(a: Array) -> Any:
-    if is_torch(a):
-        import torch
-
-        return torch
-    return np
-
-
 def _cat(arrays: list[Array], axis: int = 0) -> Array:
-    return _lib(arrays[0]).cat(arrays, axis) if is_torch(arrays[0]) else np.concatenate(arrays, axis)
-
-
-def _is_int_array(a: Any) -> bool:
-    if is_torch(a):
-        return not a.is_floating_point() and not a.is_complex() and a.dtype != _torch_bool()
-    return isinstance(a, np.ndarray) and np.issubdtype(a.dtype, np.integer)
-
-
-def _torch_bool() -> Any:
-    import torch
-
-    return torch.bool
+    return namespace(arrays[0]).cat(arrays, axis) if is_torch(arrays[0]) else np.concatenate(arrays, axis)
 
 
 def as_edges(
@@ -110,7 +90,7 @@ def as_edges(
         the wrong length or non-finite weights, or a non-square adjacency.
     """
     sparse_torch = is_torch(graph) and graph.layout != _strided()
-    if _is_int_array(graph) and not sparse_torch:
+    if is_integer_array(graph) and not sparse_torch:
         return _from_edge_index(graph, num_nodes, edge_weight, like)
     if edge_weight is not None:
         raise ValueError("edge_weight goes with an edge_index; a matrix graph carries its own weights")
@@ -170,7 +150,7 @@ def _from_edge_index(
 ) -> Edges:
     if index.ndim != 2 or int(index.shape[0]) != 2:
         raise ValueError(f"edge_index must have shape (2, E), got {shape_str(tuple(index.shape))}")
-    if not _is_int_array(index):
+    if not is_integer_array(index):
         raise TypeError(f"edge_index must hold integers, got dtype {index.dtype}")
     E = int(index.shape[1])
     lo = int(index.min()) if E else 0
@@ -316,7 +296,7 @@ def scaled_laplacian(
         off = -dinv[edges.src] * edges.weight * dinv[edges.dst]
     else:
         off = -_inverse(deg, 1.0)[edges.src] * edges.weight
-    lib = _lib(edges.weight)
+    lib = namespace(edges.weight)
     nodes = lib.arange(edges.num_nodes, device=edges.src.device) if is_torch(edges.src) else np.arange(edges.num_nodes)
     laplacian = edges.with_edges(_cat([edges.src, nodes]), _cat([edges.dst, nodes]), _cat([off, lib.ones_like(deg)]))
     if lambda_max is None:
@@ -447,7 +427,7 @@ class PolynomialBasis(Basis):
 
     def apply_each(self, x: Array) -> Array:
         powers = self._forward(x, max(self._degrees))
-        stack = _lib(x).stack
+        stack = namespace(x).stack
         return stack([powers[d] for d in self._degrees], 1)
 
     def apply_members(self, s: Array, reduce: bool) -> Array:
@@ -456,7 +436,7 @@ class PolynomialBasis(Basis):
             for k, d in enumerate(self._degrees):
                 terms[d] = terms[d] + s[:, k] if d in terms else s[:, k]
             return self._backward_sum(terms, s[:, 0])
-        stack = _lib(s).stack
+        stack = namespace(s).stack
         return stack([self._forward(s[:, k], d)[d] for k, d in enumerate(self._degrees)], 1)
 
     def _products(self, batch: int, channels: int) -> float:
@@ -542,7 +522,7 @@ class PolynomialBasis(Basis):
     # --- value operations ----------------------------------------------------------------------
     def to_dense(self) -> Array:
         S = self._matrix.to_dense()[0]
-        lib = _lib(S)
+        lib = namespace(S)
         eye = lib.eye(S.shape[0], dtype=S.dtype, device=S.device) if is_torch(S) else np.eye(S.shape[0], dtype=S.dtype)
         mats = [eye, S]
         for _ in range(2, max(self._degrees) + 1):
@@ -690,7 +670,7 @@ def relational_basis(
     if edge_type is None:
         raise ValueError("kind='relational' needs edge_type, one relation number per edge")
     E = int(edges.src.shape[0])
-    if tuple(edge_type.shape) != (E,) or not _is_int_array(edge_type):
+    if tuple(edge_type.shape) != (E,) or not is_integer_array(edge_type):
         raise ValueError(f"edge_type must be an integer array of shape (E,) = ({E},), got {tuple(edge_type.shape)}")
     R = int(edge_type.max()) + 1 if num_relations is None else int(num_relations)
     if E and (int(edge_type.min()) < 0 or int(edge_type.max()) >= R):
@@ -710,7 +690,7 @@ def relational_basis(
     key = edges.dst * R + etype
     count = _scatter_sum(edges.weight * 0 + 1, key, N * R)
     values = edges.weight / count[key]
-    stack = _lib(edges.weight).stack
+    stack = namespace(edges.weight).stack
     members = R
     indices = [stack([etype, edges.src, edges.dst])]
     all_values = [values]

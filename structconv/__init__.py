@@ -5,7 +5,7 @@ and a parameter :math:`\Theta` (one ``P x Q`` channel map per basis member), con
 engine, :func:`conv`.
 """
 
-from .attention import BiAffine, attention_basis, masked_softmax
+from .attention import AttentionBasis, BiAffine, Mechanism, attention_basis, masked_softmax
 from .basis import Basis, Cost, as_basis
 from .composite import ComposedBasis, ConcatBasis, SelectBasis, concat
 from .contract import Candidate, Plan, conv, explain
@@ -14,10 +14,12 @@ from .edges import EdgeBasis
 from .factor import LowRank, Separable
 from .graph import PolynomialBasis, gcn_basis, graph_basis
 from .grid import GridBasis, apply_shifts, avg_pool_basis, grid_basis, shift_matrix
+from .positional import GaussianPosition, LearnedPosition, QuadraticPosition, RelativeAttention
 from .sparse import SparseBasis
 from .theory import combine, compose, decompose
 
 __all__ = [
+    "AttentionBasis",
     "Basis",
     "BiAffine",
     "Candidate",
@@ -26,10 +28,15 @@ __all__ = [
     "Cost",
     "DenseBasis",
     "EdgeBasis",
+    "GaussianPosition",
     "GridBasis",
+    "LearnedPosition",
     "LowRank",
+    "Mechanism",
     "Plan",
     "PolynomialBasis",
+    "QuadraticPosition",
+    "RelativeAttention",
     "SelectBasis",
     "Separable",
     "SparseBasis",

@@ -212,3 +212,14 @@ def _csr_product() -> Any:
                 return None, ctx.matrix._torch_csr_t() @ grad
 
     return lambda matrix, dense: CsrProduct.apply(matrix, dense)
+
+
+def x_theta(x: Array, theta: Array) -> Array:
+    r""":math:`S_{bkmq} = \sum_p x_{bmp}\Theta_{kpq}` as one GEMM ``(B·M, P) @ (P, K·Q)``, returned as a view."""
+    B, M, P = (int(s) for s in x.shape)
+    K, _, Q = (int(s) for s in theta.shape)
+    if is_torch(theta):
+        wide = theta.permute(1, 0, 2).reshape(P, K * Q)
+        return (x.reshape(B * M, P) @ wide).reshape(B, M, K, Q).permute(0, 2, 1, 3)
+    wide = theta.transpose(1, 0, 2).reshape(P, K * Q)
+    return (x.reshape(B * M, P) @ wide).reshape(B, M, K, Q).transpose(0, 2, 1, 3)

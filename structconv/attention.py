@@ -20,17 +20,83 @@ A column with no allowed entry is all zeros (it attends to nothing), never ``NaN
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._backend import Array, einsum, is_torch, namespace, shape_str, zeros
+import numpy as np
+
+from ._backend import Array, device_of, einsum, is_torch, namespace, shape_str, x_theta, zeros
 from ._checks import check_array
-from .basis import Basis
+from .basis import Basis, Cost
 from .dense import DenseBasis
 
 
-@dataclass(frozen=True)
-class BiAffine:
+class Mechanism:
+    r"""An attention mechanism with ``K`` heads: :math:`(x, z) \mapsto` scores ``(B, K, M, N)``.
+
+    Mechanisms add and multiply entry-wise (``a + b``, ``a * b``): the scores of a sum are the
+    sums of the scores, head by head, which is how content and position terms combine (Eq. 5 of
+    Cordonnier et al.).  Scores may have a leading batch of 1 when they do not depend on the
+    content (position-only mechanisms); they broadcast over the batch.
+    """
+
+    @property
+    def heads(self) -> int:
+        """The number of heads ``K``."""
+        raise NotImplementedError
+
+    def scores(self, x: Array, z: Array) -> Array:
+        """Scores of shape ``(B or 1, K, M, N)`` for ``x`` (``(B, M, P)``) and ``z`` (``(B, N, P')``)."""
+        raise NotImplementedError
+
+    @property
+    def positional(self) -> bool:
+        """Whether the scores ignore the content of ``x`` and ``z`` (then one basis serves the batch)."""
+        return False
+
+    def __add__(self, other: Mechanism) -> Mechanism:
+        return Combined(self, other, "sum")
+
+    def __mul__(self, other: Mechanism) -> Mechanism:
+        return Combined(self, other, "product")
+
+
+@dataclass(frozen=True, eq=False)
+class Combined(Mechanism):
+    """The entry-wise sum or product of two mechanisms with the same number of heads."""
+
+    left: Mechanism
+    right: Mechanism
+    op: str = "sum"
+
+    def __post_init__(self) -> None:
+        for name, part in (("left", self.left), ("right", self.right)):
+            if not isinstance(part, Mechanism):
+                raise TypeError(f"{name} must be a structconv Mechanism, got {type(part).__name__}")
+        if self.op not in ("sum", "product"):
+            raise ValueError(f"op must be 'sum' or 'product', got {self.op!r}")
+        if self.left.heads != self.right.heads:
+            raise ValueError(
+                f"mechanisms combine head by head: the {self.op} of {self.left.heads} and "
+                f"{self.right.heads} heads is undefined"
+            )
+
+    @property
+    def heads(self) -> int:
+        return self.left.heads
+
+    @property
+    def positional(self) -> bool:
+        return self.left.positional and self.right.positional
+
+    def scores(self, x: Array, z: Array) -> Array:
+        a, b = self.left.scores(x, z), self.right.scores(x, z)
+        return a + b if self.op == "sum" else a * b
+
+
+@dataclass(frozen=True, eq=False)
+class BiAffine(Mechanism):
     r"""A bi-affine mechanism with ``K`` heads (Def. 6), every term optional.
 
     Parameters
@@ -40,6 +106,10 @@ class BiAffine:
     key, query
         A low-rank :math:`\Lambda_k = \Lambda_k^{(\mathrm{key})}\Lambda_k^{(\mathrm{query})\top}`,
         shapes ``(K, P, D)`` and ``(K, P', D)`` (Eq. 12); exclusive with ``bilinear``.
+    key_bias, query_bias
+        ``(K, D)`` biases of the key and query projections (the Transformer's affine
+        projections): :math:`(x_m W^k + b^k)\cdot(z_n W^q + b^q)` adds the linear terms
+        :math:`\lambda = W^k b^q`, :math:`\lambda' = W^q b^k` and the offset :math:`b^k\cdot b^q`.
     linear, linear_aux
         :math:`\lambda` (``(K, P)``) and :math:`\lambda'` (``(K, P')``).
     offset
@@ -51,6 +121,8 @@ class BiAffine:
     bilinear: Array | None = None
     key: Array | None = None
     query: Array | None = None
+    key_bias: Array | None = None
+    query_bias: Array | None = None
     linear: Array | None = None
     linear_aux: Array | None = None
     offset: Array | None = None
@@ -61,12 +133,16 @@ class BiAffine:
             raise ValueError("give bilinear (a full Λ) or key and query (a low-rank Λ), not both")
         if (self.key is None) != (self.query is None):
             raise ValueError("key and query go together (Λ = key query^T)")
+        if self.key is None and (self.key_bias is not None or self.query_bias is not None):
+            raise ValueError("key_bias and query_bias belong to the key and query projections; give key and query")
         present = [a for a in (self.bilinear, self.key, self.linear, self.linear_aux, self.offset) if a is not None]
         if not present:
             raise ValueError("a bi-affine mechanism needs at least one term")
         heads = {int(a.shape[0]) for a in present}
         if len(heads) != 1:
             raise ValueError(f"every term must have the same number of heads K, got {sorted(heads)}")
+        if self.bilinear is not None:
+            check_array(self.bilinear, "bilinear", (3,), ("(K, P, P')",))
         if self.key is not None and self.query is not None:
             check_array(self.key, "key", (3,), ("(K, P, D)",))
             check_array(self.query, "query", (3,), ("(K, P', D)",))
@@ -75,14 +151,29 @@ class BiAffine:
                     f"key and query must share D, got {shape_str(tuple(self.key.shape))} and "
                     f"{shape_str(tuple(self.query.shape))}"
                 )
+            want = (int(self.key.shape[0]), int(self.key.shape[2]))
+            for name, b in (("key_bias", self.key_bias), ("query_bias", self.query_bias)):
+                if b is not None and tuple(b.shape) != want:
+                    raise ValueError(f"{name} must have shape (K, D) = {want}, got {shape_str(tuple(b.shape))}")
+        for name, lin, dim in (("linear", self.linear, "P"), ("linear_aux", self.linear_aux, "P'")):
+            if lin is not None:
+                check_array(lin, name, (2,), (f"(K, {dim})",))
+        if self.offset is not None:
+            check_array(self.offset, "offset", (1,), ("(K,)",))
 
     @property
     def heads(self) -> int:
-        """The number of heads ``K``."""
         for a in (self.bilinear, self.key, self.linear, self.linear_aux, self.offset):
             if a is not None:
                 return int(a.shape[0])
         raise AssertionError("unreachable: __post_init__ requires a term")
+
+    @property
+    def transformer(self) -> bool:
+        """Whether only the (affine) key and query projections are present: scaled dot-product attention."""
+        return self.key is not None and all(
+            a is None for a in (self.bilinear, self.linear, self.linear_aux, self.offset)
+        )
 
     def _widths(self) -> tuple[int | None, int | None]:
         p = self.bilinear.shape[1] if self.bilinear is not None else None
@@ -93,20 +184,33 @@ class BiAffine:
         q = self.linear_aux.shape[1] if self.linear_aux is not None and q is None else q
         return (None if p is None else int(p)), (None if q is None else int(q))
 
-    def scores(self, x: Array, z: Array) -> Array:
-        """Scores of shape ``(B, K, M, N)`` for ``x`` (``(B, M, P)``) and ``z`` (``(B, N, P')``)."""
+    def check_inputs(self, x: Array, z: Array) -> None:
+        """Raise a ``ValueError`` naming ``x`` or ``z`` if its width does not match the mechanism."""
         p, q = self._widths()
         if p is not None and int(x.shape[-1]) != p:
             raise ValueError(f"x has width P={int(x.shape[-1])} but the mechanism expects P={p}")
         if q is not None and int(z.shape[-1]) != q:
             raise ValueError(f"z has width P'={int(z.shape[-1])} but the mechanism expects P'={q}")
+
+    def projections(self, x: Array, z: Array) -> tuple[Array, Array]:
+        """Keys ``(B, K, M, D)`` and queries ``(B, K, N, D)``, biases included."""
+        assert self.key is not None and self.query is not None
+        keys = einsum("bmp,kpd->bkmd", x, self.key)
+        queries = einsum("bnr,krd->bknd", z, self.query)
+        if self.key_bias is not None:
+            keys = keys + self.key_bias[None, :, None, :]
+        if self.query_bias is not None:
+            queries = queries + self.query_bias[None, :, None, :]
+        return keys, queries
+
+    def scores(self, x: Array, z: Array) -> Array:
+        self.check_inputs(x, z)
         B, M, N, K = int(x.shape[0]), int(x.shape[1]), int(z.shape[1]), self.heads
         total = zeros((B, K, M, N), like=x)
         if self.bilinear is not None:
             total = total + einsum("bmp,kpr,bnr->bkmn", x, self.bilinear, z)
         if self.key is not None and self.query is not None:
-            keys = einsum("bmp,kpd->bkmd", x, self.key)
-            queries = einsum("bnr,krd->bknd", z, self.query)
+            keys, queries = self.projections(x, z)
             total = total + keys @ (queries.transpose(-1, -2) if is_torch(queries) else queries.swapaxes(-1, -2))
         if self.linear is not None:
             total = total + einsum("bmp,kp->bkm", x, self.linear)[..., None]
@@ -122,7 +226,7 @@ def _allowed(mask: Array, lib: Any) -> Array:
     if str(mask.dtype).endswith("bool"):
         return mask
     finite = lib.isfinite(mask)
-    if bool((mask[finite] != 0).any()) or bool((mask[~finite] > 0).any()):
+    if bool(lib.isnan(mask).any()) or bool((mask[finite] != 0).any()) or bool((mask[~finite] > 0).any()):
         raise ValueError("mask must be boolean (True = allowed) or hold only -inf and 0")
     return finite
 
@@ -150,14 +254,189 @@ def masked_softmax(scores: Array, mask: Array | None = None) -> Array:
     return exp / lib.where(total > 0, total, 1.0)
 
 
+class AttentionBasis(Basis):
+    r"""Softmax attention :math:`A_{bk} = \mathrm{softmax}_m(\mathrm{mask}(a(x_b, z_b; \Xi_k)))`, ``(B, K, M, N)``.
+
+    The weights are materialised only when an order needs them (:meth:`to_dense`, the triangle's
+    orders); for a Transformer mechanism (:attr:`BiAffine.transformer`) on torch the engine may
+    instead run the whole layer as ``"sdpa"``: keys, queries and :math:`x\Theta_k` (or
+    :math:`xU_k` for a :class:`~structconv.LowRank` parameter) by GEMMs, then
+    ``torch.nn.functional.scaled_dot_product_attention``, which never stores the
+    :math:`M\times N` weights.  Both paths compute the same :math:`\sum_k A_k^\top x\Theta_k`.
+    Build it with :func:`attention_basis`.
+    """
+
+    __slots__ = ("_dense", "_x", "_z", "leaky_relu", "mask", "mechanism", "normalize")
+    representation = "attention"
+
+    def __init__(
+        self,
+        x: Array,
+        z: Array,
+        mechanism: Mechanism,
+        mask: Array | None = None,
+        leaky_relu: float | None = None,
+        normalize: bool = True,
+    ) -> None:
+        self._x, self._z, self.mechanism = x, z, mechanism
+        self.mask, self.leaky_relu, self.normalize = mask, leaky_relu, normalize
+        self._dense: DenseBasis | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (int(self._x.shape[0]), self.mechanism.heads, int(self._x.shape[1]), int(self._z.shape[1]))
+
+    @property
+    def backend(self) -> str:
+        return "torch" if is_torch(self._x) else "numpy"
+
+    @property
+    def dtype(self) -> Any:
+        return self._x.dtype
+
+    @property
+    def device(self) -> str:
+        return device_of(self._x)
+
+    def weights(self) -> DenseBasis:
+        """The attention weights as a :class:`~structconv.DenseBasis` (computed once)."""
+        if self._dense is None:
+            scores = self.mechanism.scores(self._x, self._z)
+            if int(scores.shape[0]) != self.shape[0]:  # a position-only mechanism: one copy per instance
+                scores = (
+                    scores.expand(*self.shape)
+                    if is_torch(scores)
+                    else namespace(scores).broadcast_to(scores, self.shape)
+                )
+            self._dense = DenseBasis(_normalise(scores, self.mask, self.leaky_relu, self.normalize))
+        return self._dense
+
+    def to_dense(self) -> Array:
+        return self.weights().to_dense()
+
+    def transpose(self) -> Basis:
+        return self.weights().transpose()
+
+    def select(self, members: Sequence[int]) -> Basis:
+        return self.weights().select(members)
+
+    def to(self, device: Any = None, dtype: Any = None) -> Basis:
+        return self.weights().to(device, dtype)
+
+    def plan_key(self) -> tuple[Any, ...]:
+        return (type(self).__name__, self.shape, self.special_orders(), self._depth())
+
+    def _depth(self) -> int:
+        """The width ``D`` the scores are computed through (for the cost model)."""
+        mech = self.mechanism
+        if isinstance(mech, BiAffine) and mech.key is not None:
+            return int(mech.key.shape[2])
+        return int(self._x.shape[-1])
+
+    def _score_cost(self, batch: int) -> Cost:
+        B, K, M, N = self.shape
+        D, P = self._depth(), int(self._x.shape[-1])
+        return Cost(2.0 * B * K * (M * N * D + (M + N) * P * D), 2.0 * B * K * M * N)
+
+    def apply_each(self, x: Array) -> Array:
+        return self.weights().apply_each(x)
+
+    def apply_members(self, s: Array, reduce: bool) -> Array:
+        return self.weights().apply_members(s, reduce)
+
+    def apply_combined(self, x: Array, theta: Array) -> Array:
+        return self.weights().apply_combined(x, theta)
+
+    def cost_each(self, batch: int, channels: int) -> Cost:
+        B, K, M, N = self.shape
+        return self._score_cost(batch) + Cost(2.0 * B * K * M * N * channels, float(batch * K * N * channels))
+
+    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
+        B, K, M, N = self.shape
+        out = batch * N * channels * (1 if reduce else K)
+        return self._score_cost(batch) + Cost(2.0 * B * K * M * N * channels, float(out))
+
+    # --- the fused order -------------------------------------------------------------------
+    def special_orders(self) -> tuple[str, ...]:
+        mech = self.mechanism
+        fused = (
+            self.backend == "torch"
+            and isinstance(mech, BiAffine)
+            and mech.transformer
+            and self.normalize
+            and self.leaky_relu is None
+        )
+        return ("sdpa",) if fused else ()
+
+    def factor_orders(self) -> tuple[str, ...]:
+        return self.special_orders()
+
+    def _sdpa(self, values: Array) -> Array | None:
+        """Per-head outputs :math:`A_k^\top v_k`, ``(B, K, N, R)``, or ``None`` if a column is fully masked."""
+        from torch.nn.functional import scaled_dot_product_attention
+
+        mech = self.mechanism
+        assert isinstance(mech, BiAffine)
+        allowed = None
+        if self.mask is not None:
+            allowed = _allowed(self.mask, namespace(self.mask))
+            if not bool(allowed.any(-2).all()):  # torch gives NaN there; the dense path gives zeros
+                return None
+            allowed = allowed.transpose(-1, -2)  # torch's layout is [query, key]
+        keys, queries = mech.projections(self._x, self._z)
+        out: Array = scaled_dot_product_attention(queries, keys, values, attn_mask=allowed, scale=mech.scale)
+        return out
+
+    def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
+        if order != "sdpa":
+            return None
+        heads = self._sdpa(x_theta(x, theta))
+        if heads is None:
+            return self.apply_members(x_theta(x, theta), reduce=True)
+        return heads.sum(1)
+
+    def run_factored(self, order: str, x: Array, value: Array, out: Array) -> Array:
+        heads = self._sdpa(x_theta(x, value))
+        if heads is None:
+            heads = self.apply_members(x_theta(x, value), reduce=False)
+        B, K, N, R = (int(s) for s in heads.shape)
+        wide = out.permute(0, 2, 1).reshape(K * R, int(out.shape[1]))
+        y: Array = heads.transpose(1, 2).reshape(B, N, K * R) @ wide
+        return y
+
+    def cost_order(self, order: str, batch: int, p: int, q: int) -> Cost | None:
+        return self.cost_factored(order, batch, p, q, q) if order == "sdpa" else None
+
+    def cost_factored(self, order: str, batch: int, p: int, q: int, rank: int) -> Cost:
+        B, K, M, N = self.shape
+        D = self._depth()
+        project = 2.0 * B * K * ((M + N) * p * D + M * p * rank)
+        attend = 4.0 * B * K * M * N * max(D, rank)
+        mix = 2.0 * B * N * K * rank * q
+        return Cost(project + attend + mix, float(B * K * ((M + N) * D + M * rank + N * rank) + B * N * q))
+
+
+def _normalise(scores: Array, mask: Array | None, leaky_relu: float | None, normalize: bool) -> Array:
+    """LeakyReLU, log-domain mask and column-wise softmax of raw scores."""
+    lib = namespace(scores)
+    if leaky_relu is not None:
+        scores = lib.where(scores >= 0, scores, scores * leaky_relu)
+    if normalize:
+        return masked_softmax(scores, mask)
+    if mask is None:
+        return scores
+    allowed = _allowed(mask, lib)
+    return scores.masked_fill(~allowed, 0.0) if is_torch(scores) else lib.where(allowed, scores, 0.0)
+
+
 def attention_basis(
     x: Array,
     z: Array | None = None,
-    mechanism: BiAffine | None = None,
+    mechanism: Mechanism | None = None,
     mask: Array | None = None,
     leaky_relu: float | None = None,
     normalize: bool = True,
-) -> DenseBasis:
+) -> AttentionBasis:
     r"""The attention basis :math:`A_k = \mathrm{softmax}_m(\mathrm{mask}(a(x, z; \Xi_k)))`, shape ``(B, K, M, N)``.
 
     Parameters
@@ -167,7 +446,8 @@ def attention_basis(
     z
         Auxiliary input ``(B, N, P')``; ``None`` for self-attention (:math:`z = x`).
     mechanism
-        A :class:`BiAffine` mechanism (its heads are the members).
+        A :class:`Mechanism`, e.g. :class:`BiAffine` (its heads are the members), a
+        relative-position mechanism from :mod:`structconv.positional`, or a sum of them.
     mask
         Boolean (``True`` = may attend) or additive :math:`\{-\infty, 0\}`, broadcastable to
         ``(B, K, M, N)`` (e.g. ``(M, N)`` for a graph or a causal order).
@@ -175,6 +455,11 @@ def attention_basis(
         Negative slope of a LeakyReLU applied to the scores before masking (GAT), or ``None``.
     normalize
         Column-wise softmax (default); ``False`` keeps the masked scores (masked entries 0).
+
+    Returns
+    -------
+    AttentionBasis
+        Lazy: the weights are computed when an order needs them (see :class:`AttentionBasis`).
 
     Examples
     --------
@@ -187,6 +472,8 @@ def attention_basis(
     """
     if mechanism is None:
         raise ValueError("mechanism is required (e.g. structconv.BiAffine)")
+    if not isinstance(mechanism, Mechanism):
+        raise TypeError(f"mechanism must be a structconv Mechanism (e.g. BiAffine), got {type(mechanism).__name__}")
     check_array(x, "x", (2, 3), ("(B, M, P)", "(M, P)"))
     x3 = x[None] if x.ndim == 2 else x
     z3 = x3 if z is None else (z[None] if z.ndim == 2 else z)
@@ -194,170 +481,22 @@ def attention_basis(
         check_array(z, "z", (2, 3), ("(B, N, P')", "(N, P')"))
         if int(z3.shape[0]) != int(x3.shape[0]):
             raise ValueError(f"x has batch {int(x3.shape[0])} but z has batch {int(z3.shape[0])}")
-    scores = mechanism.scores(x3, z3)
-    if leaky_relu is not None:
-        lib = namespace(scores)
-        scores = lib.where(scores >= 0, scores, scores * leaky_relu)
+    if isinstance(mechanism, BiAffine):
+        mechanism.check_inputs(x3, z3)
+    shape = (int(x3.shape[0]), mechanism.heads, int(x3.shape[1]), int(z3.shape[1]))
     if mask is not None:
-        try:
-            namespace(scores).broadcast_shapes(tuple(mask.shape), tuple(scores.shape))
-        except (RuntimeError, ValueError) as err:
-            raise ValueError(
-                f"mask of shape {shape_str(tuple(mask.shape))} does not broadcast to the scores "
-                f"{shape_str(tuple(scores.shape))} (B, K, M, N)"
-            ) from err
-    if normalize:
-        weights = masked_softmax(scores, mask)
-    elif mask is not None:
-        allowed = _allowed(mask, namespace(scores))
-        weights = (
-            scores.masked_fill(~allowed, 0.0) if is_torch(scores) else namespace(scores).where(allowed, scores, 0.0)
-        )
-    else:
-        weights = scores
-    return DenseBasis(weights)
+        _check_mask(mask, shape)
+    return AttentionBasis(x3, z3, mechanism, mask, leaky_relu, normalize)
 
 
-# --- relative-position attention on grids ------------------------------------------------------------
-def _relative_offsets(grid: tuple[int, ...], periodic: bool) -> Any:
-    """``(M, N, d)`` offsets :math:`\\delta_{mn} = \\mathrm{pos}(m) - \\mathrm{pos}(n)` (NumPy, row-major positions)."""
-    import numpy as np
-
-    pos = np.stack(np.meshgrid(*[np.arange(s) for s in grid], indexing="ij"), -1).reshape(-1, len(grid))
-    delta = pos[:, None, :] - pos[None, :, :]
-    if periodic:  # the representative of each offset closest to 0 on the torus
-        size = np.asarray(grid)
-        delta = (delta + size // 2) % size - size // 2
-    return delta
-
-
-def quadratic_scores(grid: Any, centres: Array, alpha: Array, boundary: str = "zero") -> Array:
-    r"""Scores :math:`-\alpha_h\lVert\delta_{mn} - \Delta_h\rVert^2` of the quadratic encoding (Lemma 2), ``(H, M, N)``.
-
-    With :math:`r_\delta = (\lVert\delta\rVert^2, \delta)` and
-    :math:`v_h = -\alpha_h(1, -2\Delta_h)`, :math:`v_h\cdot r_\delta = -\alpha_h\lVert\delta - \Delta_h\rVert^2 +
-    \alpha_h\lVert\Delta_h\rVert^2`; the last term is constant in :math:`m` and cancels in the
-    column-wise softmax, so the scores are taken without it.  :math:`\delta_{mn}` is the position of
-    input (key) :math:`m` minus that of output (query) :math:`n`, and on a ``"periodic"`` grid the
-    difference :math:`\delta - \Delta_h` is wrapped to its shortest representative.
-    """
-    import numpy as np
-
-    from .grid import BOUNDARIES, _grid
-
-    g = _grid(grid)
-    if boundary not in BOUNDARIES:
-        raise ValueError(f"boundary must be one of {BOUNDARIES}, got {boundary!r}")
-    if centres.ndim != 2 or int(centres.shape[1]) != len(g):
-        raise ValueError(f"centres must have shape (H, {len(g)}), got {shape_str(tuple(centres.shape))}")
-    if tuple(alpha.shape) != (int(centres.shape[0]),):
+def _check_mask(mask: Array, shape: tuple[int, ...]) -> None:
+    if not is_torch(mask) and not hasattr(mask, "dtype"):
+        raise TypeError(f"mask must be an array or tensor, got {type(mask).__name__}")
+    try:
+        np.broadcast_shapes(tuple(int(s) for s in mask.shape), shape)
+    except ValueError as err:
         raise ValueError(
-            f"alpha must have shape (H,) = ({int(centres.shape[0])},), got {shape_str(tuple(alpha.shape))}"
-        )
-    if bool((alpha <= 0).any()):
-        raise ValueError("alpha must be positive (it is the inverse width of each head's Gaussian)")
-    delta = _relative_offsets(g, periodic=False).astype(np.float64)
-    lib = namespace(centres)
-    delta_t = lib.as_tensor(delta, dtype=centres.dtype, device=centres.device) if is_torch(centres) else delta
-    diff = delta_t[None] - centres[:, None, None, :]  # (H, M, N, d)
-    if boundary == "periodic":
-        size = lib.as_tensor(g, dtype=centres.dtype, device=centres.device) if is_torch(centres) else np.asarray(g)
-        diff = (
-            lib.remainder(diff + size // 2, size) - size // 2
-            if is_torch(centres)
-            else (diff + size // 2) % size - size // 2
-        )
-    return -alpha[:, None, None] * (diff * diff).sum(-1)
-
-
-def positional_basis(
-    grid: Any,
-    centres: Array,
-    alpha: Array | None = None,
-    boundary: str = "zero",
-) -> DenseBasis:
-    r"""Position-only attention heads with the quadratic encoding, shared by the batch: ``(H, M, N)``.
-
-    ``alpha=None`` is the hard limit :math:`\alpha\to\infty`: head :math:`h` is one-hot on the input
-    at offset :math:`\Delta_h` from each output, i.e. exactly the shift matrix of that offset (a
-    ``"zero"`` grid leaves the columns whose target falls off the grid empty, which is zero
-    padding; a ``"periodic"`` grid wraps).  With a finite :math:`\alpha` each column is the softmax
-    of :func:`quadratic_scores` over the grid.
-    """
-    if alpha is None:
-        import numpy as np
-
-        from .grid import GridBasis, _grid
-
-        g = _grid(grid)
-        offsets = np.asarray(centres.detach().cpu().numpy() if is_torch(centres) else centres)
-        if not np.allclose(offsets, np.round(offsets)):
-            raise ValueError("hard attention (alpha=None) needs integer centres (the offsets it attends to)")
-        like = centres if is_torch(centres) and centres.is_floating_point() else None
-        shifts = GridBasis(g, g, np.round(offsets).astype(np.int64), 1, boundary, like=like)
-        return DenseBasis(shifts.to_dense())
-    return DenseBasis(masked_softmax(quadratic_scores(grid, centres, alpha, boundary)))
-
-
-def positional_shift_basis(
-    grid: Any,
-    centres: Array,
-    alpha: Array,
-    boundary: str = "zero",
-    threshold: float = 1e-12,
-) -> Basis:
-    r"""Soft quadratic heads run as renormalised, truncated Gaussian shift bases (DESIGN.md §3).
-
-    A position-only head's unnormalised weight :math:`e^{-\alpha_h\lVert\delta - \Delta_h\rVert^2}`
-    depends on the offset :math:`\delta` alone, so the head is a one-member
-    :class:`~structconv.GridBasis` with those tap weights, each column renormalised over the taps
-    that fall on the grid: the softmax of :func:`positional_basis` without its :math:`M\times N`
-    score matrix.  Taps whose weight is below ``threshold`` times the largest are dropped (a box
-    of radius :math:`\lceil\sqrt{\ln(1/\mathrm{threshold})/\alpha_h}\rceil` around
-    :math:`\Delta_h`), which moves every weight by at most about ``threshold`` times the number of
-    dropped taps.  Gradients flow to ``centres`` and ``alpha``.  Returns the heads as one basis
-    (a :class:`~structconv.ConcatBasis` of ``H`` grid bases).
-    """
-    import math
-
-    import numpy as np
-
-    from .composite import ConcatBasis
-    from .grid import GridBasis, _grid
-
-    g = _grid(grid)
-    if not 0.0 < threshold < 1.0:
-        raise ValueError(f"threshold must lie in (0, 1), got {threshold!r}")
-    if centres.ndim != 2 or int(centres.shape[1]) != len(g) or tuple(alpha.shape) != (int(centres.shape[0]),):
-        raise ValueError(
-            f"centres must have shape (H, {len(g)}) and alpha (H,), got {shape_str(tuple(centres.shape))} "
-            f"and {shape_str(tuple(alpha.shape))}"
-        )
-    heads = []
-    lib = namespace(centres)
-    for h in range(int(centres.shape[0])):
-        a = float(alpha[h].detach() if is_torch(alpha) else alpha[h])  # the radius is not differentiated
-        if a <= 0:
-            raise ValueError("alpha must be positive (it is the inverse width of each head's Gaussian)")
-        radius = math.ceil(math.sqrt(math.log(1.0 / threshold) / a))
-        centre = np.asarray(centres[h].detach().cpu().numpy() if is_torch(centres) else centres[h], dtype=np.float64)
-        lo = np.floor(centre).astype(np.int64) - radius
-        hi = np.ceil(centre).astype(np.int64) + radius
-        if boundary == "periodic":  # no more taps than the torus has pixels: each pixel read once
-            span = np.asarray(g)
-            width = np.minimum(hi - lo + 1, span)
-            lo = np.round(centre).astype(np.int64) - width // 2
-            hi = lo + width - 1
-        else:
-            size = np.asarray(g)
-            lo, hi = np.maximum(lo, -(size - 1)), np.minimum(hi, size - 1)
-        axes = [np.arange(a0, b0 + 1) for a0, b0 in zip(lo, hi, strict=True)]
-        offsets = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(g))
-        if is_torch(centres):
-            taps = lib.as_tensor(offsets, dtype=centres.dtype, device=centres.device)
-        else:
-            taps = offsets.astype(centres.dtype)
-        diff = taps - centres[h]
-        weights = lib.exp(-alpha[h] * (diff * diff).sum(-1))[None]
-        heads.append(GridBasis(g, g, offsets, 1, boundary, weights=weights, normalize=True))
-    return ConcatBasis(heads)
+            f"mask of shape {shape_str(tuple(mask.shape))} does not broadcast to the scores "
+            f"{shape_str(shape)} (B, K, M, N)"
+        ) from err
+    _allowed(mask, namespace(mask))

@@ -200,6 +200,21 @@ class Basis(ABC):
         """The cost of :meth:`run_order` for ``order``, or ``None`` where the hooks run it."""
         return None
 
+    def factor_orders(self) -> tuple[str, ...]:
+        """Special orders that take a :class:`~structconv.LowRank` parameter as its two factors.
+
+        Every other special order sees the full :math:`\\Theta_k = U_k V_k^\top`.
+        """
+        return ()
+
+    def run_factored(self, order: str, x: Array, value: Array, out: Array) -> Array:
+        r"""Run ``order`` for :math:`\Theta_k = U_k V_k^\top` (``value`` ``(K, P, D)``, ``out`` ``(K, Q, D)``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no factored order {order!r}")
+
+    def cost_factored(self, order: str, batch: int, p: int, q: int, rank: int) -> Cost:
+        """The cost of :meth:`run_factored`."""
+        raise NotImplementedError(f"{type(self).__name__} has no factored order {order!r}")
+
     def cost_combined(self, batch: int, p: int, q: int) -> Cost:
         """Cost of :meth:`apply_combined` (dense fallback)."""
         b = self.batch or 1

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import opt_einsum
 
-from ._backend import Array, backend_of, device_of, dtype_name, einsum, is_torch, shape_str
+from ._backend import Array, backend_of, device_of, dtype_name, einsum, shape_str, x_theta
 from ._checks import check_array, check_same_placement
 from .basis import Basis, Cost, as_basis
 from .dense import DenseBasis
@@ -224,7 +224,9 @@ def _generic_candidates(basis: Basis, B: int, prm: _Param) -> list[Candidate]:
     out = []
     special = basis.special_orders()
     for order in _orders(prm.kind, basis):
-        if prm.kind == "full" or order == "atheta" or order.endswith("+full") or order in special:
+        if prm.kind == "lowrank" and order in basis.factor_orders():
+            cost = basis.cost_factored(order, B, P, Q, R)
+        elif prm.kind == "full" or order == "atheta" or order.endswith("+full") or order in special:
             cost = full_cost(order.removesuffix("+full"))
             if prm.kind != "full":
                 cost = cost + Cost(gemm(K, P, Q, R), float(K * P * Q))
@@ -302,18 +304,9 @@ def explain(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -
     return _plan(basis, x3, prm, order)
 
 
-def _x_theta(x: Array, theta: Array) -> Array:
-    r""":math:`S_{bkmq} = \sum_p x_{bmp}\Theta_{kpq}` as one GEMM ``(B·M, P) @ (P, K·Q)``, returned as a view."""
-    B, M, P = (int(s) for s in x.shape)
-    K, _, Q = (int(s) for s in theta.shape)
-    if is_torch(theta):
-        wide = theta.permute(1, 0, 2).reshape(P, K * Q)
-        return (x.reshape(B * M, P) @ wide).reshape(B, M, K, Q).permute(0, 2, 1, 3)
-    wide = theta.transpose(1, 0, 2).reshape(P, K * Q)
-    return (x.reshape(B * M, P) @ wide).reshape(B, M, K, Q).transpose(0, 2, 1, 3)
-
-
 def _run_generic(basis: Basis, x: Array, prm: _Param, order: str) -> Array:
+    if prm.kind == "lowrank" and order in basis.factor_orders():
+        return basis.run_factored(order, x, *prm.operands)
     if prm.kind != "full" and (order == "atheta" or order.endswith("+full") or order in basis.special_orders()):
         full = einsum("hk,hpq->kpq" if prm.kind == "separable" else "kpd,kqd->kpq", *prm.operands)
         return _run_generic(basis, x, _Param("full", (full,), prm.K, prm.P, prm.Q, 0), order.removesuffix("+full"))
@@ -325,7 +318,7 @@ def _run_generic(basis: Basis, x: Array, prm: _Param, order: str) -> Array:
         if order == "ax":
             return einsum("bknp,kpq->bnq", basis.apply_each(x), theta)
         if order == "xtheta":
-            return basis.apply_members(_x_theta(x, theta), reduce=True)
+            return basis.apply_members(x_theta(x, theta), reduce=True)
         return basis.apply_combined(x, theta)
     f1, f2 = prm.operands
     if prm.kind == "separable":

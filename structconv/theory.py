@@ -201,68 +201,22 @@ def _stack(rows: list[Any], like: Array) -> Array:
     return np.stack(rows)
 
 
-def attention_alpha_bound(dtype: Any, ndim: int = 2) -> float:
-    r"""The smallest :math:`\alpha` at which a soft quadratic head is one-hot to the precision of ``dtype``.
+# The conv = attention theorem lives in its own module; it is part of the theory namespace.
+from .conv_attention import (  # noqa: E402
+    ConvolutionFit,
+    attention_alpha_bound,
+    attention_to_conv,
+    conv_to_attention,
+    nearest_convolution,
+)
 
-    In a column of a soft head the chosen offset has score 0 and its :math:`2d` nearest
-    neighbours :math:`-\alpha`; the weight they take away is about :math:`2d\,e^{-\alpha}`, which
-    falls below the unit roundoff :math:`\varepsilon` of the dtype once
-    :math:`\alpha \ge \ln(2d/\varepsilon)`: 18.0 for float32 and 38.1 for float64 on a 2-D grid.
-    (Cordonnier et al. quote :math:`\alpha \ge 46` for float32 with the constant
-    :math:`\alpha\lVert\Delta\rVert^2` left in the scores, which costs precision; structconv drops
-    it, since the softmax ignores it.)
-    """
-    eps = float(np.finfo(str(dtype).removeprefix("torch.")).eps) / 2
-    return float(np.log(2 * ndim / eps))
-
-
-def conv_to_attention(
-    weight: Array, grid: Any, bias: Array | None = None, alpha: float | None = None, boundary: str = "periodic"
-) -> tuple[Basis, Array, Array | None]:
-    r"""Cordonnier et al.'s construction: a convolution as multi-head self-attention (Lemmas 1 and 2).
-
-    For a torch-layout kernel ``weight`` of shape ``(Q, P, k_1, ..., k_d)`` ("same" padding,
-    stride 1) it returns one positional head per kernel position, :math:`\Delta_h` = that
-    position's offset, with the quadratic encoding of inverse width ``alpha``
-    (:func:`structconv.attention.positional_basis`; ``None`` gives the hard one-hot heads), and
-    :math:`\Theta_h = W_{:,:,h}^\top` (value and output projections merged, :math:`D_h = Q`), so
-    that ``conv(basis, x, theta) + bias`` is the convolution.  With hard heads the identity is
-    exact (a ``"zero"`` boundary is zero padding, a ``"periodic"`` one is circular padding); with
-    ``alpha >= attention_alpha_bound(dtype)`` it holds to the dtype's precision on a periodic grid
-    (on a zero-bounded grid a soft head renormalises over the pixels that exist, so border outputs
-    differ, which is why the paper's construction needs the periodic or padded-token choice).
-
-    Returns
-    -------
-    (basis, theta, bias)
-        A ``(K, M, M)`` basis, ``theta`` of shape ``(K, P, Q)`` and the bias (or ``None``).
-    """
-    from .attention import positional_basis
-    from .grid import grid_basis
-
-    check_array(weight, "weight", (3, 4, 5), ("(Q, P, k1)", "(Q, P, k1, k2)", "(Q, P, k1, k2, k3)"))
-    d = weight.ndim - 2
-    g = tuple(int(s) for s in ((grid,) if isinstance(grid, int) else grid))
-    if len(g) != d:
-        raise ValueError(f"grid has {len(g)} dimensions but weight is a {d}-D kernel of shape {tuple(weight.shape)}")
-    if alpha is not None and alpha <= 0:
-        raise ValueError(f"alpha must be positive (or None for hard heads), got {alpha!r}")
-    kernel = tuple(int(s) for s in weight.shape[2:])
-    shifts = grid_basis(g, kernel, padding="same", boundary=boundary)
-    offsets = shifts.offsets
-    centres: Any
-    theta: Any
-    widths: Any = None
-    if is_torch(weight):
-        import torch
-
-        centres = torch.as_tensor(offsets, dtype=weight.dtype, device=weight.device)
-        theta = weight.flatten(2).permute(2, 1, 0)
-        if alpha is not None:
-            widths = torch.full((len(offsets),), float(alpha), dtype=weight.dtype, device=weight.device)
-    else:
-        centres = offsets.astype(weight.dtype)
-        theta = weight.reshape(weight.shape[0], weight.shape[1], -1).transpose(2, 1, 0)
-        if alpha is not None:
-            widths = np.full(len(offsets), float(alpha), dtype=weight.dtype)
-    return positional_basis(g, centres, widths, boundary), theta, bias
+__all__ = [
+    "ConvolutionFit",
+    "attention_alpha_bound",
+    "attention_to_conv",
+    "combine",
+    "compose",
+    "conv_to_attention",
+    "decompose",
+    "nearest_convolution",
+]

@@ -108,7 +108,7 @@ def test_hard_quadratic_attention_is_the_grid_convolution(boundary: str, data: A
     from torch.nn import functional as F  # noqa: N812
 
     from structconv import conv, grid_basis
-    from structconv.attention import positional_basis
+    from structconv.positional import positional_basis
 
     k = data.draw(st.sampled_from([1, 3, 5]))
     grid = (data.draw(st.integers(k, k + 4)), data.draw(st.integers(k, k + 4)))
@@ -129,7 +129,7 @@ def test_hard_quadratic_attention_is_the_grid_convolution(boundary: str, data: A
 
 
 def test_soft_quadratic_attention_tends_to_the_hard_one() -> None:
-    from structconv.attention import positional_basis
+    from structconv.positional import positional_basis
 
     centres = torch.tensor([[-1.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
     hard = positional_basis((6, 6), centres, boundary="periodic").to_dense()
@@ -143,10 +143,10 @@ def test_soft_quadratic_attention_tends_to_the_hard_one() -> None:
     ]
     assert errors == sorted(errors, reverse=True) and errors[-1] < 1e-12
     # The scores follow the quadratic encoding v_h . r_delta up to a per-column constant.
-    from structconv.attention import quadratic_scores
+    from structconv.positional import QuadraticPosition
 
     alpha = torch.tensor([0.5, 2.0], dtype=torch.float64)
-    s = quadratic_scores((6, 6), centres, alpha)
+    s = QuadraticPosition((6, 6), centres, alpha).dense_scores()
     pos = torch.stack(torch.meshgrid(torch.arange(6.0), torch.arange(6.0), indexing="ij"), -1).reshape(-1, 2).double()
     delta = pos[:, None] - pos[None]
     r = torch.cat([(delta**2).sum(-1, keepdim=True), delta], -1)
@@ -155,7 +155,7 @@ def test_soft_quadratic_attention_tends_to_the_hard_one() -> None:
     diff = encoded - s
     torch.testing.assert_close(diff, diff[:, :1].expand_as(diff))
     with pytest.raises(ValueError, match=r"alpha must be positive"):
-        quadratic_scores((6, 6), centres, torch.tensor([1.0, 0.0], dtype=torch.float64))
+        QuadraticPosition((6, 6), centres, torch.tensor([1.0, 0.0], dtype=torch.float64))
 
 
 @given(seed=st.integers(0, 2**31), k=st.sampled_from([1, 3, 5]), size=st.integers(5, 9))
@@ -193,7 +193,7 @@ def test_alpha_bound_values_and_errors() -> None:
 @given(data=st.data())
 def test_truncated_shift_heads_equal_the_dense_softmax(boundary: str, data: Any) -> None:
     from structconv import conv
-    from structconv.attention import positional_basis, positional_shift_basis
+    from structconv.positional import QuadraticPosition, positional_basis
 
     grid = (data.draw(st.integers(2, 7)), data.draw(st.integers(2, 7)))
     H = data.draw(st.integers(1, 3))
@@ -203,7 +203,8 @@ def test_truncated_shift_heads_equal_the_dense_softmax(boundary: str, data: Any)
         centres += rng.uniform(-0.5, 0.5, size=(H, 2))
     alpha = rng.uniform(0.3, 5.0, size=H)
     dense = positional_basis(grid, torch.from_numpy(centres), torch.from_numpy(alpha), boundary).to_dense()
-    shifted = positional_shift_basis(grid, torch.from_numpy(centres), torch.from_numpy(alpha), boundary)
+    mech = QuadraticPosition(grid, torch.from_numpy(centres), torch.from_numpy(alpha), boundary)
+    shifted = mech.basis(threshold=1e-12, form="shifts")
     np.testing.assert_allclose(shifted.to_dense().numpy(), dense.numpy(), atol=1e-9)
     x = torch.randn(2, grid[0] * grid[1], 3, dtype=torch.float64)
     theta = torch.randn(H, 3, 2, dtype=torch.float64)
@@ -212,7 +213,7 @@ def test_truncated_shift_heads_equal_the_dense_softmax(boundary: str, data: Any)
 
 def test_truncated_shift_heads_gradcheck() -> None:
     from structconv import conv
-    from structconv.attention import positional_shift_basis
+    from structconv.positional import QuadraticPosition
 
     x = torch.randn(1, 20, 2, dtype=torch.float64)
     theta = torch.randn(2, 2, 2, dtype=torch.float64)
@@ -220,24 +221,83 @@ def test_truncated_shift_heads_gradcheck() -> None:
     alpha = torch.tensor([0.8, 2.0], dtype=torch.float64, requires_grad=True)
 
     def f(c: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        return conv(positional_shift_basis((4, 5), c, a, threshold=1e-8), x, theta)
+        return conv(QuadraticPosition((4, 5), c, a).basis(threshold=1e-8, form="shifts"), x, theta)
 
     assert torch.autograd.gradcheck(f, (centres, alpha))
 
 
-def test_quadratic_positional_layer_equals_the_dense_computation() -> None:
-    from structconv import LowRank, conv
-    from structconv.attention import positional_basis
-    from structconv.nn import QuadraticPositionalAttention
+@pytest.mark.parametrize("masked", ["none", "causal", "empty_column"])
+@pytest.mark.parametrize("lowrank", [False, True])
+def test_fused_sdpa_order_equals_the_dense_orders(masked: str, lowrank: bool) -> None:
+    from structconv import LowRank, conv, explain
 
-    torch.manual_seed(0)
-    layer = QuadraticPositionalAttention((5, 6), 8, 3, alpha=0.7, threshold=1e-12).double()
-    x = torch.randn(2, 5, 6, 8, dtype=torch.float64, requires_grad=True)
-    y = layer(x)
-    dense = positional_basis((5, 6), layer.centres, layer.log_alpha.exp(), "zero")
-    ref = conv(dense, x.reshape(2, 30, 8), LowRank(layer.value, layer.out)) + layer.bias
-    torch.testing.assert_close(y.reshape(2, 30, 8), ref)
-    y.sum().backward()
-    assert layer.centres.grad is not None and layer.log_alpha.grad is not None and x.grad is not None
-    with pytest.raises(ValueError, match=r"x must have shape \(B, 30, 8\)"):
-        layer(torch.randn(2, 29, 8, dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    B, T, P, H, D = 3, 7, 6, 2, 4
+    x = torch.randn(B, T, P, generator=g, dtype=torch.float64, requires_grad=True)
+    key, query = (
+        torch.randn(H, P, D, generator=g, dtype=torch.float64),
+        torch.randn(H, P, D, generator=g, dtype=torch.float64),
+    )
+    mech = BiAffine(key=key, query=query, query_bias=torch.randn(H, D, generator=g, dtype=torch.float64), scale=0.5)
+    mask = None
+    if masked != "none":
+        mask = torch.ones(T, T, dtype=torch.bool).tril()  # [key, query]: query n sees keys m >= n
+        if masked == "empty_column":
+            mask[:, 2] = False
+    theta: Any = (
+        LowRank(
+            torch.randn(H, P, 3, generator=g, dtype=torch.float64),
+            torch.randn(H, 5, 3, generator=g, dtype=torch.float64),
+        )
+        if lowrank
+        else torch.randn(H, P, 5, generator=g, dtype=torch.float64)
+    )
+    basis = attention_basis(x, mechanism=mech, mask=mask)
+    assert "sdpa" in basis.special_orders()
+    fused = conv(basis, x, theta, order="sdpa")
+    ref = conv(attention_basis(x, mechanism=mech, mask=mask), x, theta, order="ax")
+    torch.testing.assert_close(fused, ref)
+    assert bool(torch.isfinite(fused).all())
+    (g1,) = torch.autograd.grad(fused.sum(), x)
+    (g2,) = torch.autograd.grad(ref.sum(), x)
+    torch.testing.assert_close(g1, g2)
+    assert bool(torch.isfinite(g1).all())
+    big = torch.randn(2, 256, 32, dtype=torch.float64)
+    big_mech = BiAffine(
+        key=torch.randn(4, 32, 8, dtype=torch.float64), query=torch.randn(4, 32, 8, dtype=torch.float64)
+    )
+    assert (
+        explain(attention_basis(big, mechanism=big_mech), big, torch.randn(4, 32, 32, dtype=torch.float64)).chosen
+        == "sdpa"
+    )
+
+
+def test_sdpa_is_only_offered_for_plain_scaled_dot_products() -> None:
+    x = torch.randn(1, 4, 3)
+    plain = BiAffine(key=torch.randn(1, 3, 2), query=torch.randn(1, 3, 2))
+    assert attention_basis(x, mechanism=plain).special_orders() == ("sdpa",)
+    assert attention_basis(x, mechanism=plain, leaky_relu=0.2).special_orders() == ()
+    assert attention_basis(x, mechanism=plain, normalize=False).special_orders() == ()
+    extra = BiAffine(key=torch.randn(1, 3, 2), query=torch.randn(1, 3, 2), linear=torch.randn(1, 3))
+    assert attention_basis(x, mechanism=extra).special_orders() == ()
+    assert (
+        attention_basis(
+            x.numpy(), mechanism=BiAffine(key=np.ones((1, 3, 2)), query=np.ones((1, 3, 2)))
+        ).special_orders()
+        == ()
+    )
+
+
+def test_mask_errors_name_the_mask() -> None:
+    x = torch.randn(2, 4, 3)
+    mech = BiAffine(key=torch.randn(2, 3, 2), query=torch.randn(2, 3, 2))
+    with pytest.raises(ValueError, match=r"mask of shape \(5, 4\) does not broadcast to the scores \(2, 2, 4, 4\)"):
+        attention_basis(x, mechanism=mech, mask=torch.ones(5, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"mask must be boolean"):
+        attention_basis(x, mechanism=mech, mask=torch.full((4, 4), float("nan")))
+    with pytest.raises(ValueError, match=r"mask must be boolean"):
+        attention_basis(x, mechanism=mech, mask=torch.full((4, 4), float("inf")))
+    with pytest.raises(TypeError, match=r"mechanism must be a structconv Mechanism"):
+        attention_basis(x, mechanism="dot")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"key_bias must have shape \(K, D\) = \(2, 2\)"):
+        BiAffine(key=torch.randn(2, 3, 2), query=torch.randn(2, 3, 2), key_bias=torch.randn(2, 3))

@@ -18,8 +18,9 @@ class MultiHeadSelfAttention(nn.Module):
 
     Head :math:`h` is the bi-affine mechanism with the low-rank bilinear term
     :math:`\Lambda_h = W^{k}_h W^{q\top}_h/\sqrt D` (Eq. 12) plus the linear term
-    :math:`\lambda_h = W^k_h b^q_h/\sqrt D` that the query bias brings; the key bias only adds
-    a constant per column, which the column-wise softmax ignores.  The parameter is low-rank,
+    :math:`\lambda_h = W^k_h b^q_h/\sqrt D` that the query bias brings (the key bias only adds
+    a constant per column, which the column-wise softmax ignores); on torch the engine runs it
+    through ``scaled_dot_product_attention`` (order ``"sdpa"``), as torch's own layer does.  The parameter is low-rank,
     :math:`\Theta_h = W^{v}_h W^{o\top}_h` (Eq. 13), and since every column of :math:`A_h`
     sums to one the value bias becomes the constant :math:`\sum_h W^o_h b^v_h`, added to the
     output bias.
@@ -68,15 +69,15 @@ class MultiHeadSelfAttention(nn.Module):
         return w.T.reshape(self.embed_dim, self.num_heads, self.head_dim).permute(1, 0, 2)
 
     def mechanism(self) -> BiAffine:
-        """The bi-affine mechanism of the heads."""
-        E, D = self.embed_dim, self.head_dim
+        """The bi-affine mechanism of the heads: affine key and query projections, scaled."""
+        E, D, H = self.embed_dim, self.head_dim, self.num_heads
         w_q, w_k = self.in_proj_weight[:E], self.in_proj_weight[E : 2 * E]
-        key, query = self._heads(w_k), self._heads(w_q)
-        linear = None
+        b_q = b_k = None
         if self.in_proj_bias is not None:
-            b_q = self.in_proj_bias[:E].reshape(self.num_heads, D)
-            linear = torch.einsum("hpd,hd->hp", key, b_q)
-        return BiAffine(key=key, query=query, linear=linear, scale=1.0 / math.sqrt(D))
+            b_q, b_k = self.in_proj_bias[:E].reshape(H, D), self.in_proj_bias[E : 2 * E].reshape(H, D)
+        return BiAffine(
+            key=self._heads(w_k), query=self._heads(w_q), key_bias=b_k, query_bias=b_q, scale=1.0 / math.sqrt(D)
+        )
 
     def parameter(self) -> LowRank:
         r""":math:`\Theta_h = W^v_h W^{o\top}_h` as a :class:`~structconv.LowRank` parameter."""
@@ -101,64 +102,3 @@ class MultiHeadSelfAttention(nn.Module):
         y: torch.Tensor = conv(basis, x, self.parameter())
         bias = self.output_bias()
         return y if bias is None else y + bias
-
-
-class QuadraticPositionalAttention(nn.Module):
-    r"""Position-only multi-head self-attention on a grid with the quadratic encoding (Lemma 2).
-
-    :math:`y = \sum_h A_h^\top x\,W^v_h W^{o\top}_h + \beta` where head :math:`h` attends with
-    weights :math:`\propto e^{-\alpha_h\lVert\delta - \Delta_h\rVert^2}` (learnable centres
-    :math:`\Delta_h` and widths :math:`\alpha_h > 0`, kept positive through their logarithm).
-    The heads do not depend on the content, so they are built once per forward for the whole
-    batch, as truncated Gaussian shift bases
-    (:func:`structconv.attention.positional_shift_basis`, tail ``threshold``).
-
-    Input is ``(B, *grid, E)`` or the flattened ``(B, M, E)``; ``grid`` is fixed at construction.
-    """
-
-    def __init__(
-        self,
-        grid: tuple[int, ...],
-        embed_dim: int,
-        num_heads: int,
-        head_dim: int | None = None,
-        alpha: float = 1.0,
-        boundary: str = "zero",
-        threshold: float = 1e-7,
-        bias: bool = True,
-    ) -> None:
-        super().__init__()
-        if alpha <= 0:
-            raise ValueError(f"QuadraticPositionalAttention: alpha must be positive, got {alpha!r}")
-        self.grid, self.boundary, self.threshold = tuple(grid), boundary, threshold
-        self.embed_dim, self.num_heads = embed_dim, num_heads
-        self.head_dim = head_dim or embed_dim // num_heads
-        H, D, E = num_heads, self.head_dim, embed_dim
-        self.centres = nn.Parameter(torch.randn(H, len(self.grid)))
-        self.log_alpha = nn.Parameter(torch.full((H,), math.log(alpha)))
-        self.value = nn.Parameter(torch.empty(H, E, D))
-        self.out = nn.Parameter(torch.empty(H, E, D))
-        self.bias = nn.Parameter(torch.zeros(E)) if bias else None
-        nn.init.xavier_uniform_(self.value.view(H * E, D))
-        nn.init.xavier_uniform_(self.out.view(H * E, D))
-
-    def basis(self) -> Any:
-        """The heads as one basis ``(H, M, M)``, shared by the batch."""
-        from ..attention import positional_shift_basis
-
-        return positional_shift_basis(self.grid, self.centres, self.log_alpha.exp(), self.boundary, self.threshold)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Attend over the grid positions of ``x``."""
-        shape = x.shape
-        M = math.prod(self.grid)
-        flat = x.reshape(shape[0], M, self.embed_dim) if x.ndim != 3 else x
-        if int(flat.shape[1]) != M or int(flat.shape[2]) != self.embed_dim:
-            raise ValueError(
-                f"QuadraticPositionalAttention: x must have shape (B, {M}, {self.embed_dim}) or "
-                f"(B, *{self.grid}, {self.embed_dim}), got {tuple(shape)}"
-            )
-        y: torch.Tensor = conv(self.basis(), flat, LowRank(self.value, self.out))
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(shape)

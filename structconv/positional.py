@@ -1,0 +1,526 @@
+r"""Relative-position attention on grids (Cordonnier et al. §3–4, their Eq. 5; DESIGN.md §3).
+
+On a grid of ``M`` positions the score of a relative-position head depends on the offset
+:math:`\delta = \mathrm{pos}(m) - \mathrm{pos}(n)` from the output (query) :math:`n` to the
+input (key) :math:`m`, and, for the content terms, on the query's features.  With content it is
+the four terms of Eq. 5,
+
+.. math::
+
+    a_{mn} = \underbrace{q_n\cdot k_m}_{\text{content}}
+           + \underbrace{q_n\cdot\hat W r_\delta}_{\text{query-position}}
+           + \underbrace{u\cdot k_m}_{\text{key bias}}
+           + \underbrace{v\cdot\hat W r_\delta}_{\text{position}} ,
+
+(:class:`RelativeAttention`), and without content only the last term is left: a function of
+:math:`\delta` alone, so the softmax of a head is the same for every image and every output up
+to the grid border, i.e. a renormalised convolution.  Three such heads are provided:
+
+* :class:`QuadraticPosition`: :math:`-\alpha_h\lVert\delta - \Delta_h\rVert^2`, the quadratic
+  encoding :math:`r_\delta = (\lVert\delta\rVert^2, \delta)` of Lemma 2 (``D_p = d + 1``);
+* :class:`GaussianPosition`: :math:`-\tfrac12\lVert S_h(\delta - \Delta_h)\rVert^2`, a
+  non-isotropic Gaussian with :math:`\Sigma_h^{-1} = S_h^\top S_h` positive semi-definite by
+  construction;
+* :class:`LearnedPosition`: :math:`t_h\cdot r_\delta` with learned per-axis tables,
+  :math:`r_\delta = (r^{(1)}_{\delta_1}, \dots, r^{(d)}_{\delta_d})` (:math:`\hat W^\top v`
+  collapses to one vector :math:`t_h` per head).
+
+A position-only mechanism scores the ``O`` distinct offsets once (:meth:`~PositionalMechanism.offset_scores`)
+and :meth:`~PositionalMechanism.basis` returns the heads as one ``(K, M, N)`` basis shared by the
+batch: dense, or as renormalised, truncated weighted shift bases when that is cheaper.
+On a ``"zero"`` grid offsets range over :math:`-(s-1)\dots s-1` per axis; on a ``"periodic"``
+one over the torus, each difference wrapped to its shortest representative.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ._backend import Array, einsum, is_torch, namespace, shape_str
+from ._checks import check_array
+from .attention import Mechanism, masked_softmax
+from .basis import Basis
+from .dense import DenseBasis
+from .grid import BOUNDARIES, GridBasis, _grid
+
+#: Log-range of a head's weights beyond which :meth:`PositionalMechanism.basis` stays dense
+#: (the shift form holds the weights relative to one shift, which must not under- or overflow).
+_LOG_RANGE = 60.0
+
+
+@dataclass(frozen=True)
+class RelativeOffsets:
+    """The distinct offsets of a grid and, for every pair ``(m, n)``, which one joins them.
+
+    Attributes
+    ----------
+    offsets
+        ``(O, d)`` integer offsets, row-major over the per-axis ranges.
+    index
+        ``(M, N)``: the offset id of :math:`\\mathrm{pos}(m) - \\mathrm{pos}(n)`.
+    axis_index
+        ``(d, M, N)``: per axis, the position of :math:`\\delta_i` in that axis's range.
+    lows, lengths
+        Per axis, the smallest offset and the number of offsets.
+    """
+
+    grid: tuple[int, ...]
+    boundary: str
+    offsets: np.ndarray = field(repr=False)
+    index: np.ndarray = field(repr=False)
+    axis_index: np.ndarray = field(repr=False)
+    lows: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+
+@lru_cache(maxsize=64)
+def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeOffsets:
+    """The :class:`RelativeOffsets` of ``grid`` under ``boundary`` (cached)."""
+    g = _grid(grid)
+    if boundary not in BOUNDARIES:
+        raise ValueError(f"boundary must be one of {BOUNDARIES}, got {boundary!r}")
+    size = np.asarray(g)
+    periodic = boundary == "periodic"
+    lows = tuple(int(v) for v in (-(size // 2) if periodic else -(size - 1)))
+    lengths = tuple(int(v) for v in (size if periodic else 2 * size - 1))
+    pos = np.stack(np.meshgrid(*[np.arange(s) for s in g], indexing="ij"), -1).reshape(-1, len(g))
+    delta = pos[:, None, :] - pos[None, :, :]
+    if periodic:
+        delta = (delta + size // 2) % size - size // 2
+    axis_index = np.moveaxis(delta - np.asarray(lows), -1, 0).astype(np.int64)
+    index = np.ravel_multi_index(tuple(axis_index), lengths).astype(np.int64)
+    axes = [np.arange(lo, lo + n) for lo, n in zip(lows, lengths, strict=True)]
+    offsets = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(g)).astype(np.int64)
+    for a in (offsets, index, axis_index):
+        a.setflags(write=False)
+    return RelativeOffsets(g, boundary, offsets, index, axis_index, lows, lengths)
+
+
+_TORCH_INDEX: dict[tuple[int, str], Any] = {}
+
+
+def _as_index(index: np.ndarray, like: Array) -> Any:
+    """``index`` as an integer array on the backend and device of ``like`` (cached for the read-only tables)."""
+    if not is_torch(like):
+        return index
+    import torch
+
+    if index.flags.writeable:
+        return torch.as_tensor(index, device=like.device)
+    key = (id(index), str(like.device))
+    cached = _TORCH_INDEX.get(key)
+    if cached is None or cached[0] is not index:
+        cached = _TORCH_INDEX[key] = (index, torch.from_numpy(index.copy()).to(like.device))
+    return cached[1]
+
+
+def _constant(values: np.ndarray, like: Array) -> Any:
+    """``values`` on the backend, dtype and device of ``like``."""
+    if is_torch(like):
+        import torch
+
+        return torch.as_tensor(values, dtype=like.dtype, device=like.device)
+    return values.astype(like.dtype)
+
+
+def _detached(a: Array) -> np.ndarray:
+    return np.asarray(a.detach().cpu().numpy() if is_torch(a) else a, dtype=np.float64)
+
+
+class PositionalMechanism(Mechanism):
+    """A mechanism whose scores depend on the offset between key and query alone (no content)."""
+
+    grid: tuple[int, ...]
+    boundary: str
+
+    @property
+    def positional(self) -> bool:
+        return True
+
+    @property
+    def relative(self) -> RelativeOffsets:
+        """The offsets of this mechanism's grid."""
+        return relative_offsets(self.grid, self.boundary)
+
+    def offset_scores(self) -> Array:
+        """Scores ``(K, O)``, one per head and offset of :attr:`relative`."""
+        raise NotImplementedError
+
+    def dense_scores(self) -> Array:
+        """Scores ``(K, M, N)``: :meth:`offset_scores` gathered for every pair."""
+        s = self.offset_scores()
+        return s[:, _as_index(self.relative.index, s)]
+
+    def scores(self, x: Array, z: Array) -> Array:
+        if int(x.shape[1]) != self.relative.index.shape[0] or int(z.shape[1]) != self.relative.index.shape[1]:
+            raise ValueError(
+                f"a positional mechanism on the grid {self.grid} needs {self.relative.index.shape[0]} "
+                f"positions, got x with {int(x.shape[1])} and z with {int(z.shape[1])}"
+            )
+        return self.dense_scores()[None]
+
+    def basis(self, threshold: float | None = None, form: str = "auto") -> Basis:
+        r"""The heads as one ``(K, M, N)`` basis, shared by the batch.
+
+        ``threshold=None`` gives the exact column-wise softmax as a dense basis.  With a
+        ``threshold`` in ``(0, 1)``, head :math:`h` keeps the offsets whose score is at least
+        :math:`\min_n \max_m a_{hmn} + \ln(\mathrm{threshold})` and runs as one renormalised
+        weighted :class:`~structconv.GridBasis` (DESIGN.md §3); every dropped weight is then
+        below ``threshold`` times the largest weight of its own column, so each column moves by
+        at most ``threshold`` times the number of dropped offsets (relative L1).  The shift form
+        is used only when its taps number fewer than half the dense entries (and the weights'
+        range fits the dtype); otherwise the dense softmax is returned.  Gradients flow to the
+        mechanism's parameters either way (the kept set itself is not differentiated).
+        ``form="shifts"`` insists on the shift form, ``"dense"`` on the dense softmax.
+        """
+        if form not in ("auto", "shifts", "dense"):
+            raise ValueError(f"form must be 'auto', 'shifts' or 'dense', got {form!r}")
+        scores = self.offset_scores()
+        rel = self.relative
+        dense = scores[:, _as_index(rel.index, scores)]
+        if threshold is None and form == "shifts":
+            raise ValueError("the shift form needs a threshold in (0, 1)")
+        if threshold is None or form == "dense":
+            return DenseBasis(masked_softmax(dense))
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must lie in (0, 1) or be None, got {threshold!r}")
+        flat = _detached(scores)
+        floor = _detached(dense).max(axis=1).min(axis=1)  # per head: the weakest column's best score
+        keep = flat >= (floor + math.log(threshold))[:, None]
+        K, M = int(scores.shape[0]), rel.index.shape[0]
+        too_wide = bool((flat.max(axis=1) - floor > _LOG_RANGE).any())
+        if too_wide and form == "shifts":
+            raise ValueError(
+                f"a head's weights span more than e^{_LOG_RANGE:g} across columns; the shift form would "
+                "under- or overflow (use the dense form)"
+            )
+        if too_wide or (form == "auto" and 2 * int(keep.sum()) >= K * M):
+            return DenseBasis(masked_softmax(dense))
+        from .composite import ConcatBasis
+
+        lib = namespace(scores)
+        heads = []
+        for h in range(K):
+            chosen = np.flatnonzero(keep[h])
+            weights = lib.exp(scores[h, _as_index(chosen, scores)] - float(floor[h]))[None]
+            heads.append(GridBasis(self.grid, self.grid, rel.offsets[chosen], 1, self.boundary, weights, True))
+        return ConcatBasis(heads)
+
+
+def _check_centres(centres: Array, d: int, name: str = "centres") -> int:
+    check_array(centres, name, (2,), (f"(K, {d})",))
+    if int(centres.shape[1]) != d:
+        raise ValueError(f"{name} must have shape (K, {d}) for a {d}-D grid, got {shape_str(tuple(centres.shape))}")
+    return int(centres.shape[0])
+
+
+def _wrapped_difference(rel: RelativeOffsets, centres: Array) -> Array:
+    """:math:`\\delta_o - \\Delta_h` for every head and offset, ``(K, O, d)``, wrapped on a torus."""
+    diff = _constant(rel.offsets.astype(np.float64), centres)[None] - centres[:, None, :]
+    if rel.boundary == "periodic":
+        size = np.asarray(rel.grid)
+        if is_torch(centres):
+            s = _constant(size.astype(np.float64), centres)
+            return namespace(centres).remainder(diff + s // 2, s) - s // 2
+        return (diff + size // 2) % size - size // 2
+    return diff
+
+
+@dataclass(frozen=True, eq=False)
+class QuadraticPosition(PositionalMechanism):
+    r"""Isotropic Gaussian heads: :math:`a_{hmn} = -\alpha_h\lVert\delta_{mn} - \Delta_h\rVert^2` (Lemma 2).
+
+    This is :math:`v_h\cdot r_\delta` for :math:`r_\delta = (\lVert\delta\rVert^2, \delta)` and
+    :math:`v_h = -\alpha_h(1, -2\Delta_h)` without the constant :math:`-\alpha_h\lVert\Delta_h\rVert^2`,
+    which the column-wise softmax ignores (and which would cost float precision).
+
+    Parameters
+    ----------
+    grid
+        The grid sizes.
+    centres
+        :math:`\Delta_h`, shape ``(K, d)``: the offset each head attends to.
+    alpha
+        :math:`\alpha_h > 0`, shape ``(K,)``: inverse widths.
+    boundary
+        ``"zero"`` or ``"periodic"``.
+    """
+
+    grid: tuple[int, ...]
+    centres: Array
+    alpha: Array
+    boundary: str = "zero"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "grid", _grid(self.grid))
+        K = _check_centres(self.centres, len(self.grid))
+        if tuple(self.alpha.shape) != (K,):
+            raise ValueError(f"alpha must have shape (K,) = ({K},), got {shape_str(tuple(self.alpha.shape))}")
+        if bool((self.alpha <= 0).any()):
+            raise ValueError("alpha must be positive (it is the inverse width of each head's Gaussian)")
+        relative_offsets(self.grid, self.boundary)
+
+    @property
+    def heads(self) -> int:
+        return int(self.centres.shape[0])
+
+    def offset_scores(self) -> Array:
+        diff = _wrapped_difference(self.relative, self.centres)
+        return -self.alpha[:, None] * (diff * diff).sum(-1)
+
+
+@dataclass(frozen=True, eq=False)
+class GaussianPosition(PositionalMechanism):
+    r"""Non-isotropic Gaussian heads: :math:`-\tfrac12 (\delta - \Delta_h)^\top\Sigma_h^{-1}(\delta - \Delta_h)`.
+
+    :math:`\Sigma_h^{-1} = S_h^\top S_h` with ``inv_sqrt_cov`` :math:`= S_h` (``(K, d, d)``,
+    unconstrained), so the precision is positive semi-definite for every value of the
+    parameter.  :math:`S_h = \sqrt{2\alpha_h}\,I` recovers :class:`QuadraticPosition`.  In 2-D
+    the precision is the paper's :math:`\begin{pmatrix} a & b\\ b & c\end{pmatrix}`.
+    """
+
+    grid: tuple[int, ...]
+    centres: Array
+    inv_sqrt_cov: Array
+    boundary: str = "zero"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "grid", _grid(self.grid))
+        d = len(self.grid)
+        K = _check_centres(self.centres, d)
+        if tuple(self.inv_sqrt_cov.shape) != (K, d, d):
+            raise ValueError(
+                f"inv_sqrt_cov must have shape (K, d, d) = ({K}, {d}, {d}), "
+                f"got {shape_str(tuple(self.inv_sqrt_cov.shape))}"
+            )
+        relative_offsets(self.grid, self.boundary)
+
+    @property
+    def heads(self) -> int:
+        return int(self.centres.shape[0])
+
+    def precision(self) -> Array:
+        r""":math:`\Sigma_h^{-1} = S_h^\top S_h`, ``(K, d, d)``."""
+        return einsum("kij,kil->kjl", self.inv_sqrt_cov, self.inv_sqrt_cov)
+
+    def offset_scores(self) -> Array:
+        diff = _wrapped_difference(self.relative, self.centres)
+        proj = einsum("kij,koj->koi", self.inv_sqrt_cov, diff)
+        return -0.5 * (proj * proj).sum(-1)
+
+
+def _check_tables(tables: Sequence[Array], rel: RelativeOffsets) -> tuple[int, ...]:
+    if len(tables) != len(rel.grid):
+        raise ValueError(f"give one table per grid axis: {len(rel.grid)} tables, got {len(tables)}")
+    widths = []
+    for i, (t, length) in enumerate(zip(tables, rel.lengths, strict=True)):
+        check_array(t, f"tables[{i}]", (2,), ("(L, D_i)",))
+        if int(t.shape[0]) != length:
+            raise ValueError(
+                f"tables[{i}] must have {length} rows (the {rel.boundary} offsets of an axis of "
+                f"{rel.grid[i]}), got {shape_str(tuple(t.shape))}"
+            )
+        widths.append(int(t.shape[1]))
+    return tuple(widths)
+
+
+def _axis_sum(per_axis: Sequence[Array], lengths: tuple[int, ...]) -> Array:
+    """``(K, L_1) ... (K, L_d)`` -> ``(K, O)``: the sum over axes at every offset (row-major)."""
+    d = len(per_axis)
+    total = None
+    for i, s in enumerate(per_axis):
+        shape = [int(s.shape[0])] + [lengths[j] if j == i else 1 for j in range(d)]
+        term = s.reshape(shape)
+        total = term if total is None else total + term
+    assert total is not None
+    return total.reshape(int(total.shape[0]), -1)
+
+
+def _split(a: Array, widths: tuple[int, ...], axis: int) -> list[Array]:
+    out, start = [], 0
+    for w in widths:
+        index = [slice(None)] * a.ndim
+        index[axis] = slice(start, start + w)
+        out.append(a[tuple(index)])
+        start += w
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class LearnedPosition(PositionalMechanism):
+    r"""Learned relative embeddings, position only: :math:`a_{hmn} = t_h\cdot r_{\delta_{mn}}`.
+
+    :math:`r_\delta` concatenates one row per axis, :math:`r^{(i)}_{\delta_i}` from ``tables[i]``
+    (``(L_i, D_i)``: a row table and a column table in 2-D), so :math:`D_p = \sum_i D_i`; the
+    paper's :math:`v^\top\hat W r_\delta` is this with :math:`t_h = \hat W^\top v_h` (``weight``,
+    ``(K, D_p)``).  The score is a sum of per-axis terms, computed per axis.
+    """
+
+    grid: tuple[int, ...]
+    tables: tuple[Array, ...]
+    weight: Array
+    boundary: str = "zero"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "grid", _grid(self.grid))
+        object.__setattr__(self, "tables", tuple(self.tables))
+        widths = _check_tables(self.tables, relative_offsets(self.grid, self.boundary))
+        check_array(self.weight, "weight", (2,), ("(K, D_p)",))
+        if int(self.weight.shape[1]) != sum(widths):
+            raise ValueError(
+                f"weight must have shape (K, D_p) with D_p = {sum(widths)} (the tables' widths {widths}), "
+                f"got {shape_str(tuple(self.weight.shape))}"
+            )
+
+    @property
+    def heads(self) -> int:
+        return int(self.weight.shape[0])
+
+    def offset_scores(self) -> Array:
+        widths = tuple(int(t.shape[1]) for t in self.tables)
+        parts = _split(self.weight, widths, 1)
+        return _axis_sum([w @ t.T for w, t in zip(parts, self.tables, strict=True)], self.relative.lengths)
+
+
+@dataclass(frozen=True, eq=False)
+class RelativeAttention(Mechanism):
+    r"""Content and learned relative position together: the four terms of Eq. 5.
+
+    With keys :math:`k_m = x_m W^k_h` and queries :math:`q_n = z_n W^q_h` (``key``/``query``,
+    ``(K, P, D)``), the projected embedding :math:`\hat r_\delta = \hat W_h^\top r_\delta`
+    (``rel_key``, ``(K, D_p, D)``, with :math:`r_\delta` from per-axis ``tables`` as in
+    :class:`LearnedPosition`), and the vectors ``u`` and ``v`` (``(K, D)``):
+
+    .. math:: a_{hmn} = \mathrm{scale}\,\big(q_n\cdot k_m + q_n\cdot\hat r_{\delta_{mn}} + u_h\cdot k_m
+              + v_h\cdot\hat r_{\delta_{mn}}\big).
+
+    A term is present when its parameters are given (``key`` and ``query``; ``query`` and
+    ``rel_key``; ``key`` and ``u``; ``rel_key`` and ``v``).  The query-position term is computed
+    per axis against the :math:`L_i` offsets of the axis and gathered, never through an
+    ``(M, N, D)`` tensor of embeddings.
+    """
+
+    grid: tuple[int, ...]
+    tables: tuple[Array, ...]
+    key: Array | None = None
+    query: Array | None = None
+    rel_key: Array | None = None
+    u: Array | None = None
+    v: Array | None = None
+    boundary: str = "zero"
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "grid", _grid(self.grid))
+        object.__setattr__(self, "tables", tuple(self.tables))
+        widths = _check_tables(self.tables, relative_offsets(self.grid, self.boundary))
+        terms = self._terms()
+        if not any(terms):
+            raise ValueError("RelativeAttention needs one of: key+query, query+rel_key, key+u, rel_key+v")
+        named = (("key", self.key), ("query", self.query), ("rel_key", self.rel_key))
+        given = {n: a for n, a in named if a is not None}
+        for name, a in given.items():
+            check_array(a, name, (3,), (f"(K, {'D_p' if name == 'rel_key' else 'P'}, D)",))
+        dims = {(int(a.shape[0]), int(a.shape[2])) for a in given.values()}
+        for name, a in (("u", self.u), ("v", self.v)):
+            if a is not None:
+                check_array(a, name, (2,), ("(K, D)",))
+                dims.add((int(a.shape[0]), int(a.shape[1])))
+        if len(dims) != 1:
+            raise ValueError(f"key, query, rel_key, u and v must share (K, D), got {sorted(dims)}")
+        if self.rel_key is not None and int(self.rel_key.shape[1]) != sum(widths):
+            raise ValueError(
+                f"rel_key must have shape (K, D_p, D) with D_p = {sum(widths)} (the tables' widths), "
+                f"got {shape_str(tuple(self.rel_key.shape))}"
+            )
+
+    def _terms(self) -> tuple[bool, bool, bool, bool]:
+        k, q, r = self.key is not None, self.query is not None, self.rel_key is not None
+        return k and q, q and r, k and self.u is not None, r and self.v is not None
+
+    @property
+    def heads(self) -> int:
+        for a in (self.key, self.query, self.rel_key, self.u, self.v):
+            if a is not None:
+                return int(a.shape[0])
+        raise AssertionError("unreachable: __post_init__ requires a term")
+
+    @property
+    def relative(self) -> RelativeOffsets:
+        return relative_offsets(self.grid, self.boundary)
+
+    def _projected_tables(self) -> list[Array]:
+        """Per axis :math:`\\hat W_h^{(i)\\top} r^{(i)}`, ``(K, L_i, D)``."""
+        assert self.rel_key is not None
+        widths = tuple(int(t.shape[1]) for t in self.tables)
+        parts = _split(self.rel_key, widths, 1)
+        return [einsum("le,ked->kld", t, w) for t, w in zip(self.tables, parts, strict=True)]
+
+    def scores(self, x: Array, z: Array) -> Array:
+        rel = self.relative
+        M, N = rel.index.shape
+        if int(x.shape[1]) != M or int(z.shape[1]) != N:
+            raise ValueError(
+                f"RelativeAttention on the grid {self.grid} needs {M} positions, got x with "
+                f"{int(x.shape[1])} and z with {int(z.shape[1])}"
+            )
+        content, query_pos, key_bias, position = self._terms()
+        keys = einsum("bmp,kpd->bkmd", x, self.key) if self.key is not None else None
+        queries = einsum("bnp,kpd->bknd", z, self.query) if self.query is not None else None
+        B, K = int(x.shape[0]), self.heads
+        total: Any = 0.0
+        if content:
+            assert keys is not None and queries is not None
+            total = total + keys @ (queries.transpose(-1, -2) if is_torch(keys) else queries.swapaxes(-1, -2))
+        if key_bias:
+            total = total + einsum("bkmd,kd->bkm", keys, self.u)[..., None]
+        if query_pos or position:
+            projected = self._projected_tables()
+        if query_pos:
+            for i, table in enumerate(projected):
+                per_offset = einsum("bknd,kld->bknl", queries, table)  # (B, K, N, L_i)
+                idx = _as_index(np.ascontiguousarray(rel.axis_index[i].T), per_offset)  # (N, M)
+                if is_torch(per_offset):
+                    gathered = per_offset.gather(-1, idx.expand(B, K, N, M))
+                else:
+                    gathered = np.take_along_axis(per_offset, np.broadcast_to(idx, (B, K, N, M)), -1)
+                total = total + (gathered.transpose(-1, -2) if is_torch(gathered) else gathered.swapaxes(-1, -2))
+        if position:
+            per_axis = [einsum("kld,kd->kl", t, self.v) for t in projected]
+            offset_scores = _axis_sum(per_axis, rel.lengths)
+            total = total + offset_scores[:, _as_index(rel.index, offset_scores)][None]
+        return total * self.scale if self.scale != 1.0 else total
+
+
+def positional_basis(
+    grid: Any,
+    centres: Array,
+    alpha: Array | None = None,
+    boundary: str = "zero",
+) -> DenseBasis:
+    r"""Quadratic-encoding heads as a dense ``(H, M, N)`` basis; ``alpha=None`` is the hard limit.
+
+    Hard heads (:math:`\alpha\to\infty`) are one-hot on the input at offset :math:`\Delta_h` from
+    each output, i.e. exactly the shift matrix of that offset (a ``"zero"`` grid leaves the
+    columns whose target falls off the grid empty, which is zero padding; a ``"periodic"`` grid
+    wraps), so ``centres`` must be integers.  With a finite ``alpha`` each column is the softmax
+    of :class:`QuadraticPosition` over the grid.
+    """
+    if alpha is not None:
+        basis = QuadraticPosition(grid, centres, alpha, boundary).basis()
+        assert isinstance(basis, DenseBasis)
+        return basis
+    g = _grid(grid)
+    _check_centres(centres, len(g))
+    offsets = _detached(centres)
+    if not np.allclose(offsets, np.round(offsets)):
+        raise ValueError("hard attention (alpha=None) needs integer centres (the offsets it attends to)")
+    like = centres if is_torch(centres) and centres.is_floating_point() else None
+    shifts = GridBasis(g, g, np.round(offsets).astype(np.int64), 1, boundary, like=like)
+    return DenseBasis(shifts.to_dense())

@@ -1,0 +1,381 @@
+"""Relative-position mechanisms, their shared bases, the positional layer and the conv = attention converse."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from structconv import (
+    BiAffine,
+    GaussianPosition,
+    LearnedPosition,
+    LowRank,
+    QuadraticPosition,
+    RelativeAttention,
+    attention_basis,
+    conv,
+    grid_basis,
+)
+from structconv.positional import positional_basis, relative_offsets
+
+D64 = torch.float64
+
+
+def _positions(grid: tuple[int, ...]) -> np.ndarray:
+    return np.stack(np.meshgrid(*[np.arange(s) for s in grid], indexing="ij"), -1).reshape(-1, len(grid))
+
+
+def _naive_delta(grid: tuple[int, ...], boundary: str) -> np.ndarray:
+    """(M, N, d) offsets pos(m) - pos(n), wrapped on a torus, by explicit loops."""
+    pos = _positions(grid)
+    out = np.zeros((len(pos), len(pos), len(grid)), dtype=np.int64)
+    for m, n in itertools.product(range(len(pos)), repeat=2):
+        for i, s in enumerate(grid):
+            delta = pos[m, i] - pos[n, i]
+            if boundary == "periodic":
+                delta = (delta + s // 2) % s - s // 2
+            out[m, n, i] = delta
+    return out
+
+
+grids = st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple)
+
+
+@given(grid=grids, boundary=st.sampled_from(["zero", "periodic"]))
+def test_relative_offsets_index_every_pair(grid: tuple[int, ...], boundary: str) -> None:
+    rel = relative_offsets(grid, boundary)
+    np.testing.assert_array_equal(rel.offsets[rel.index], _naive_delta(grid, boundary))
+    assert len(rel.offsets) == math.prod(rel.lengths)
+
+
+@given(seed=st.integers(0, 2**31), grid=grids, boundary=st.sampled_from(["zero", "periodic"]))
+def test_isotropic_gaussian_is_the_quadratic_encoding(seed: int, grid: tuple[int, ...], boundary: str) -> None:
+    rng = np.random.default_rng(seed)
+    H, d = 3, len(grid)
+    centres = torch.from_numpy(rng.normal(size=(H, d)))
+    alpha = torch.from_numpy(rng.uniform(0.2, 3.0, size=H))
+    quad = QuadraticPosition(grid, centres, alpha, boundary)
+    gauss = GaussianPosition(grid, centres, torch.sqrt(2 * alpha)[:, None, None] * torch.eye(d, dtype=D64), boundary)
+    torch.testing.assert_close(gauss.offset_scores(), quad.offset_scores())
+    # Against the explicit formula -alpha |delta - Delta|^2 (periodic: shortest wrapped difference).
+    delta = torch.from_numpy(_naive_delta(grid, boundary)).double()
+    diff = delta[None] - centres[:, None, None]
+    if boundary == "periodic":
+        size = torch.tensor(grid, dtype=D64)
+        diff = torch.remainder(diff + size // 2, size) - size // 2
+    torch.testing.assert_close(quad.dense_scores(), -alpha[:, None, None] * (diff**2).sum(-1))
+
+
+@given(seed=st.integers(0, 2**31))
+def test_non_isotropic_gaussian_scores_and_psd_precision(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    grid, H = (4, 5), 2
+    centres = torch.from_numpy(rng.normal(size=(H, 2)))
+    S = torch.from_numpy(rng.normal(size=(H, 2, 2)))
+    mech = GaussianPosition(grid, centres, S)
+    precision = mech.precision()
+    assert bool((torch.linalg.eigvalsh(precision) >= -1e-12).all())
+    delta = torch.from_numpy(_naive_delta(grid, "zero")).double()
+    diff = delta[None] - centres[:, None, None]
+    ref = -0.5 * torch.einsum("hmni,hij,hmnj->hmn", diff, precision, diff)
+    torch.testing.assert_close(mech.dense_scores(), ref)
+
+
+def _tables(grid: tuple[int, ...], boundary: str, widths: tuple[int, ...], seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = relative_offsets(grid, boundary).lengths
+    return tuple(torch.randn(n, w, generator=g, dtype=D64) for n, w in zip(lengths, widths, strict=True))
+
+
+def _embedding(grid: tuple[int, ...], boundary: str, tables: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """r_delta for every pair (M, N, D_p), concatenating per-axis rows, by explicit indexing."""
+    delta = _naive_delta(grid, boundary)
+    lows = relative_offsets(grid, boundary).lows
+    parts = [tables[i][torch.from_numpy(delta[..., i] - lows[i])] for i in range(len(grid))]
+    return torch.cat(parts, -1)
+
+
+@given(seed=st.integers(0, 2**31), grid=grids, boundary=st.sampled_from(["zero", "periodic"]))
+def test_learned_position_is_a_dot_product_with_the_embedding(seed: int, grid: tuple[int, ...], boundary: str) -> None:
+    widths = tuple(2 + i for i in range(len(grid)))
+    tables = _tables(grid, boundary, widths, seed)
+    weight = torch.randn(3, sum(widths), dtype=D64, generator=torch.Generator().manual_seed(seed + 1))
+    mech = LearnedPosition(grid, tables, weight, boundary)
+    ref = torch.einsum("hc,mnc->hmn", weight, _embedding(grid, boundary, tables))
+    torch.testing.assert_close(mech.dense_scores(), ref)
+
+
+@given(seed=st.integers(0, 2**31), boundary=st.sampled_from(["zero", "periodic"]))
+def test_relative_attention_has_the_four_terms_of_eq5(seed: int, boundary: str) -> None:
+    g = torch.Generator().manual_seed(seed)
+    grid, H, P, D, widths = (3, 4), 2, 5, 3, (2, 3)
+    tables = _tables(grid, boundary, widths, seed)
+    key, query = torch.randn(H, P, D, generator=g, dtype=D64), torch.randn(H, P, D, generator=g, dtype=D64)
+    rel_key = torch.randn(H, sum(widths), D, generator=g, dtype=D64)
+    u, v = torch.randn(H, D, generator=g, dtype=D64), torch.randn(H, D, generator=g, dtype=D64)
+    x = torch.randn(2, 12, P, generator=g, dtype=D64)
+    mech = RelativeAttention(grid, tables, key, query, rel_key, u, v, boundary, scale=0.5)
+    k, q = torch.einsum("bmp,hpd->bhmd", x, key), torch.einsum("bnp,hpd->bhnd", x, query)
+    r_hat = torch.einsum("mnc,hcd->hmnd", _embedding(grid, boundary, tables), rel_key)
+    ref = (
+        torch.einsum("bhnd,bhmd->bhmn", q, k)
+        + torch.einsum("bhnd,hmnd->bhmn", q, r_hat)
+        + torch.einsum("hd,bhmd->bhm", u, k)[..., None]
+        + torch.einsum("hd,hmnd->hmn", v, r_hat)[None]
+    )
+    torch.testing.assert_close(mech.scores(x, x), 0.5 * ref)
+    # Only the position term: the same scores as LearnedPosition with t_h = W_hat_h v_h.
+    only = RelativeAttention(grid, tables, rel_key=rel_key, v=v, boundary=boundary)
+    learned = LearnedPosition(grid, tables, torch.einsum("hcd,hd->hc", rel_key, v), boundary)
+    torch.testing.assert_close(only.scores(x, x)[0], learned.dense_scores())
+
+
+def _mechanisms(grid: tuple[int, ...], boundary: str, seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    H, d = 3, len(grid)
+    centres = torch.from_numpy(rng.uniform(-1.5, 1.5, size=(H, d)))
+    return {
+        "quadratic": QuadraticPosition(grid, centres, torch.from_numpy(rng.uniform(0.3, 4.0, size=H)), boundary),
+        "gaussian": GaussianPosition(grid, centres, torch.from_numpy(rng.normal(size=(H, d, d)) * 1.5), boundary),
+        "learned": LearnedPosition(
+            grid, _tables(grid, boundary, (2,) * d, seed), torch.from_numpy(rng.normal(size=(H, 2 * d))), boundary
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", ["quadratic", "gaussian", "learned"])
+@pytest.mark.parametrize("boundary", ["zero", "periodic"])
+@given(seed=st.integers(0, 2**31), grid=st.tuples(st.integers(2, 7), st.integers(2, 7)))
+def test_truncated_shift_form_is_within_its_threshold(kind: str, boundary: str, seed: int, grid: Any) -> None:
+    mech = _mechanisms(grid, boundary, seed)[kind]
+    dense = mech.basis().to_dense()
+    torch.testing.assert_close(dense.sum(1), torch.ones(3, dense.shape[-1], dtype=D64))  # columns sum to 1
+    threshold = 1e-4
+    try:
+        shifted = mech.basis(threshold, form="shifts")
+    except ValueError as err:  # weights spanning beyond the dtype: the dense form is the only one
+        assert "dense form" in str(err)
+        return
+    got = shifted.to_dense()
+    dropped = len(relative_offsets(grid, boundary).offsets)
+    column_error = (got - dense).abs().sum(1)  # (H, N)
+    assert float(column_error.max()) <= 2 * threshold * dropped + 1e-12
+    x = torch.randn(2, grid[0] * grid[1], 3, dtype=D64)
+    theta = torch.randn(3, 3, 2, dtype=D64)
+    exact = mech.basis(1e-15, form="shifts") if kind != "learned" else mech.basis()
+    torch.testing.assert_close(conv(exact, x, theta), conv(dense, x, theta), atol=1e-10, rtol=1e-10)
+
+
+def test_far_centres_on_a_zero_grid_keep_each_columns_best_taps() -> None:
+    # The best in-grid weight of border columns is far below the head's peak; truncating against
+    # the peak would empty them.  The threshold is relative to the weakest column's best.
+    mech = QuadraticPosition((6, 6), torch.tensor([[4.0, 4.0]], dtype=D64), torch.tensor([1.0], dtype=D64))
+    dense = mech.basis().to_dense()
+    shifted = mech.basis(1e-6, form="shifts").to_dense()
+    assert float((shifted - dense).abs().sum(1).max()) < 1e-6 * 121
+
+
+@pytest.mark.parametrize("kind", ["quadratic", "gaussian", "learned"])
+def test_every_positional_mechanism_gradchecks(kind: str) -> None:
+    grid, H = (3, 4), 3
+    x = torch.randn(2, 12, 2, dtype=D64)
+    theta = torch.randn(H, 2, 2, dtype=D64)
+    base = _mechanisms(grid, "zero", 7)[kind]
+    names = {"quadratic": ("centres", "alpha"), "gaussian": ("centres", "inv_sqrt_cov"), "learned": ("weight",)}[kind]
+    params = [getattr(base, n).clone().requires_grad_(True) for n in names]
+
+    def f(*ps: torch.Tensor) -> torch.Tensor:
+        mech = type(base)(**{**base.__dict__, **dict(zip(names, ps, strict=True))})
+        return conv(mech.basis(), x, theta)
+
+    assert torch.autograd.gradcheck(f, tuple(params))
+    if kind != "learned":
+
+        def g(*ps: torch.Tensor) -> torch.Tensor:
+            mech = type(base)(**{**base.__dict__, **dict(zip(names, ps, strict=True))})
+            return conv(mech.basis(1e-10, form="shifts"), x, theta)
+
+        assert torch.autograd.gradcheck(g, tuple(params))
+
+
+def test_relative_attention_and_combined_mechanisms_gradcheck() -> None:
+    g = torch.Generator().manual_seed(3)
+    grid, H, P, D = (3, 3), 2, 3, 2
+    tables = tuple(torch.randn(5, 2, generator=g, dtype=D64) for _ in range(2))
+    parts = [torch.randn(*s, generator=g, dtype=D64, requires_grad=True) for s in ((H, P, D), (H, P, D), (H, 4, D))]
+    u, v = (torch.randn(H, D, generator=g, dtype=D64, requires_grad=True) for _ in range(2))
+    x = torch.randn(2, 9, P, generator=g, dtype=D64, requires_grad=True)
+    theta = torch.randn(H, P, 2, generator=g, dtype=D64)
+
+    def f(x: torch.Tensor, key: torch.Tensor, query: torch.Tensor, rel: torch.Tensor, u: Any, v: Any) -> Any:
+        mech = RelativeAttention(grid, tables, key, query, rel, u, v, scale=0.7)
+        return conv(attention_basis(x, mechanism=mech), x, theta)
+
+    assert torch.autograd.gradcheck(f, (x, *parts, u, v))
+    centres = torch.randn(H, 2, generator=g, dtype=D64, requires_grad=True)
+    alpha = torch.rand(H, generator=g, dtype=D64) + 0.5
+
+    def h(x: torch.Tensor, key: torch.Tensor, query: torch.Tensor, c: torch.Tensor) -> Any:
+        content = BiAffine(key=key, query=query, scale=0.5)
+        position = QuadraticPosition(grid, c, alpha)
+        both = attention_basis(x, mechanism=content + position)
+        prod = attention_basis(x, mechanism=content * position, leaky_relu=0.2)
+        return conv(both, x, theta) + conv(prod, x, theta)
+
+    assert torch.autograd.gradcheck(h, (x, parts[0], parts[1], centres))
+
+
+def test_combined_mechanisms_add_and_multiply_scores() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, 3, generator=g, dtype=D64)
+    a = BiAffine(bilinear=torch.randn(2, 3, 3, generator=g, dtype=D64))
+    b = QuadraticPosition((2, 3), torch.randn(2, 2, generator=g, dtype=D64), torch.ones(2, dtype=D64))
+    torch.testing.assert_close((a + b).scores(x, x), a.scores(x, x) + b.scores(x, x))
+    torch.testing.assert_close((a * b).scores(x, x), a.scores(x, x) * b.scores(x, x))
+    assert not (a + b).positional and (b + b).positional
+    with pytest.raises(ValueError, match=r"sum of 2 and 1 heads"):
+        _ = a + QuadraticPosition((2, 3), torch.zeros(1, 2, dtype=D64), torch.ones(1, dtype=D64))
+
+
+@pytest.mark.parametrize("grid", [(7,), (4, 5), (3, 4, 3)])
+@pytest.mark.parametrize("boundary", ["zero", "periodic"])
+def test_hard_heads_equal_the_grid_basis_in_every_dimension(grid: tuple[int, ...], boundary: str) -> None:
+    A = grid_basis(grid, 3, padding="same", boundary=boundary)
+    heads = positional_basis(grid, torch.from_numpy(A.offsets).double(), None, boundary)
+    np.testing.assert_array_equal(heads.to_dense().numpy(), A.to_dense())
+    # and soft heads at a large alpha approach them (D_p = d + 1 quadratic encoding in n-D)
+    soft = QuadraticPosition(grid, torch.from_numpy(A.offsets).double(), torch.full((A.K,), 40.0, dtype=D64), boundary)
+    if boundary == "periodic":
+        np.testing.assert_allclose(soft.basis().to_dense().numpy(), A.to_dense(), atol=1e-15)
+
+
+def test_positional_errors() -> None:
+    c = torch.zeros(2, 2, dtype=D64)
+    with pytest.raises(ValueError, match=r"alpha must be positive"):
+        QuadraticPosition((3, 3), c, torch.tensor([1.0, -1.0], dtype=D64))
+    with pytest.raises(ValueError, match=r"centres must have shape \(K, 2\)"):
+        QuadraticPosition((3, 3), torch.zeros(2, 3, dtype=D64), torch.ones(2, dtype=D64))
+    with pytest.raises(ValueError, match=r"inv_sqrt_cov must have shape \(K, d, d\) = \(2, 2, 2\)"):
+        GaussianPosition((3, 3), c, torch.ones(2, 2, dtype=D64))
+    with pytest.raises(ValueError, match=r"tables\[1\] must have 5 rows"):
+        LearnedPosition((3, 3), (torch.ones(5, 2), torch.ones(4, 2)), torch.ones(2, 4))
+    with pytest.raises(ValueError, match=r"give one table per grid axis"):
+        LearnedPosition((3, 3), (torch.ones(5, 2),), torch.ones(2, 2))
+    with pytest.raises(ValueError, match=r"weight must have shape \(K, D_p\) with D_p = 4"):
+        LearnedPosition((3, 3), (torch.ones(5, 2), torch.ones(5, 2)), torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"threshold must lie in \(0, 1\)"):
+        QuadraticPosition((3, 3), c, torch.ones(2, dtype=D64)).basis(threshold=2.0)
+    with pytest.raises(ValueError, match=r"needs 9 positions, got x with 8"):
+        QuadraticPosition((3, 3), c, torch.ones(2, dtype=D64)).scores(torch.ones(1, 8, 2), torch.ones(1, 8, 2))
+    with pytest.raises(ValueError, match=r"RelativeAttention needs one of"):
+        RelativeAttention((3, 3), (torch.ones(5, 2), torch.ones(5, 2)), key=torch.ones(2, 3, 2))
+
+
+# --- the layer ---------------------------------------------------------------------------------------
+VARIANTS = [("quadratic", False), ("gaussian", False), ("learned", False), ("learned", True), ("quadratic", True)]
+
+
+@pytest.mark.parametrize(("encoding", "content"), VARIANTS)
+@pytest.mark.parametrize("head_dim", [None, 3])
+def test_positional_layer_equals_the_dense_computation(encoding: str, content: bool, head_dim: int | None) -> None:
+    from structconv.nn import PositionalAttention
+
+    torch.manual_seed(0)
+    layer = PositionalAttention(
+        (4, 5), 8, 3, encoding=encoding, content=content, head_dim=head_dim, positional_dim=6, alpha=0.7,
+        threshold=1e-12,
+    ).double()  # fmt: skip
+    x = torch.randn(2, 4, 5, 8, dtype=D64, requires_grad=True)
+    y = layer(x)
+    assert y.shape == x.shape
+    flat = x.reshape(2, 20, 8)
+    weights = attention_basis(flat, mechanism=layer.mechanism()).to_dense()  # (B, H, M, N), dense softmax
+    theta = layer.theta if head_dim is None else torch.einsum("hpd,hqd->hpq", layer.value, layer.out)
+    ref = torch.einsum("bhmn,bmp,hpq->bnq", weights, flat, theta) + layer.bias
+    torch.testing.assert_close(y.reshape(2, 20, 8), ref)
+    if not content:  # position-only heads: one basis shared by the batch
+        assert layer.basis().batch is None
+    y.square().sum().backward()
+    assert x.grad is not None
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and bool(torch.isfinite(p.grad).all()), name
+
+
+def test_positional_layer_errors() -> None:
+    from structconv.nn import PositionalAttention
+
+    with pytest.raises(ValueError, match=r"encoding must be one of"):
+        PositionalAttention((4, 4), 8, 2, encoding="sinusoidal")
+    with pytest.raises(ValueError, match=r"alpha must be positive"):
+        PositionalAttention((4, 4), 8, 2, alpha=0.0)
+    with pytest.raises(ValueError, match=r"num_heads must be a positive integer"):
+        PositionalAttention((4, 4), 8, 0)
+    layer = PositionalAttention((4, 4), 8, 2)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, 16, 8\) or \(B, 4, 4, 8\)"):
+        layer(torch.randn(2, 15, 8))
+    assert {id(p) for p in layer.positional_parameters()} == {id(layer.centres), id(layer.log_alpha)}
+
+
+# --- the converse: attention heads back to a convolution ------------------------------------------------
+@pytest.mark.parametrize("boundary", ["zero", "periodic"])
+@given(seed=st.integers(0, 2**31), k=st.sampled_from([1, 3]), size=st.integers(3, 6))
+def test_one_hot_heads_come_back_as_the_grid_convolution(boundary: str, seed: int, k: int, size: int) -> None:
+    from structconv.theory import attention_to_conv, conv_to_attention, nearest_convolution
+
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(3, 2, k, k, generator=g, dtype=D64)
+    basis, theta, _ = conv_to_attention(weight, (size, size), boundary=boundary)
+    fit = nearest_convolution(basis, (size, size), boundary)
+    assert fit.is_convolution() and np.allclose(fit.distance, 0.0)
+    grid, merged = attention_to_conv(basis, theta, (size, size), boundary)
+    x = torch.randn(2, size * size, 2, generator=g, dtype=D64)
+    torch.testing.assert_close(conv(grid, x, merged), conv(basis, x, theta))
+
+
+def test_soft_heads_are_measured_against_their_nearest_shift() -> None:
+    from structconv.theory import attention_to_conv, nearest_convolution
+
+    centres = torch.tensor([[1.0, 0.0], [0.0, -1.0], [0.3, 0.4]], dtype=D64)
+    mech = QuadraticPosition((6, 6), centres, torch.tensor([30.0, 2.0, 0.5], dtype=D64), "periodic")
+    fit = nearest_convolution(mech.basis(), (6, 6), "periodic")
+    np.testing.assert_array_equal(fit.offsets, [[1, 0], [0, -1], [0, 0]])
+    assert fit.distance[0] < 1e-10 < fit.distance[1] < fit.distance[2] < 1
+    with pytest.raises(ValueError, match=r"head 1 is at distance .* from its nearest one-hot shift \(0, -1\)"):
+        attention_to_conv(mech.basis(), torch.ones(3, 2, 2, dtype=D64), (6, 6), "periodic", tol=1e-6)
+
+
+def test_theorem_channel_bound_padded_tokens_and_errors() -> None:
+    from torch.nn import functional as F  # noqa: N812
+
+    from structconv.theory import attention_alpha_bound, conv_to_attention
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 6, 7, generator=g)
+    weight, bias = torch.randn(4, 3, 3, 3, generator=g) / 3, torch.randn(4, generator=g)
+    ref = F.conv2d(x, weight, bias, padding=1)  # zero padding
+    xb = x.flatten(2).transpose(1, 2)
+    alpha = attention_alpha_bound(torch.float32)
+    basis, theta, b = conv_to_attention(weight, (6, 7), bias, alpha=alpha, boundary="padded", head_dim=5, out_dim=6)
+    assert isinstance(theta, LowRank) and theta.rank == 5 and b is not None
+    y = conv(basis, xb, theta) + b
+    assert y.shape == (2, 42, 6)
+    torch.testing.assert_close(y[..., :4].transpose(1, 2).reshape(ref.shape), ref, rtol=1e-5, atol=1e-5)
+    assert float(y[..., 4:].abs().max()) < 1e-6  # the channels beyond Q stay zero
+    # zero boundary with soft heads renormalises over real pixels: the border differs
+    soft_zero, th, _ = conv_to_attention(weight, (6, 7), alpha=alpha, boundary="zero")
+    assert not torch.allclose((conv(soft_zero, xb, th) + bias).transpose(1, 2).reshape(ref.shape), ref, atol=1e-3)
+    with pytest.raises(ValueError, match=r"express at most min\(D_h, D_out\)=3 output channels .* Q=4"):
+        conv_to_attention(weight, (6, 7), head_dim=3)
+    with pytest.raises(ValueError, match=r"needs 9 heads .* num_heads=4"):
+        conv_to_attention(weight, (6, 7), num_heads=4)
+    with pytest.raises(ValueError, match=r"square kernel"):
+        conv_to_attention(torch.randn(4, 3, 3, 1), (6, 7), num_heads=3)
+    with pytest.raises(ValueError, match=r"boundary must be one of"):
+        conv_to_attention(weight, (6, 7), boundary="reflect")

@@ -195,8 +195,7 @@ class BiAffine(Mechanism):
     def projections(self, x: Array, z: Array) -> tuple[Array, Array]:
         """Keys ``(B, K, M, D)`` and queries ``(B, K, N, D)``, biases included."""
         assert self.key is not None and self.query is not None
-        keys = einsum("bmp,kpd->bkmd", x, self.key)
-        queries = einsum("bnr,krd->bknd", z, self.query)
+        keys, queries = x_theta(x, self.key), x_theta(z, self.query)
         if self.key_bias is not None:
             keys = keys + self.key_bias[None, :, None, :]
         if self.query_bias is not None:
@@ -387,16 +386,47 @@ class AttentionBasis(Basis):
         out: Array = scaled_dot_product_attention(queries, keys, values, attn_mask=allowed, scale=mech.scale)
         return out
 
+    def _fused(self, x: Array, value: Array) -> Array | None:
+        """Self-attention without a mask: keys, queries and values from one GEMM, then SDPA (as torch's layer)."""
+        import torch
+        from torch.nn.functional import scaled_dot_product_attention
+
+        mech = self.mechanism
+        assert isinstance(mech, BiAffine) and mech.key is not None and mech.query is not None
+        if self.mask is not None or x is not self._x or self._z is not self._x:
+            return None
+        B, M, P = (int(s) for s in x.shape)
+        K, _, D = (int(s) for s in mech.key.shape)
+        R = int(value.shape[2])
+        parts = [mech.key, mech.query, value]
+        wide = torch.cat([w.permute(1, 0, 2).reshape(P, -1) for w in parts], 1)
+        flat = x.reshape(B * M, P)
+        if mech.key_bias is not None or mech.query_bias is not None:
+            zeros_kd = flat.new_zeros(K * D)
+            biases = [b.reshape(-1) if b is not None else zeros_kd for b in (mech.key_bias, mech.query_bias)]
+            out = torch.addmm(torch.cat([*biases, flat.new_zeros(K * R)]), flat, wide)
+        else:
+            out = flat @ wide
+        keys = out[:, : K * D].view(B, M, K, D).transpose(1, 2)
+        queries = out[:, K * D : 2 * K * D].view(B, M, K, D).transpose(1, 2)
+        values = out[:, 2 * K * D :].view(B, M, K, R).transpose(1, 2)
+        heads: Array = scaled_dot_product_attention(queries, keys, values, scale=mech.scale)
+        return heads
+
     def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
         if order != "sdpa":
             return None
-        heads = self._sdpa(x_theta(x, theta))
+        heads = self._fused(x, theta)
+        if heads is None:
+            heads = self._sdpa(x_theta(x, theta))
         if heads is None:
             return self.apply_members(x_theta(x, theta), reduce=True)
         return heads.sum(1)
 
     def run_factored(self, order: str, x: Array, value: Array, out: Array) -> Array:
-        heads = self._sdpa(x_theta(x, value))
+        heads = self._fused(x, value)
+        if heads is None:
+            heads = self._sdpa(x_theta(x, value))
         if heads is None:
             heads = self.apply_members(x_theta(x, value), reduce=False)
         B, K, N, R = (int(s) for s in heads.shape)

@@ -48,10 +48,21 @@ from .attention import Mechanism, masked_softmax
 from .basis import Basis
 from .dense import DenseBasis
 from .grid import BOUNDARIES, GridBasis, _grid
+from .kronecker import KroneckerBasis
 
 #: Log-range of a head's weights beyond which :meth:`PositionalMechanism.basis` stays dense
 #: (the shift form holds the weights relative to one shift, which must not under- or overflow).
 _LOG_RANGE = 60.0
+
+#: The Kronecker form's per-axis passes are memory-bound: measured on CPU (16x16 grid, 9 heads,
+#: batch 100, 44 channels per head) they took 2.7x the time of one dense GEMM over all 256
+#: positions, so "auto" picks it only from about a thousand positions (a 32x32 grid) on.
+_KRONECKER_MIN_POSITIONS = 1024
+
+#: A tap of the shift form is a memory-bound pass over the activations while a dense entry is a
+#: GEMM flop; measured on CPU (benchmarks/bench_attention.py) a tap costs about as much as 16
+#: dense entries, so the shift form is chosen only below that.
+_SHIFT_COST = 16
 
 
 @dataclass(frozen=True)
@@ -152,6 +163,26 @@ class PositionalMechanism(Mechanism):
         """Scores ``(K, O)``, one per head and offset of :attr:`relative`."""
         raise NotImplementedError
 
+    def axis_scores(self) -> list[Array] | None:
+        """Per-axis scores ``(K, L_i)`` whose sum is :meth:`offset_scores`, or ``None`` if not separable."""
+        return None
+
+    def kronecker(self) -> KroneckerBasis | None:
+        """The heads as exact per-axis softmax factors (:class:`~structconv.kronecker.KroneckerBasis`), if separable.
+
+        When the score is a sum of per-axis terms its exponential is a product, and so is the
+        set of grid positions: the column-wise softmax over the grid is the Kronecker product of
+        the per-axis softmaxes.
+        """
+        per_axis = self.axis_scores()
+        if per_axis is None:
+            return None
+        factors = []
+        for size, scores in zip(self.grid, per_axis, strict=True):
+            index = relative_offsets((size,), self.boundary).index
+            factors.append(masked_softmax(scores[:, _as_index(index, scores)]))
+        return KroneckerBasis(factors)
+
     def dense_scores(self) -> Array:
         """Scores ``(K, M, N)``: :meth:`offset_scores` gathered for every pair."""
         s = self.offset_scores()
@@ -174,13 +205,25 @@ class PositionalMechanism(Mechanism):
         weighted :class:`~structconv.GridBasis` (DESIGN.md §3); every dropped weight is then
         below ``threshold`` times the largest weight of its own column, so each column moves by
         at most ``threshold`` times the number of dropped offsets (relative L1).  The shift form
-        is used only when its taps number fewer than half the dense entries (and the weights'
-        range fits the dtype); otherwise the dense softmax is returned.  Gradients flow to the
+        is used only when its taps number fewer than 1/16 of the dense entries (a tap is a pass
+        over the activations, a dense entry a GEMM flop) and the weights' range fits the dtype;
+        otherwise the dense softmax is returned.  Gradients flow to the
         mechanism's parameters either way (the kept set itself is not differentiated).
         ``form="shifts"`` insists on the shift form, ``"dense"`` on the dense softmax.
+
+        Heads whose scores are a sum of per-axis terms (:class:`QuadraticPosition`,
+        :class:`LearnedPosition`) are returned exactly, whatever the threshold, as the Kronecker
+        product of per-axis softmaxes (:meth:`kronecker`) when ``form="kronecker"``, and by
+        ``"auto"`` on grids of at least 1024 positions (below that one dense GEMM is faster).
         """
-        if form not in ("auto", "shifts", "dense"):
-            raise ValueError(f"form must be 'auto', 'shifts' or 'dense', got {form!r}")
+        if form not in ("auto", "shifts", "dense", "kronecker"):
+            raise ValueError(f"form must be 'auto', 'kronecker', 'shifts' or 'dense', got {form!r}")
+        if form == "kronecker" or (form == "auto" and self.relative.index.shape[0] >= _KRONECKER_MIN_POSITIONS):
+            separable = self.kronecker()
+            if separable is not None:
+                return separable
+            if form == "kronecker":
+                raise ValueError(f"{type(self).__name__} heads are not separable by axis; use form='shifts' or 'dense'")
         scores = self.offset_scores()
         rel = self.relative
         dense = scores[:, _as_index(rel.index, scores)]
@@ -200,7 +243,7 @@ class PositionalMechanism(Mechanism):
                 f"a head's weights span more than e^{_LOG_RANGE:g} across columns; the shift form would "
                 "under- or overflow (use the dense form)"
             )
-        if too_wide or (form == "auto" and 2 * int(keep.sum()) >= K * M):
+        if too_wide or (form == "auto" and _SHIFT_COST * int(keep.sum()) >= K * M):
             return DenseBasis(masked_softmax(dense))
         from .composite import ConcatBasis
 
@@ -273,6 +316,13 @@ class QuadraticPosition(PositionalMechanism):
     def offset_scores(self) -> Array:
         diff = _wrapped_difference(self.relative, self.centres)
         return -self.alpha[:, None] * (diff * diff).sum(-1)
+
+    def axis_scores(self) -> list[Array]:
+        out = []
+        for i, size in enumerate(self.grid):
+            diff = _wrapped_difference(relative_offsets((size,), self.boundary), self.centres[:, i : i + 1])
+            out.append(-self.alpha[:, None] * diff[..., 0] ** 2)
+        return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -382,10 +432,13 @@ class LearnedPosition(PositionalMechanism):
     def heads(self) -> int:
         return int(self.weight.shape[0])
 
-    def offset_scores(self) -> Array:
+    def axis_scores(self) -> list[Array]:
         widths = tuple(int(t.shape[1]) for t in self.tables)
         parts = _split(self.weight, widths, 1)
-        return _axis_sum([w @ t.T for w, t in zip(parts, self.tables, strict=True)], self.relative.lengths)
+        return [w @ t.T for w, t in zip(parts, self.tables, strict=True)]
+
+    def offset_scores(self) -> Array:
+        return _axis_sum(self.axis_scores(), self.relative.lengths)
 
 
 @dataclass(frozen=True, eq=False)
@@ -513,7 +566,7 @@ def positional_basis(
     of :class:`QuadraticPosition` over the grid.
     """
     if alpha is not None:
-        basis = QuadraticPosition(grid, centres, alpha, boundary).basis()
+        basis = QuadraticPosition(grid, centres, alpha, boundary).basis(form="dense")
         assert isinstance(basis, DenseBasis)
         return basis
     g = _grid(grid)

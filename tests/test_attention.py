@@ -301,3 +301,25 @@ def test_mask_errors_name_the_mask() -> None:
         attention_basis(x, mechanism="dot")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"key_bias must have shape \(K, D\) = \(2, 2\)"):
         BiAffine(key=torch.randn(2, 3, 2), query=torch.randn(2, 3, 2), key_bias=torch.randn(2, 3))
+
+
+def test_gradcheck_through_the_fused_order() -> None:
+    from structconv import LowRank, conv
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    key, query, value, out = (
+        torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True)
+        for s in ((2, 4, 3), (2, 4, 3), (2, 4, 2), (2, 3, 2))
+    )
+    bias = torch.randn(2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(5, 5, generator=g) < 0.8
+    mask.fill_diagonal_(True)
+
+    def f(x: Any, key: Any, query: Any, bias: Any, value: Any, out: Any) -> Any:
+        mech = BiAffine(key=key, query=query, key_bias=bias, query_bias=bias.flip(0), scale=0.6)
+        fused = conv(attention_basis(x, mechanism=mech), x, LowRank(value, out), order="sdpa")
+        masked = conv(attention_basis(x, mechanism=mech, mask=mask), x, LowRank(value, out), order="sdpa")
+        return fused + masked
+
+    assert torch.autograd.gradcheck(f, (x, key, query, bias, value, out))

@@ -155,7 +155,7 @@ def _mechanisms(grid: tuple[int, ...], boundary: str, seed: int) -> dict[str, An
 @given(seed=st.integers(0, 2**31), grid=st.tuples(st.integers(2, 7), st.integers(2, 7)))
 def test_truncated_shift_form_is_within_its_threshold(kind: str, boundary: str, seed: int, grid: Any) -> None:
     mech = _mechanisms(grid, boundary, seed)[kind]
-    dense = mech.basis().to_dense()
+    dense = mech.basis(form="dense").to_dense()
     torch.testing.assert_close(dense.sum(1), torch.ones(3, dense.shape[-1], dtype=D64))  # columns sum to 1
     threshold = 1e-4
     try:
@@ -169,15 +169,21 @@ def test_truncated_shift_form_is_within_its_threshold(kind: str, boundary: str, 
     assert float(column_error.max()) <= 2 * threshold * dropped + 1e-12
     x = torch.randn(2, grid[0] * grid[1], 3, dtype=D64)
     theta = torch.randn(3, 3, 2, dtype=D64)
-    exact = mech.basis(1e-15, form="shifts") if kind != "learned" else mech.basis()
+    exact = mech.basis(1e-15, form="shifts") if kind != "learned" else mech.basis(form="dense")
     torch.testing.assert_close(conv(exact, x, theta), conv(dense, x, theta), atol=1e-10, rtol=1e-10)
+    if kind != "gaussian":  # a sum of per-axis scores: the softmax is a Kronecker product, exactly
+        kron = mech.basis(threshold, form="kronecker")
+        assert type(kron).__name__ == "KroneckerBasis"
+        torch.testing.assert_close(kron.to_dense(), dense)
+        for order in ("ax", "xtheta"):
+            torch.testing.assert_close(conv(kron, x, theta, order=order), conv(dense, x, theta))
 
 
 def test_far_centres_on_a_zero_grid_keep_each_columns_best_taps() -> None:
     # The best in-grid weight of border columns is far below the head's peak; truncating against
     # the peak would empty them.  The threshold is relative to the weakest column's best.
     mech = QuadraticPosition((6, 6), torch.tensor([[4.0, 4.0]], dtype=D64), torch.tensor([1.0], dtype=D64))
-    dense = mech.basis().to_dense()
+    dense = mech.basis(form="dense").to_dense()
     shifted = mech.basis(1e-6, form="shifts").to_dense()
     assert float((shifted - dense).abs().sum(1).max()) < 1e-6 * 121
 
@@ -193,7 +199,8 @@ def test_every_positional_mechanism_gradchecks(kind: str) -> None:
 
     def f(*ps: torch.Tensor) -> torch.Tensor:
         mech = type(base)(**{**base.__dict__, **dict(zip(names, ps, strict=True))})
-        return conv(mech.basis(), x, theta)
+        dense = conv(mech.basis(form="dense"), x, theta)
+        return dense if kind == "gaussian" else dense + conv(mech.basis(form="kronecker"), x, theta)
 
     assert torch.autograd.gradcheck(f, tuple(params))
     if kind != "learned":
@@ -271,7 +278,9 @@ def test_positional_errors() -> None:
     with pytest.raises(ValueError, match=r"weight must have shape \(K, D_p\) with D_p = 4"):
         LearnedPosition((3, 3), (torch.ones(5, 2), torch.ones(5, 2)), torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"threshold must lie in \(0, 1\)"):
-        QuadraticPosition((3, 3), c, torch.ones(2, dtype=D64)).basis(threshold=2.0)
+        QuadraticPosition((3, 3), c, torch.ones(2, dtype=D64)).basis(threshold=2.0, form="shifts")
+    with pytest.raises(ValueError, match=r"not separable by axis"):
+        GaussianPosition((3, 3), c, torch.ones(2, 2, 2, dtype=D64)).basis(form="kronecker")
     with pytest.raises(ValueError, match=r"needs 9 positions, got x with 8"):
         QuadraticPosition((3, 3), c, torch.ones(2, dtype=D64)).scores(torch.ones(1, 8, 2), torch.ones(1, 8, 2))
     with pytest.raises(ValueError, match=r"RelativeAttention needs one of"):
@@ -344,7 +353,7 @@ def test_soft_heads_are_measured_against_their_nearest_shift() -> None:
 
     centres = torch.tensor([[1.0, 0.0], [0.0, -1.0], [0.3, 0.4]], dtype=D64)
     mech = QuadraticPosition((6, 6), centres, torch.tensor([30.0, 2.0, 0.5], dtype=D64), "periodic")
-    fit = nearest_convolution(mech.basis(), (6, 6), "periodic")
+    fit = nearest_convolution(mech.basis(form="dense"), (6, 6), "periodic")
     np.testing.assert_array_equal(fit.offsets, [[1, 0], [0, -1], [0, 0]])
     assert fit.distance[0] < 1e-10 < fit.distance[1] < fit.distance[2] < 1
     with pytest.raises(ValueError, match=r"head 1 is at distance .* from its nearest one-hot shift \(0, -1\)"):
@@ -379,3 +388,26 @@ def test_theorem_channel_bound_padded_tokens_and_errors() -> None:
         conv_to_attention(torch.randn(4, 3, 3, 1), (6, 7), num_heads=3)
     with pytest.raises(ValueError, match=r"boundary must be one of"):
         conv_to_attention(weight, (6, 7), boundary="reflect")
+
+
+@given(seed=st.integers(0, 2**31), shape=st.lists(st.integers(1, 4), min_size=1, max_size=3))
+def test_kronecker_basis_hooks_equal_its_dense_form(seed: int, shape: list[int]) -> None:
+    from structconv.kronecker import KroneckerBasis
+
+    rng = np.random.default_rng(seed)
+    outs = [int(v) for v in rng.integers(1, 4, size=len(shape))]
+    factors = [rng.normal(size=(2, m, n)) for m, n in zip(shape, outs, strict=True)]
+    A = KroneckerBasis(factors)
+    dense = A.to_dense()
+    expected = factors[0]
+    for f in factors[1:]:
+        expected = np.stack([np.kron(a, b) for a, b in zip(expected, f, strict=True)])
+    np.testing.assert_allclose(dense, expected)
+    x = rng.normal(size=(3, A.M, 2))
+    theta = rng.normal(size=(2, 2, 3))
+    for order in ("ax", "xtheta", "atheta"):
+        np.testing.assert_allclose(conv(A, x, theta, order=order), conv(dense, x, theta), atol=1e-12)
+    np.testing.assert_allclose(A.T.to_dense(), np.swapaxes(dense, -1, -2))
+    torch_basis = KroneckerBasis([torch.from_numpy(f) for f in factors])
+    got = conv(torch_basis, torch.from_numpy(x), torch.from_numpy(theta))
+    torch.testing.assert_close(got, torch.from_numpy(conv(dense, x, theta)))

@@ -1,0 +1,225 @@
+"""Attention through the engine against its peers (issue 5), forward and forward+backward.
+
+Content attention: ``structconv.nn.MultiHeadSelfAttention`` (the engine's ``"sdpa"`` order)
+against ``torch.nn.MultiheadAttention`` with the same weights (eval mode, so that its native
+fast path runs in the forward; dropout 0), on T = 256 (width 400, 8 heads, batch 100) and
+T = 1024 (width 512, 8 heads, batch 32).  Goal: <= 1.15x.
+
+Positional attention: ``structconv.nn.PositionalAttention`` (quadratic heads, built once per
+forward and shared by the batch) against a paper-faithful dense implementation written here:
+scores from the relative encoding for every image, a per-image T x T softmax, the value einsum
+and the output projection, on 16x16 tokens, 9 heads, width 400, batch 100.  Two head widths:
+the paper's D_h = D_out (each head keeps all 400 input channels, then one 3600 -> 400 linear)
+and D_h = 44 (value and output projections, as in a Transformer).  Outputs must agree to 1e-5
+(relative to the largest output).  Goal: >= 3x faster.
+
+    python -m benchmarks.bench_attention                 # the full table (about 10 minutes on 2 cores)
+    python -m benchmarks.bench_attention --scale 0.25    # batches scaled down, a quick look
+    python -m benchmarks.bench_attention --device cuda   # the same on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.harness import Report, Row, interleaved_times, progress
+from structconv.nn import MultiHeadSelfAttention, PositionalAttention
+
+CONTENT = ((256, 400, 8, 100), (1024, 512, 8, 32))  # T, width, heads, batch
+POSITIONAL = ((16, 400, 9, 100, None), (16, 400, 9, 100, 44))  # side, width, heads, batch, head_dim
+GOAL_CONTENT, GOAL_POSITIONAL = 1.15, 3.0
+
+
+def _step(fn: Any, backward: bool, leaves: list[torch.Tensor]) -> Any:
+    def run() -> None:
+        if not backward:
+            with torch.no_grad():
+                fn()
+            return
+        y = fn()
+        y.backward(torch.ones_like(y))
+        for t in leaves:
+            t.grad = None
+
+    return run
+
+
+def _check(name: str, got: torch.Tensor, ref: torch.Tensor, tol: float) -> float:
+    err = float((got - ref).abs().max()) / float(ref.abs().max())
+    if err > tol:
+        raise AssertionError(f"{name} disagrees with the peer: relative error {err:.2e} > {tol:g}")
+    return err
+
+
+def content_row(T: int, E: int, H: int, B: int, backward: bool, repeats: int, device: str) -> Row:
+    torch.manual_seed(0)
+    peer = torch.nn.MultiheadAttention(E, H, batch_first=True, device=device)
+    torch.nn.init.normal_(peer.in_proj_bias, std=0.02)
+    ours = MultiHeadSelfAttention(E, H, device=device)
+    ours.load_state_dict(peer.state_dict())
+    peer.train(backward)  # eval: torch's native fast path in the forward
+    x = torch.randn(B, T, E, device=device, requires_grad=backward)
+    variants = {
+        "torch MHA": lambda: peer(x, x, x, need_weights=False)[0],
+        "structconv": lambda: ours(x),
+    }
+    with torch.no_grad():
+        err = _check("MultiHeadSelfAttention", variants["structconv"](), variants["torch MHA"](), 1e-4)
+    leaves = [x, *ours.parameters(), *peer.parameters()]
+    times = interleaved_times(
+        {n: _step(f, backward, leaves) for n, f in variants.items()}, repeats=repeats, warmup=1, device=device
+    )
+    mode = "fwd+bwd" if backward else "fwd"
+    params = {"T": T, "E": E, "heads": H, "B": B, "pass": mode}
+    return Row(f"content T={T} E={E} B={B} {mode}", params, times, "torch MHA", {"max_rel_err": err})
+
+
+def paper_dense(layer: PositionalAttention, x: torch.Tensor) -> torch.Tensor:
+    """The paper's dense computation: per-image scores and softmax, value einsum, output projection."""
+    B, M, E = x.shape
+    H = layer.num_heads
+    side = layer.grid[0]
+    pos = torch.stack(
+        torch.meshgrid(torch.arange(side, device=x.device), torch.arange(side, device=x.device), indexing="ij"), -1
+    )
+    delta = (pos.reshape(-1, 1, 2) - pos.reshape(1, -1, 2)).to(x.dtype)  # (M keys, N queries, 2)
+    r = torch.cat([(delta**2).sum(-1, keepdim=True), delta], -1)  # the quadratic encoding, D_p = 3
+    alpha = layer.log_alpha.exp()
+    v = -alpha[:, None] * torch.cat([torch.ones_like(alpha)[:, None], -2 * layer.centres], 1)  # (H, 3)
+    scores = torch.einsum("hc,mnc->hnm", v, r)[None].expand(B, H, M, M)  # every image: [query, key]
+    probs = torch.softmax(scores, dim=-1)
+    if layer.head_dim is None:  # D_h = D_out: each head averages the raw input, then one linear map
+        per_head = torch.einsum("bhnm,bme->bnhe", probs, x).reshape(B, M, H * E)
+        y = per_head @ layer.theta.reshape(H * E, E)
+    else:
+        values = torch.einsum("bme,hed->bhmd", x, layer.value)
+        per_head = torch.einsum("bhnm,bhmd->bnhd", probs, values).reshape(B, M, -1)
+        y = per_head @ layer.out.permute(0, 2, 1).reshape(-1, E)
+    assert layer.bias is not None
+    return y + layer.bias
+
+
+def positional_row(
+    side: int, E: int, H: int, B: int, head_dim: int | None, backward: bool, repeats: int, device: str
+) -> Row:
+    torch.manual_seed(0)
+    layer = PositionalAttention((side, side), E, H, head_dim=head_dim).to(device)
+    x = torch.randn(B, side * side, E, device=device, requires_grad=backward)
+    variants = {"paper dense": lambda: paper_dense(layer, x), "structconv": lambda: layer(x)}
+    with torch.no_grad():
+        err = _check("PositionalAttention", variants["structconv"](), variants["paper dense"](), 1e-5)
+    leaves = [x, *layer.parameters()]
+    times = interleaved_times(
+        {n: _step(f, backward, leaves) for n, f in variants.items()}, repeats=repeats, warmup=1, device=device
+    )
+    mode = "fwd+bwd" if backward else "fwd"
+    dh = "D_out" if head_dim is None else str(head_dim)
+    params = {"side": side, "E": E, "heads": H, "B": B, "head_dim": dh, "pass": mode}
+    basis = layer.basis()
+    extra = {"max_rel_err": err, "basis": type(basis).__name__}
+    return Row(f"positional {side}x{side} D_h={dh} B={B} {mode}", params, times, "paper dense", extra)
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["times in ms; ratio = structconv / peer", f"{'case':<44}{'peer':>12}{'structconv':>12}{'ratio':>8}  check"]
+    for r in rows:
+        lines.append(
+            f"{r.case:<44}{1e3 * r.times[r.peer]:>12.1f}{1e3 * r.times['structconv']:>12.1f}"
+            f"{r.ratio('structconv'):>8.2f}  rel err {r.extra['max_rel_err']:.1e}"
+        )
+    content = [r.ratio("structconv") for r in rows if r.case.startswith("content")]
+    positional = [1 / r.ratio("structconv") for r in rows if r.case.startswith("positional")]
+    if content:
+        lines.append(f"content: worst ratio {max(content):.2f} (goal <= {GOAL_CONTENT})")
+    if positional:
+        lines.append(f"positional: smallest speed-up {min(positional):.2f}x (goal >= {GOAL_POSITIONAL}x)")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    """Bar chart of structconv's time over the peer's for every case, with the goals drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(rows)), 4.5))
+    colours = ["tab:blue" if r.case.startswith("content") else "tab:green" for r in rows]
+    ax.bar(range(len(rows)), [r.ratio("structconv") for r in rows], color=colours)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(GOAL_CONTENT, color="tab:blue", linestyle="--", linewidth=0.8, label=f"content goal {GOAL_CONTENT}x")
+    ax.axhline(
+        1 / GOAL_POSITIONAL,
+        color="tab:green",
+        linestyle="--",
+        linewidth=0.8,
+        label=f"positional goal 1/{GOAL_POSITIONAL:g}",
+    )
+    ax.set_xticks(range(len(rows)), [r.case for r in rows], rotation=35, ha="right", fontsize=7)
+    ax.set_ylabel("time / time of the peer")
+    ax.set_title("Attention through structconv (median of interleaved runs)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every batch size (e.g. 0.25)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--only", default="", help="run only cases whose name contains this text")
+    args = parser.parse_args(argv)
+
+    def batch(b: int) -> int:
+        return max(1, round(b * args.scale))
+
+    jobs: list[tuple[str, Any]] = []
+    for T, E, H, B in CONTENT:
+        for bwd in (False, True):
+            name = f"content T={T} E={E} B={batch(B)} {'fwd+bwd' if bwd else 'fwd'}"
+            jobs.append(
+                (
+                    name,
+                    lambda T=T, E=E, H=H, B=B, bwd=bwd: content_row(T, E, H, batch(B), bwd, args.repeats, args.device),
+                )
+            )
+    for side, E, H, B, hd in POSITIONAL:
+        for bwd in (False, True):
+            name = f"positional {side}x{side} D_h={hd or 'D_out'} B={batch(B)} {'fwd+bwd' if bwd else 'fwd'}"
+            jobs.append(
+                (
+                    name,
+                    lambda side=side, E=E, H=H, B=B, hd=hd, bwd=bwd: positional_row(
+                        side, E, H, batch(B), hd, bwd, args.repeats, args.device
+                    ),
+                )
+            )
+    jobs = [j for j in jobs if args.only in j[0]]
+    report = Report(f"attention_{args.device.split(':')[0]}")
+    for i, (name, job) in enumerate(jobs, start=1):
+        progress(i, len(jobs), name)
+        report.rows.append(job())
+    text = table(report.rows)
+    content = [r.ratio("structconv") for r in report.rows if r.case.startswith("content")]
+    positional = [1 / r.ratio("structconv") for r in report.rows if r.case.startswith("positional")]
+    report.summary = {
+        "worst_content_ratio": max(content) if content else None,
+        "smallest_positional_speedup": min(positional) if positional else None,
+    }
+    js, txt = report.write(args.out, text)
+    png = args.out / f"{report.name}.png"
+    plot(report.rows, png)
+    print(text)
+    print(f"wrote {js}, {txt} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -150,10 +150,19 @@ class _RestrictedUnpickler(pickle.Unpickler):
         What to call the file in error messages.
     """
 
-    def __init__(self, file: IO[bytes], source: str) -> None:
+    def __init__(
+        self,
+        file: IO[bytes],
+        source: str,
+        admitted: dict[tuple[str, str], Any] | None = None,
+        needs: str = "numpy arrays, scipy CSR matrices, lists and a defaultdict",
+        encoding: str = "latin1",
+    ) -> None:
         # Python 2 pickled numpy buffers as str; latin-1 is the one codec that maps each byte to itself.
-        super().__init__(file, encoding="latin1")
+        super().__init__(file, encoding=encoding)
         self._source = source
+        self._admitted = ADMITTED_GLOBALS if admitted is None else admitted
+        self._needs = needs
 
     def find_class(self, module: str, name: str, /) -> Any:
         """Return the admitted global ``module.name``.
@@ -165,11 +174,10 @@ class _RestrictedUnpickler(pickle.Unpickler):
         """
         # Looked up by exact name and never imported: importing a module named by the file could itself run code.
         try:
-            return ADMITTED_GLOBALS[(module, name)]
+            return self._admitted[(module, name)]
         except KeyError:
             raise _RefusedGlobalError(
-                f"{self._source}: refused to unpickle global {module}.{name}; a Planetoid file only needs numpy "
-                f"arrays, scipy CSR matrices, lists and a defaultdict"
+                f"{self._source}: refused to unpickle global {module}.{name}; the file only needs {self._needs}"
             ) from None
 
 

@@ -1,0 +1,235 @@
+"""CIFAR-10 from either of its archive formats, read without running untrusted code.
+
+* the official ``cifar-10-python.tar.gz`` (``cifar-10-batches-py/{data_batch_1..5,test_batch,
+  batches.meta}``: pickles of ``{b"data": uint8 (N, 3072), b"labels": [...]}``), read with a
+  restricted unpickler that resolves only the numpy globals an array needs;
+* an image-folder archive such as ``cifar10-jpeg.tar.gz`` (``cifar10/{train,test}/<class>/*.jpg``),
+  decoded with Pillow once and cached as a ``.npz`` next to it (or in ``cache_dir``).
+
+The data directory is an argument, or the ``STRUCTCONV_DATA`` environment variable.  Nothing is
+downloaded here: a missing archive is an error that says which file to put where (the official
+archive's URL and MD5 are :data:`OFFICIAL_URL` and :data:`OFFICIAL_MD5`; :func:`verify_md5`
+checks a file against it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .planetoid import _CORRUPT_PICKLE, _numpy_reconstruct, _RefusedGlobalError, _RestrictedUnpickler
+
+__all__ = ["CLASSES", "OFFICIAL_MD5", "OFFICIAL_URL", "Cifar10", "load_cifar10", "verify_md5"]
+
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+OFFICIAL = "cifar-10-python.tar.gz"
+FOLDER = "cifar10-jpeg.tar.gz"
+OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+OFFICIAL_MD5 = "c58f30108f718f92721af3b95e74349a"
+ENV = "STRUCTCONV_DATA"
+
+_ADMITTED = {
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct(),
+    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct(),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Cifar10:
+    """One split: ``images`` uint8 ``(N, 32, 32, 3)`` (HWC, RGB) and ``labels`` int64 ``(N,)``."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    classes: tuple[str, ...]
+    source: str
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+def verify_md5(path: Path, expected: str = OFFICIAL_MD5) -> None:
+    """Raise ``ValueError`` unless ``path`` has the MD5 ``expected`` (the official archive's by default)."""
+    digest = hashlib.md5(usedforsecurity=False)
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        raise ValueError(f"{path}: MD5 {digest.hexdigest()} differs from the expected {expected} (corrupt download?)")
+
+
+def _data_dir(root: str | os.PathLike[str] | None) -> Path:
+    if root is None:
+        env = os.environ.get(ENV)
+        if not env:
+            raise FileNotFoundError(
+                f"no data directory: pass root=... or set {ENV} to the directory holding {OFFICIAL} or {FOLDER}"
+            )
+        root = env
+    path = Path(root)
+    if not path.is_dir():
+        raise FileNotFoundError(f"data directory {path} does not exist")
+    return path
+
+
+def load_cifar10(
+    root: str | os.PathLike[str] | None = None, split: str = "train", cache_dir: str | os.PathLike[str] | None = None
+) -> Cifar10:
+    """Load a CIFAR-10 split (``"train"``: 50,000 images, ``"test"``: 10,000) from ``root``.
+
+    The official archive is preferred when both are present.  The image-folder archive is
+    decoded once; the arrays are cached in ``cache_dir`` (default: ``root``, else a
+    ``structconv`` folder in the user's cache) and written atomically.
+
+    Raises
+    ------
+    FileNotFoundError
+        If neither archive is in ``root``; the message says which file to put there.
+    ValueError
+        On a corrupt archive, pickle or image, naming the member.
+    pickle.UnpicklingError
+        If a pickle names anything but the numpy globals an array needs (nothing it names is run).
+    PermissionError
+        If no cache directory is writable for the decoded image folder.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    path = _data_dir(root)
+    if (path / OFFICIAL).is_file():
+        return _read_official(path / OFFICIAL, split)
+    if (path / FOLDER).is_file():
+        return _read_folder_cached(path / FOLDER, split, cache_dir)
+    raise FileNotFoundError(
+        f"no CIFAR-10 archive in {path}: put the official {OFFICIAL} (from {OFFICIAL_URL}, MD5 {OFFICIAL_MD5}) "
+        f"or an image-folder {FOLDER} (cifar10/{{train,test}}/<class>/*.jpg) there"
+    )
+
+
+def _open_tar(archive: Path) -> tarfile.TarFile:
+    try:
+        return tarfile.open(archive, "r:*")
+    except (tarfile.TarError, OSError, EOFError) as err:
+        raise ValueError(f"{archive}: not a readable tar archive (truncated or corrupt?): {err}") from err
+
+
+def _unpickle(data: bytes, source: str) -> Any:
+    try:
+        return _RestrictedUnpickler(io.BytesIO(data), source, _ADMITTED, "numpy arrays", encoding="bytes").load()
+    except _RefusedGlobalError:
+        raise
+    except _CORRUPT_PICKLE as err:
+        raise ValueError(f"{source}: cannot be read as a pickle (truncated or corrupt?): {err}") from err
+
+
+def _read_official(archive: Path, split: str) -> Cifar10:
+    names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
+    images, labels = [], []
+    with _open_tar(archive) as tar:
+        members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
+        for name in names:
+            member = members.get(name)
+            if member is None:
+                raise ValueError(f"{archive}: member {name} is missing (not the official CIFAR-10 python archive?)")
+            try:
+                handle = tar.extractfile(member)
+                raw = handle.read() if handle is not None else b""
+            except (tarfile.TarError, OSError, EOFError) as err:
+                raise ValueError(f"{archive}: member {name} cannot be read (truncated?): {err}") from err
+            batch = _unpickle(raw, f"{archive}:{name}")
+            if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
+                raise ValueError(f"{archive}:{name}: expected a dict with b'data' and b'labels'")
+            data = np.asarray(batch[b"data"], dtype=np.uint8)
+            if data.ndim != 2 or data.shape[1] != 3072 or len(batch[b"labels"]) != data.shape[0]:
+                raise ValueError(f"{archive}:{name}: expected data of shape (N, 3072) and N labels, got {data.shape}")
+            images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+            labels.append(np.asarray(batch[b"labels"], dtype=np.int64))
+    return _checked(np.concatenate(images), np.concatenate(labels), str(archive))
+
+
+def _checked(images: np.ndarray, labels: np.ndarray, source: str) -> Cifar10:
+    if labels.size and (labels.min() < 0 or labels.max() >= len(CLASSES)):
+        raise ValueError(f"{source}: labels outside 0..{len(CLASSES) - 1}")
+    return Cifar10(np.ascontiguousarray(images), labels, CLASSES, source)
+
+
+def _cache_path(archive: Path, split: str, cache_dir: str | os.PathLike[str] | None) -> Path:
+    stat = archive.stat()
+    name = f"{archive.name}.{split}.{stat.st_size}.{int(stat.st_mtime)}.npz"
+    candidates = [Path(cache_dir)] if cache_dir is not None else [archive.parent, _user_cache()]
+    for directory in candidates:
+        if (directory / name).is_file():
+            return directory / name
+    for directory in candidates:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(directory, os.W_OK):
+            return directory / name
+    raise PermissionError(
+        f"cannot cache the decoded {archive.name}: none of {[str(c) for c in candidates]} is writable; "
+        "pass cache_dir=... pointing at a writable directory"
+    )
+
+
+def _user_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "structconv"
+
+
+def _read_folder_cached(archive: Path, split: str, cache_dir: str | os.PathLike[str] | None) -> Cifar10:
+    cache = _cache_path(archive, split, cache_dir)
+    if cache.is_file():
+        with np.load(cache, allow_pickle=False) as z:
+            return _checked(z["images"], z["labels"], str(archive))
+    data = _read_folder(archive, split)
+    fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".tmp.npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, images=data.images, labels=data.labels)
+        os.replace(tmp, cache)  # atomic: a reader never sees a half-written cache
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return data
+
+
+def _read_folder(archive: Path, split: str) -> Cifar10:
+    from PIL import Image, UnidentifiedImageError
+
+    images, labels = [], []
+    with _open_tar(archive) as tar:
+        members = sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name)
+        for member in members:
+            parts = Path(member.name).parts
+            if len(parts) < 3 or parts[-3] != split or not parts[-1].lower().endswith((".jpg", ".jpeg", ".png")):
+                continue
+            label = parts[-2]
+            if label not in CLASSES:
+                raise ValueError(f"{archive}:{member.name}: unknown class folder {label!r}; expected one of {CLASSES}")
+            try:
+                handle = tar.extractfile(member)
+                raw = handle.read() if handle is not None else b""
+                with Image.open(io.BytesIO(raw)) as img:
+                    img.load()
+                    array = np.asarray(img.convert("RGB"), dtype=np.uint8)
+            except (UnidentifiedImageError, OSError, SyntaxError, tarfile.TarError, EOFError) as err:
+                raise ValueError(
+                    f"{archive}:{member.name}: not a readable image (truncated or corrupt?): {err}"
+                ) from err
+            if array.shape != (32, 32, 3):
+                raise ValueError(f"{archive}:{member.name}: expected a 32x32 RGB image, got {array.shape}")
+            images.append(array)
+            labels.append(CLASSES.index(label))
+    if not images:
+        raise ValueError(f"{archive}: no images under */{split}/<class>/ (not a CIFAR-10 image-folder archive?)")
+    return _checked(np.stack(images), np.asarray(labels, dtype=np.int64), str(archive))

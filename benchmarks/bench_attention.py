@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness import Report, Row, interleaved_times, progress
+from benchmarks.harness import Report, Row, interleaved_times, progress, publish
 from structconv.nn import MultiHeadSelfAttention, PositionalAttention
 
 CONTENT = ((256, 400, 8, 100), (1024, 512, 8, 32))  # T, width, heads, batch
@@ -213,11 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "worst_content_ratio": max(content) if content else None,
         "smallest_positional_speedup": min(positional) if positional else None,
     }
-    js, txt = report.write(args.out, text)
-    png = args.out / f"{report.name}.png"
-    plot(report.rows, png)
-    print(text)
-    print(f"wrote {js}, {txt} and {png}")
+    publish(report, args.out, text, plot)
     return 0
 
 

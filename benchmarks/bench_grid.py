@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from benchmarks.harness import Report, Row, median_time, progress
+from benchmarks.harness import Report, Row, median_time, progress, publish
 from structconv import conv, grid_basis
 from structconv.nn import GridConv2d
 
@@ -145,11 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "worst_best_generic": max(min(r.ratio(n) for n in GENERIC) for r in report.rows),
         "geomean_default": math.exp(sum(math.log(r.ratio("default")) for r in report.rows) / len(report.rows)),
     }
-    js, txt = report.write(args.out, text)
-    png = args.out / f"{report.name}.png"
-    plot(report.rows, png)
-    print(text)
-    print(f"wrote {js}, {txt} and {png}")
+    publish(report, args.out, text, plot)
     return 0
 
 

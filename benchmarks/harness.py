@@ -103,6 +103,15 @@ class Report:
         return js, txt
 
 
+def publish(report: Report, directory: Path, table: str, plot: Callable[[list[Row], Path], None]) -> None:
+    """Write the report's JSON, table and PNG into ``directory`` and print the table."""
+    js, txt = report.write(directory, table)
+    png = directory / f"{report.name}.png"
+    plot(report.rows, png)
+    print(table)
+    print(f"wrote {js}, {txt} and {png}")
+
+
 def progress(i: int, total: int, label: str) -> None:
     """A one-line progress indicator on stderr."""
     print(f"\r[{i}/{total}] {label:<60}", end="" if i < total else "\n", file=sys.stderr, flush=True)

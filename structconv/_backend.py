@@ -88,8 +88,31 @@ def _expression(eq: str, shapes: tuple[tuple[int, ...], ...], path: tuple[tuple[
     return opt_einsum.contract_expression(eq, *shapes, optimize=optimize)
 
 
+def autocast_dtype(a: Array) -> Any:
+    """The dtype ``torch.autocast`` runs matrix products in on ``a``'s device, or ``None`` outside autocast."""
+    if not is_torch(a):
+        return None
+    torch = _torch()
+    kind = a.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+
+
+def autocast_to(a: Array, dtype: Any) -> Array:
+    """``a`` in ``dtype`` if it is a floating tensor autocast would convert (float64 is left alone)."""
+    if dtype is None or not a.is_floating_point() or a.dtype in (dtype, _torch().float64):
+        return a
+    return a.to(dtype)
+
+
 def einsum(eq: str, *operands: Array, path: tuple[tuple[int, ...], ...] | None = None) -> Array:
-    """Evaluate ``eq`` with opt_einsum, planning once per (equation, shapes, path)."""
+    """Evaluate ``eq`` with opt_einsum, planning once per (equation, shapes, path).
+
+    Inside ``torch.autocast`` the operands are first converted to the autocast dtype: opt_einsum
+    contracts through ``tensordot``, which autocast does not cover.
+    """
+    dtype = autocast_dtype(operands[0])
+    if dtype is not None:
+        operands = tuple(autocast_to(op, dtype) for op in operands)
     shapes = tuple(tuple(int(s) for s in op.shape) for op in operands)
     return _expression(eq, shapes, path)(*operands)
 

@@ -307,7 +307,9 @@ class AttentionBasis(Basis):
                     if is_torch(scores)
                     else namespace(scores).broadcast_to(scores, self.shape)
                 )
-            self._dense = DenseBasis(_normalise(scores, self.mask, self.leaky_relu, self.normalize))
+            low = is_torch(scores) and scores.dtype.itemsize < 4  # autocast: normalise in float32, store low
+            weights = _normalise(scores.float() if low else scores, self.mask, self.leaky_relu, self.normalize)
+            self._dense = DenseBasis(weights.to(self._x.dtype) if low else weights)
         return self._dense
 
     def to_dense(self) -> Array:
@@ -320,6 +322,12 @@ class AttentionBasis(Basis):
         return self.weights().select(members)
 
     def to(self, device: Any = None, dtype: Any = None) -> Basis:
+        """A dtype change stays lazy (the inputs are converted); a device change materialises the weights."""
+        if self._dense is None and is_torch(self._x) and device is None:
+            return AttentionBasis(
+                self._x.to(dtype=dtype), self._z.to(dtype=dtype), self.mechanism, self.mask, self.leaky_relu,
+                self.normalize,
+            )  # fmt: skip
         return self.weights().to(device, dtype)
 
     def plan_key(self) -> tuple[Any, ...]:

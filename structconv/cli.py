@@ -67,12 +67,19 @@ def build_parser() -> argparse.ArgumentParser:
     planetoid.add_argument("--seeds", type=int, default=10, help="runs per model (default 10)")
     planetoid.add_argument("--epochs", type=int, default=None, help="override the paper's epoch count")
     planetoid.set_defaults(func=_planetoid)
+    from .experiments.cifar.cli import add_parser as add_cifar
+
+    add_cifar(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     args = build_parser().parse_args(argv)
+    if args.command == "cifar":
+        from .experiments.cifar.cli import run
+
+        return run(args)
     status: int = args.func(args)
     return status
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import opt_einsum
 
-from ._backend import Array, backend_of, device_of, dtype_name, einsum, shape_str, x_theta
+from ._backend import Array, autocast_dtype, autocast_to, backend_of, device_of, dtype_name, einsum, shape_str, x_theta
 from ._checks import check_array, check_same_placement
 from .basis import Basis, Cost, as_basis
 from .dense import DenseBasis
@@ -143,6 +143,29 @@ def _as_param(theta: Parameter) -> _Param:
     check_array(theta, "theta", (3,), ("(K, P, Q)",))
     k, p, q = (int(s) for s in theta.shape)
     return _Param("full", (theta,), k, p, q, 0)
+
+
+def _autocast(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis | Array, Array, Parameter]:
+    """Inside ``torch.autocast``, every floating operand in the autocast dtype, as ``torch.matmul`` would.
+
+    Autocast leaves layers' outputs in the low dtype and their parameters in float32; the
+    engine's dtype check would refuse that mix, so the operands are converted here, once, and
+    the contraction runs in the autocast dtype (float64 is left alone, as autocast does).
+    """
+    dtype = autocast_dtype(x)
+    if dtype is None:
+        return a, x, theta
+    if isinstance(theta, LowRank):
+        theta = LowRank(autocast_to(theta.value, dtype), autocast_to(theta.out, dtype))
+    elif isinstance(theta, Separable):
+        theta = Separable(autocast_to(theta.basis_coef, dtype), autocast_to(theta.channel, dtype))
+    else:
+        theta = autocast_to(theta, dtype)
+    if not isinstance(a, Basis):
+        a = autocast_to(a, dtype)
+    elif a.dtype.is_floating_point and a.dtype.itemsize == 4 and a.dtype != dtype:
+        a = a.to(dtype=dtype)
+    return a, autocast_to(x, dtype), theta
 
 
 def _prepare(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis, Array, _Param, bool]:
@@ -372,6 +395,7 @@ def conv(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> A
     >>> bool(np.allclose(y, np.einsum("kmn,bmp,kpq->bnq", A, x, theta)))
     True
     """
+    a, x, theta = _autocast(a, x, theta)
     basis, x3, prm, squeeze = _prepare(a, x, theta)
     plan = _plan(basis, x3, prm, order)
     if isinstance(basis, DenseBasis):

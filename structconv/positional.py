@@ -141,7 +141,7 @@ def _constant(values: np.ndarray, like: Array) -> Any:
 
 
 def _detached(a: Array) -> np.ndarray:
-    return np.asarray(a.detach().cpu().numpy() if is_torch(a) else a, dtype=np.float64)
+    return np.asarray(a.detach().double().cpu().numpy() if is_torch(a) else a, dtype=np.float64)
 
 
 class PositionalMechanism(Mechanism):

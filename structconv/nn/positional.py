@@ -165,6 +165,10 @@ class PositionalAttention(nn.Module):
         """:math:`\\Theta`: ``(H, E, E)``, or ``LowRank(value, out)`` when ``head_dim`` is set."""
         return self.theta if self.head_dim is None else LowRank(self.value, self.out)
 
+    def theta_device(self) -> torch.device:
+        """The device of the layer's parameters."""
+        return next(self.parameters()).device
+
     def _flat(self, x: torch.Tensor) -> torch.Tensor:
         M = math.prod(self.grid)
         if not isinstance(x, torch.Tensor):
@@ -182,7 +186,10 @@ class PositionalAttention(nn.Module):
         """The heads: shared ``(H, M, M)`` without content, ``(B, H, M, M)`` for ``x`` with content."""
         mech = self.mechanism()
         if isinstance(mech, PositionalMechanism):
-            return mech.basis(self.threshold)
+            # Shared by the batch and cheap: built in the parameters' precision even under autocast
+            # (bf16 scores would blur the Gaussians); the engine converts the finished weights.
+            with torch.autocast(self.theta_device().type, enabled=False):
+                return mech.basis(self.threshold)
         if x is None:
             raise ValueError(f"{type(self).__name__}: content attention needs x to build its heads")
         return attention_basis(self._flat(x), mechanism=mech)

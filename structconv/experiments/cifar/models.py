@@ -1,0 +1,218 @@
+r"""The models of Cordonnier, Loukas & Jaggi's CIFAR-10 study, built from structconv layers.
+
+``resnet18``
+    The CIFAR variant of ResNet18 (3x3 stem, no max-pooling, four stages of two basic blocks,
+    64-128-256-512 channels): every convolution is a :class:`~structconv.nn.GridConv2d`, a
+    shift basis plus :math:`\Theta`.
+``sa-quadratic``, ``sa-gaussian``, ``sa-learned``, ``sa-learned-content``
+    The fully attentional network: 2x2 space-to-depth (32x32x3 to 16x16x12, invertible), a
+    linear embedding to width 400, six post-norm blocks of multi-head self-attention
+    (:class:`~structconv.nn.PositionalAttention`) and a GELU feed-forward layer of width 512,
+    each sublayer followed by dropout, the residual sum and LayerNorm; then the mean over the
+    256 positions and a linear classifier.  The attention is
+
+    ==================== ======================================================================
+    ``sa-quadratic``     isotropic Gaussian heads :math:`-\alpha_h\lVert\delta-\Delta_h\rVert^2`,
+                         centres initialised :math:`\mathcal N(0, 2I)`, learnable widths
+    ``sa-gaussian``      non-isotropic Gaussian heads (a learnable precision per head)
+    ``sa-learned``       learned relative embeddings :math:`r_\delta` (:math:`D_p = 400`), no content
+    ``sa-learned-content`` the same plus content-content and content-position terms (Eq. 5)
+    ==================== ======================================================================
+
+    with 9 heads (``heads=16`` as in the paper's appendix) and the paper's head width
+    :math:`D_h = D_{\mathrm{out}}`: the parameter of head :math:`h` is one :math:`400\times400`
+    matrix :math:`\Theta_h = W^{val}_h W^{out}_h` (the value and output projections merged,
+    which the formula :math:`y = \sum_h A_h^\top x\,\Theta_h` makes natural and which halves the
+    projection's flops).
+
+Deviation from the paper's code, stated: dropout is applied to the sublayers' outputs, not to
+the attention probabilities, because position-only heads are one basis shared by the whole
+batch (DESIGN.md §3) and per-image dropout on them would undo that sharing.
+
+Pointwise maps (the embedding, the feed-forward layers, the classifier) are ``torch.nn.Linear``:
+a one-member identity basis, for which the engine's contraction *is* the GEMM ``x Θ``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from ...nn import GridConv2d, PositionalAttention
+
+__all__ = ["MODELS", "ResNet18", "SelfAttentionNet", "build_model", "no_decay_parameters"]
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with batch normalisation and an identity (or 1x1 projection) shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int, conv: type[nn.Module] = GridConv2d) -> None:
+        super().__init__()
+        self.conv1 = conv(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = conv(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(conv(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return F.relu(y + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet18 for 32x32 images (He et al. 2016, CIFAR variant); ``width`` scales every stage.
+
+    ``conv`` is the convolution class, :class:`~structconv.nn.GridConv2d` unless a benchmark asks
+    for ``torch.nn.Conv2d`` (same parameters and state-dict keys) as the peer.
+    """
+
+    def __init__(
+        self, classes: int = 10, width: int = 64, channels: int = 3, conv: type[nn.Module] = GridConv2d
+    ) -> None:
+        super().__init__()
+        widths = [width, 2 * width, 4 * width, 8 * width]
+        self.stem = nn.Sequential(conv(channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width))
+        blocks: list[nn.Module] = []
+        cin = width
+        for i, w in enumerate(widths):
+            for j in range(2):
+                blocks.append(BasicBlock(cin, w, 2 if (i > 0 and j == 0) else 1, conv))
+                cin = w
+        self.blocks = nn.Sequential(*blocks)
+        self.classifier = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.blocks(F.relu(self.stem(x)))
+        return self.classifier(y.mean(dim=(2, 3)))
+
+
+class SpaceToDepth(nn.Module):
+    """Invertible ``b x b`` downsampling: ``(B, C, H, W)`` to tokens ``(B, H/b * W/b, C b^2)``."""
+
+    def __init__(self, block: int = 2) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.pixel_unshuffle(x, self.block)  # (B, C b^2, H/b, W/b)
+        return y.flatten(2).transpose(1, 2)
+
+
+class AttentionBlock(nn.Module):
+    r"""Post-norm Transformer block: :math:`h = \mathrm{LN}(x + \mathrm{drop}(\mathrm{MHSA}(x)))`,
+    :math:`y = \mathrm{LN}(h + \mathrm{drop}(W_2\,\mathrm{GELU}(W_1 h)))`."""
+
+    def __init__(self, attention: PositionalAttention, ffn: int, dropout: float) -> None:
+        super().__init__()
+        E = attention.embed_dim
+        self.attention = attention
+        self.norm1 = nn.LayerNorm(E)
+        self.ff1 = nn.Linear(E, ffn)
+        self.ff2 = nn.Linear(ffn, E)
+        self.norm2 = nn.LayerNorm(E)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x + self.drop(self.attention(x)))
+        return self.norm2(h + self.drop(self.ff2(F.gelu(self.ff1(h)))))
+
+
+class SelfAttentionNet(nn.Module):
+    """The paper's fully attentional CIFAR model (see the module docstring); input ``(B, 3, 32, 32)``."""
+
+    def __init__(
+        self,
+        encoding: str = "quadratic",
+        content: bool = False,
+        heads: int = 9,
+        width: int = 400,
+        depth: int = 6,
+        ffn: int = 512,
+        dropout: float = 0.1,
+        classes: int = 10,
+        image: int = 32,
+        channels: int = 3,
+        block: int = 2,
+        head_dim: int | None = None,
+        positional_dim: int | None = None,
+        threshold: float | None = 1e-7,
+    ) -> None:
+        super().__init__()
+        if image % block:
+            raise ValueError(f"SelfAttentionNet: image={image} must be divisible by block={block}")
+        self.grid = (image // block, image // block)
+        self.to_tokens = SpaceToDepth(block)
+        self.embed = nn.Linear(channels * block * block, width)
+        self.blocks = nn.ModuleList(
+            AttentionBlock(
+                PositionalAttention(
+                    self.grid, width, heads, encoding=encoding, content=content, head_dim=head_dim,
+                    positional_dim=positional_dim, threshold=threshold,
+                ),
+                ffn,
+                dropout,
+            )
+            for _ in range(depth)
+        )  # fmt: skip
+        self.classifier = nn.Linear(width, classes)
+
+    def attention_layers(self) -> list[PositionalAttention]:
+        """The attention layer of every block, first to last."""
+        return [b.attention for b in self.blocks]  # type: ignore[misc]
+
+    def features(self, x: torch.Tensor, upto: int | None = None) -> torch.Tensor:
+        """Token features ``(B, M, E)`` entering block ``upto`` (after the last block by default)."""
+        h = self.embed(self.to_tokens(x))
+        for b in self.blocks[:upto]:
+            h = b(h)
+        return h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).mean(dim=1))
+
+
+def no_decay_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The attention centres and widths of every positional layer (the paper exempts them from weight decay)."""
+    return [p for m in model.modules() if isinstance(m, PositionalAttention) for p in m.positional_parameters()]
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A named model: its constructor and the options it fixes."""
+
+    build: Callable[..., nn.Module]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""
+
+
+MODELS: dict[str, ModelEntry] = {
+    "resnet18": ModelEntry(ResNet18, {}, "ResNet18 (CIFAR variant) of GridConv2d layers"),
+    "sa-quadratic": ModelEntry(SelfAttentionNet, {"encoding": "quadratic"}, "self-attention, quadratic encoding"),
+    "sa-gaussian": ModelEntry(SelfAttentionNet, {"encoding": "gaussian"}, "self-attention, non-isotropic Gaussian"),
+    "sa-learned": ModelEntry(SelfAttentionNet, {"encoding": "learned"}, "self-attention, learned relative encoding"),
+    "sa-learned-content": ModelEntry(
+        SelfAttentionNet, {"encoding": "learned", "content": True}, "self-attention, learned encoding + content"
+    ),
+}
+
+
+def build_model(name: str, **options: Any) -> nn.Module:
+    """The model ``name`` (one of :data:`MODELS`) with constructor ``options`` (e.g. ``width``, ``heads``)."""
+    entry = MODELS.get(name)
+    if entry is None:
+        raise ValueError(f"unknown model {name!r}; expected one of {sorted(MODELS)}")
+    clash = set(options) & set(entry.fixed)
+    if clash:
+        raise ValueError(f"model {name!r} fixes {sorted(clash)}; choose another model name instead")
+    try:
+        return entry.build(**entry.fixed, **options)
+    except TypeError as err:
+        raise ValueError(f"model {name!r}: bad options {sorted(options)}: {err}") from err

@@ -1,0 +1,364 @@
+r"""Training and evaluation of the CIFAR-10 models: one process, or many through ``torchrun``.
+
+One epoch is a pass over the (optionally subsetted) training set in global batches of
+``batch_size`` images, drawn and augmented by :class:`~structconv.data.augment.Batches` from a
+generator seeded by ``(seed, epoch)``; dropout is reseeded from ``(seed, epoch, rank)`` at every
+epoch.  So an epoch is a function of the state at its start alone, and:
+
+* a run killed at any moment resumes from its last finished epoch (checkpoints are written
+  atomically after every epoch) and ends with the same parameters as a run never interrupted;
+* ``torchrun --nproc_per_node W`` splits every global batch into ``W`` equal shares and
+  averages the gradients (DDP), so it follows the same trajectory as one process, up to the
+  order of floating-point sums (batch normalisation is synchronised across GPUs; on CPUs it is
+  per process, as torch offers no synchronised CPU version).
+
+Every epoch appends a row to ``metrics.csv`` and rewrites ``metrics.json`` in the output
+directory, and replaces ``checkpoint.pt``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from ... import __version__
+from ...data import Cifar10, load_cifar10
+from ...data.augment import Batches
+from .checkpoint import load_checkpoint, save_checkpoint
+from .models import build_model, no_decay_parameters
+from .presets import TrainConfig, family
+
+__all__ = ["RESUMABLE_CHANGES", "Dist", "evaluate", "learning_rate", "load_data", "train"]
+
+#: Settings that may differ between a checkpoint and the run resuming it (they do not change the trajectory).
+RESUMABLE_CHANGES = frozenset({"preset"})
+#: Test hook: a training process sends itself SIGKILL before the global step named here.
+KILL_ENV = "STRUCTCONV_TEST_KILL_AT_STEP"
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in a distributed run (``rank`` 0 of 1 when alone)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_environment(cls, device: str) -> Dist:
+        """Join the process group that ``torchrun`` describes in the environment, if any."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+        return cls(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+    def all_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum over the processes (identity when alone)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            values = values.clone()
+            dist.all_reduce(values)
+        return values
+
+
+def load_data(
+    data_dir: str | os.PathLike[str] | None, cache_dir: str | os.PathLike[str] | None = None
+) -> tuple[Cifar10, Cifar10]:
+    """The training and test splits (see :func:`structconv.data.load_cifar10`)."""
+    return load_cifar10(data_dir, "train", cache_dir), load_cifar10(data_dir, "test", cache_dir)
+
+
+def _subset(data: Cifar10, size: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed class-balanced-in-expectation subset: the first ``size`` images of one seeded permutation."""
+    if size is None or size >= len(data):
+        return data.images, data.labels
+    keep = np.sort(np.random.default_rng(0).permutation(len(data))[:size])
+    return data.images[keep], data.labels[keep]
+
+
+def learning_rate(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
+    r"""The learning rate of global step ``step``: linear warm-up, then cosine decay to 0 or steps.
+
+    With :math:`e` the fractional epoch and :math:`w` the warm-up length: :math:`\eta\,(s+1)/(w S)`
+    during warm-up, then :math:`\tfrac{\eta}{2}(1 + \cos\pi\tfrac{e - w}{E - w})` (cosine) or
+    :math:`\eta\,\gamma^{\#\{m \le e\}}` (step decay at the milestones).
+    """
+    epoch = step / steps_per_epoch
+    warm = config.warmup_epochs
+    if warm > 0 and epoch < warm:
+        return config.lr * (step + 1) / (warm * steps_per_epoch)
+    if config.schedule == "cosine":
+        t = (epoch - warm) / max(config.epochs - warm, 1e-12)
+        return config.lr * 0.5 * (1.0 + math.cos(math.pi * min(t, 1.0)))
+    return config.lr * config.gamma ** sum(epoch >= m for m in config.milestones)
+
+
+def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.SGD:
+    exempt = {id(p) for p in no_decay_parameters(model)}
+    decay = [p for p in model.parameters() if id(p) not in exempt]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}]
+    if exempt:
+        groups.append({"params": [p for p in model.parameters() if id(p) in exempt], "weight_decay": 0.0})
+    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
+
+
+def _autocast(config: TrainConfig, device: str) -> contextlib.AbstractContextManager[Any]:
+    cuda = device.startswith("cuda")
+    if config.precision == "bf16" or (config.precision == "auto" and cuda):
+        return torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _seed_dropout(config: TrainConfig, epoch: int, rank: int) -> None:
+    torch.manual_seed((config.seed * 7919 + epoch * 104729 + rank) % (2**63 - 1))
+
+
+def evaluate(
+    model: nn.Module, batches: Batches, config: TrainConfig, device: str, dist: Dist | None = None
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on ``batches`` (summed over all processes)."""
+    dist = dist or Dist()
+    was = model.training
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    with torch.no_grad(), _autocast(config, device):
+        for x, y in batches.epoch(config.seed, 0):
+            if len(y) == 0:
+                continue
+            logits = model(_layout(x, config)).float()
+            totals += _tally(F.cross_entropy(logits, y, reduction="sum"), logits, y)
+    model.train(was)
+    loss, correct, count = dist.all_sum(totals).tolist()
+    return loss / count, correct / count
+
+
+def _tally(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``(summed loss, correct, count)`` of a batch as float64 on its device (no host sync)."""
+    return torch.stack(
+        [
+            loss_sum.double(),
+            (logits.argmax(1) == y).sum().double(),
+            torch.full((), len(y), dtype=torch.float64, device=y.device),
+        ]
+    )
+
+
+def _layout(x: torch.Tensor, config: TrainConfig) -> torch.Tensor:
+    """Channels-last images for the convolutional model on GPUs (cuDNN's fastest layout)."""
+    if family(config.model) == "resnet" and x.is_cuda:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_metrics(out: Path, config: TrainConfig, history: list[dict[str, Any]], environment: dict[str, Any]) -> None:
+    payload = {"config": config.as_dict(), "environment": environment, "history": history}
+    _write_atomic(out / "metrics.json", json.dumps(payload, indent=2) + "\n")
+    if history:
+        lines = [",".join(history[0])] + [",".join(str(row[k]) for k in history[0]) for row in history]
+        _write_atomic(out / "metrics.csv", "\n".join(lines) + "\n")
+
+
+def _environment(device: str, dist: Dist, compiled: bool) -> dict[str, Any]:
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({torch.get_num_threads()} threads)"
+    return {"device": name, "processes": dist.world, "torch": torch.__version__, "structconv": __version__,
+            "compiled": compiled}  # fmt: skip
+
+
+def _kill_step() -> int | None:
+    value = os.environ.get(KILL_ENV)
+    return int(value) if value else None
+
+
+def _batches(data: tuple[Cifar10, Cifar10], config: TrainConfig, device: str, dist: Dist) -> tuple[Batches, Batches]:
+    train_x, train_y = _subset(data[0], config.train_subset)
+    test_x, test_y = _subset(data[1], config.test_subset)
+    kw = {"rank": dist.rank, "world": dist.world}
+    return (
+        Batches.from_arrays(train_x, train_y, config.batch_size, True, device, **kw),
+        Batches.from_arrays(test_x, test_y, max(config.batch_size, 500 * dist.world), False, device, **kw),
+    )
+
+
+def train(
+    config: TrainConfig,
+    out: str | os.PathLike[str],
+    data: tuple[Cifar10, Cifar10],
+    device: str = "cpu",
+    resume: bool = True,
+    time_limit: float | None = None,
+    progress: bool = True,
+    compile: bool = False,
+    log: Any = print,
+) -> list[dict[str, Any]]:
+    """Train ``config`` on ``data`` (train, test), writing metrics and checkpoints into ``out``.
+
+    Resumes from ``out/checkpoint.pt`` when ``resume`` and it exists (its settings must match
+    ``config``).  Stops after the last epoch, or earlier, at an epoch boundary, when the next
+    epoch would not finish within ``time_limit`` seconds of the start (resume it later).
+    Returns the per-epoch metrics.  Under ``torchrun`` every process calls this function; only
+    rank 0 writes files.
+    """
+    start = time.perf_counter()
+    out_dir = Path(out)
+    dist = Dist.from_environment(device)
+    if device.startswith("cuda") and dist.world > 1:
+        device = f"cuda:{dist.local_rank}"
+        torch.cuda.set_device(device)
+    if dist.main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)  # the same initial parameters in every process
+    model = build_model(config.model, **config.model_options).to(device)
+    cuda = device.startswith("cuda")
+    if family(config.model) == "resnet" and cuda:
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        if dist.world > 1:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    optimizer = _optimizer(model, config)
+    history: list[dict[str, Any]] = []
+    first = 0
+    ckpt = out_dir / CHECKPOINT
+    if resume and ckpt.is_file():
+        state = load_checkpoint(ckpt, config.as_dict())
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise ValueError(f"{ckpt}: parameters do not fit model {config.model!r}: {err}") from err
+        first, history = int(state["epoch"]), list(state["history"])
+        if dist.main:
+            log(f"resumed {ckpt} after epoch {first} of {config.epochs}")
+    step_model: nn.Module = model
+    if dist.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_model = DistributedDataParallel(model, device_ids=[dist.local_rank] if cuda else None)
+    if compile:
+        step_model = torch.compile(step_model)  # type: ignore[assignment]
+    train_batches, test_batches = _batches(data, config, device, dist)
+    steps = len(train_batches)
+    environment = _environment(device, dist, compile)
+    kill_at = _kill_step()
+    epoch_times: list[float] = []
+    for epoch in range(first, config.epochs):
+        if time_limit is not None and epoch_times and time.perf_counter() - start + max(epoch_times) > time_limit:
+            if dist.main:
+                log(f"stopping after epoch {epoch} of {config.epochs}: the next would pass the time limit")
+            break
+        tic = time.perf_counter()
+        _seed_dropout(config, epoch, dist.rank)
+        step_model.train()
+        totals = torch.zeros(3, dtype=torch.float64, device=device)
+        bar = _progress(steps, f"{config.model} epoch {epoch + 1}/{config.epochs}", progress and dist.main)
+        for i, (x, y) in enumerate(train_batches.epoch(config.seed, epoch)):
+            step = epoch * steps + i
+            if kill_at is not None and step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            lr = learning_rate(config, step, steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            with _autocast(config, device):
+                logits = step_model(_layout(x, config))
+                loss = F.cross_entropy(logits.float(), y, label_smoothing=config.label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            totals += _tally(loss.detach() * len(y), logits.detach(), y)
+            if bar is not None:
+                bar.update(1)
+                if i % 20 == 0:
+                    bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.4f}")
+        if bar is not None:
+            bar.close()
+        if cuda:
+            torch.cuda.synchronize()
+        train_time = time.perf_counter() - tic
+        loss_sum, correct, count = dist.all_sum(totals).tolist()
+        test_loss, test_acc = evaluate(model, test_batches, config, device, dist)
+        epoch_times.append(time.perf_counter() - tic)
+        row = {
+            "epoch": epoch + 1, "lr": round(learning_rate(config, (epoch + 1) * steps - 1, steps), 8),
+            "train_loss": round(loss_sum / count, 6), "train_acc": round(correct / count, 6),
+            "test_loss": round(test_loss, 6), "test_acc": round(test_acc, 6),
+            "epoch_seconds": round(epoch_times[-1], 3), "train_images_per_second": round(count / train_time, 1),
+        }  # fmt: skip
+        history.append(row)
+        if dist.main:
+            save_checkpoint(
+                ckpt,
+                {
+                    "config": config.as_dict(), "epoch": epoch + 1, "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(), "history": history, "structconv": __version__,
+                },
+            )  # fmt: skip
+            _write_metrics(out_dir, config, history, environment)
+            log(
+                f"{config.model} epoch {epoch + 1}/{config.epochs}: train loss {row['train_loss']:.4f} "
+                f"acc {row['train_acc']:.4f} | test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f} | "
+                f"{row['epoch_seconds']:.1f} s, {row['train_images_per_second']:.0f} img/s"
+            )
+    if dist.main and not history:
+        _write_metrics(out_dir, config, history, environment)
+    return history
+
+
+def model_from_checkpoint(
+    path: str | os.PathLike[str], device: str = "cpu"
+) -> tuple[nn.Module, TrainConfig, dict[str, Any]]:
+    """The trained model of a run's checkpoint (in eval mode), its configuration and the checkpoint."""
+    state = load_checkpoint(Path(path))
+    config = TrainConfig.from_dict(dict(state["config"]))
+    model = build_model(config.model, **config.model_options)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        raise ValueError(f"{path}: parameters do not fit model {config.model!r}: {err}") from err
+    return model.to(device).eval(), config, state
+
+
+def iterate_runs(root: Path) -> Iterator[Path]:
+    """Run directories below ``root`` (those holding a ``metrics.json``), sorted."""
+    yield from sorted(p.parent for p in Path(root).glob("*/metrics.json"))

@@ -94,6 +94,8 @@ def autocast_dtype(a: Array) -> Any:
         return None
     torch = _torch()
     kind = a.device.type
+    if kind not in ("cpu", "cuda", "xpu", "mps", "hpu"):  # e.g. "meta": no autocast there
+        return None
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
 
 

@@ -309,7 +309,7 @@ class AttentionBasis(Basis):
                 )
             low = is_torch(scores) and scores.dtype.itemsize < 4  # autocast: normalise in float32, store low
             weights = _normalise(scores.float() if low else scores, self.mask, self.leaky_relu, self.normalize)
-            self._dense = DenseBasis(weights.to(self._x.dtype) if low else weights)
+            self._dense = DenseBasis.of_weights(weights.to(self._x.dtype) if low else weights)
         return self._dense
 
     def to_dense(self) -> Array:

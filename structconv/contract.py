@@ -32,7 +32,18 @@ from typing import Any
 import numpy as np
 import opt_einsum
 
-from ._backend import Array, autocast_dtype, autocast_to, backend_of, device_of, dtype_name, einsum, shape_str, x_theta
+from ._backend import (
+    Array,
+    autocast_dtype,
+    autocast_to,
+    backend_of,
+    device_of,
+    dtype_name,
+    einsum,
+    is_torch,
+    shape_str,
+    x_theta,
+)
 from ._checks import check_array, check_same_placement
 from .basis import Basis, Cost, as_basis
 from .dense import DenseBasis
@@ -277,6 +288,34 @@ _PLAN_CACHE: OrderedDict[tuple[Any, ...], Plan] = OrderedDict()
 _PLAN_CACHE_SIZE = 2048
 
 
+def _dense_gemms(a: Array, x: Array, prm: _Param, order: str) -> Array | None:
+    r"""A shared dense basis with a full :math:`\Theta` on torch: each order as two GEMMs, no transposed copies.
+
+    opt_einsum's pairwise ``tensordot`` permutes its operands into matrix layout, and for the
+    ``(B, K, N, P)`` intermediate that is a full extra pass over the largest tensor in each
+    direction.  Here the operands are laid out so every product reads and writes its
+    intermediate in place (only :math:`A` and :math:`\Theta`, which are small, are permuted):
+
+    * ``"xtheta"``: :math:`S = x\,[\Theta_1 \cdots \Theta_K]` as ``(B, M K, Q)``, then
+      :math:`y_b = A'\,S_b` with :math:`A'_{n,(m,k)} = A_{kmn}`;
+    * ``"ax"``: :math:`R_b = x_b^\top [A_1 \cdots A_K]` as ``(B, P K, N)``, then
+      :math:`y_b^\top = \Theta'^\top R_b` with :math:`\Theta'_{(p,k),q} = \Theta_{kpq}`.
+
+    Returns ``None`` where the einsum path applies (NumPy, per-instance bases, factorised
+    parameters, the ``"atheta"`` order).
+    """
+    if prm.kind != "full" or a.ndim != 3 or not is_torch(a) or order not in ("ax", "xtheta"):
+        return None
+    (theta,) = prm.operands
+    K, M, N = (int(s) for s in a.shape)
+    B, P, Q = int(x.shape[0]), prm.P, prm.Q
+    if order == "xtheta":
+        s = (x.reshape(B * M, P) @ theta.permute(1, 0, 2).reshape(P, K * Q)).reshape(B, M * K, Q)
+        return a.permute(2, 1, 0).reshape(N, M * K) @ s
+    r = (x.transpose(1, 2).reshape(B * P, M) @ a.permute(1, 0, 2).reshape(M, K * N)).reshape(B, P * K, N)
+    return (theta.permute(2, 1, 0).reshape(Q, P * K) @ r).transpose(1, 2)
+
+
 def _plan(basis: Basis, x: Array, prm: _Param, order: str) -> Plan:
     valid = _orders(prm.kind, basis)
     if order != "auto" and order not in valid:
@@ -399,7 +438,9 @@ def conv(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> A
     basis, x3, prm, squeeze = _prepare(a, x, theta)
     plan = _plan(basis, x3, prm, order)
     if isinstance(basis, DenseBasis):
-        y = einsum(plan.equation, basis.array, x3, *prm.operands, path=_DENSE_PATHS[prm.kind][plan.chosen])
+        y = _dense_gemms(basis.array, x3, prm, plan.chosen)
+        if y is None:
+            y = einsum(plan.equation, basis.array, x3, *prm.operands, path=_DENSE_PATHS[prm.kind][plan.chosen])
     else:
         y = _run_generic(basis, x3, prm, plan.chosen)
     return y[0] if squeeze else y

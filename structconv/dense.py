@@ -41,6 +41,17 @@ class DenseBasis(Basis):
         check_finite(array, "basis")
         self._array = array
 
+    @classmethod
+    def of_weights(cls, array: Array) -> DenseBasis:
+        """Wrap weights the library has just computed (a softmax of finite scores), skipping the checks.
+
+        The finiteness check reads every entry back, which on a GPU stalls the host once per
+        layer and step; a softmax whose scores are finite is finite by construction.
+        """
+        basis = cls.__new__(cls)
+        basis._array = array
+        return basis
+
     @property
     def array(self) -> Array:
         """The stored dense array (read-only by convention)."""
@@ -79,7 +90,7 @@ class DenseBasis(Basis):
     def to(self, device: Any = None, dtype: Any = None) -> DenseBasis:
         a = self._array
         if is_torch(a):
-            return DenseBasis(a.to(device=device, dtype=dtype))
+            return DenseBasis.of_weights(a.to(device=device, dtype=dtype))  # already checked
         if device not in (None, "cpu"):
             raise ValueError(f"device={device!r}: a NumPy basis lives on the CPU; convert it to torch first")
         return DenseBasis(a if dtype is None else a.astype(dtype))

@@ -230,7 +230,7 @@ class PositionalMechanism(Mechanism):
         if threshold is None and form == "shifts":
             raise ValueError("the shift form needs a threshold in (0, 1)")
         if threshold is None or form == "dense":
-            return DenseBasis(masked_softmax(dense))
+            return DenseBasis.of_weights(masked_softmax(dense))
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must lie in (0, 1) or be None, got {threshold!r}")
         flat = _detached(scores)
@@ -244,7 +244,7 @@ class PositionalMechanism(Mechanism):
                 "under- or overflow (use the dense form)"
             )
         if too_wide or (form == "auto" and _SHIFT_COST * int(keep.sum()) >= K * M):
-            return DenseBasis(masked_softmax(dense))
+            return DenseBasis.of_weights(masked_softmax(dense))
         from .composite import ConcatBasis
 
         lib = namespace(scores)
@@ -263,9 +263,23 @@ def _check_centres(centres: Array, d: int, name: str = "centres") -> int:
     return int(centres.shape[0])
 
 
+_TORCH_OFFSETS: dict[tuple[int, str, str], Any] = {}
+
+
+def _offsets_like(rel: RelativeOffsets, like: Array) -> Any:
+    """``rel.offsets`` as floats on the backend, dtype and device of ``like`` (cached on torch: no copy per call)."""
+    if not is_torch(like):
+        return rel.offsets.astype(like.dtype)
+    key = (id(rel.offsets), str(like.dtype), str(like.device))
+    cached = _TORCH_OFFSETS.get(key)
+    if cached is None or cached[0] is not rel.offsets:
+        cached = _TORCH_OFFSETS[key] = (rel.offsets, _constant(rel.offsets.astype(np.float64), like))
+    return cached[1]
+
+
 def _wrapped_difference(rel: RelativeOffsets, centres: Array) -> Array:
     """:math:`\\delta_o - \\Delta_h` for every head and offset, ``(K, O, d)``, wrapped on a torus."""
-    diff = _constant(rel.offsets.astype(np.float64), centres)[None] - centres[:, None, :]
+    diff = _offsets_like(rel, centres)[None] - centres[:, None, :]
     if rel.boundary == "periodic":
         size = np.asarray(rel.grid)
         if is_torch(centres):
@@ -293,19 +307,24 @@ class QuadraticPosition(PositionalMechanism):
         :math:`\alpha_h > 0`, shape ``(K,)``: inverse widths.
     boundary
         ``"zero"`` or ``"periodic"``.
+    positive
+        ``True`` when ``alpha`` is positive by construction (e.g. an exponential), which skips
+        checking its values.
     """
 
     grid: tuple[int, ...]
     centres: Array
     alpha: Array
     boundary: str = "zero"
+    positive: bool = field(default=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "grid", _grid(self.grid))
         K = _check_centres(self.centres, len(self.grid))
         if tuple(self.alpha.shape) != (K,):
             raise ValueError(f"alpha must have shape (K,) = ({K},), got {shape_str(tuple(self.alpha.shape))}")
-        if bool((self.alpha <= 0).any()):
+        # positive=True: the caller guarantees it (alpha = exp(log alpha)), so no GPU value is read back here
+        if not self.positive and bool((self.alpha <= 0).any()):
             raise ValueError("alpha must be positive (it is the inverse width of each head's Gaussian)")
         relative_offsets(self.grid, self.boundary)
 

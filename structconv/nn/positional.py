@@ -154,7 +154,7 @@ class PositionalAttention(nn.Module):
             )  # fmt: skip
         position: PositionalMechanism
         if self.encoding == "quadratic":
-            position = QuadraticPosition(self.grid, self.centres, self.log_alpha.exp(), self.boundary)
+            position = QuadraticPosition(self.grid, self.centres, self.log_alpha.exp(), self.boundary, positive=True)
         else:
             position = GaussianPosition(self.grid, self.centres, self.inv_sqrt_cov, self.boundary)
         if not self.content:

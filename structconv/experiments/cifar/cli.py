@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...data.cifar import ENV
+from .names import DATA_ENV as ENV
 
 DEFAULT_DATA = "../shared/data"
 
@@ -211,14 +211,13 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_parser(sub: Any) -> None:
     """Register ``structconv cifar ...`` on the top-level subparsers ``sub``."""
-    from .models import MODELS
-    from .presets import PRESETS
+    from .names import MODEL_NAMES, PRESET_NAMES
 
     cifar = sub.add_parser("cifar", help="the CIFAR-10 study of Cordonnier et al. (train, eval, plot, bench, demo)")
     verbs = cifar.add_subparsers(dest="verb", required=True)
     train = verbs.add_parser("train", help="train models with a preset; resumes from checkpoints")
-    train.add_argument("--model", default="resnet18", help=f"'all' or comma-separated of {', '.join(MODELS)}")
-    train.add_argument("--preset", default="fast", help=f"one of {', '.join(PRESETS)}")
+    train.add_argument("--model", default="resnet18", help=f"'all' or comma-separated of {', '.join(MODEL_NAMES)}")
+    train.add_argument("--preset", default="fast", help=f"one of {', '.join(PRESET_NAMES)}")
     train.add_argument("--restart", action="store_true", help="ignore existing checkpoints")
     _train_arguments(train)
     train.set_defaults(func=_train)

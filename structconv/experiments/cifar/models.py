@@ -44,6 +44,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from ...nn import GridConv2d, PositionalAttention
+from .names import MODEL_NAMES
 
 __all__ = ["MODELS", "ResNet18", "SelfAttentionNet", "build_model", "no_decay_parameters"]
 
@@ -143,7 +144,7 @@ class SelfAttentionNet(nn.Module):
         block: int = 2,
         head_dim: int | None = None,
         positional_dim: int | None = None,
-        threshold: float | None = 1e-7,
+        threshold: float | None = None,
     ) -> None:
         super().__init__()
         if image % block:
@@ -202,6 +203,9 @@ MODELS: dict[str, ModelEntry] = {
         SelfAttentionNet, {"encoding": "learned", "content": True}, "self-attention, learned encoding + content"
     ),
 }
+
+
+assert tuple(MODELS) == MODEL_NAMES, "names.MODEL_NAMES must list MODELS"
 
 
 def build_model(name: str, **options: Any) -> nn.Module:

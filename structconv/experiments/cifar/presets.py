@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .models import MODELS
+from .names import PRESET_NAMES
 
 __all__ = ["PRESETS", "TrainConfig", "config_for", "family"]
 
@@ -103,7 +104,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "fast": {
         "all": {"batch_size": 256, "momentum": 0.9, "nesterov": True, "schedule": "cosine", "precision": "auto"},
-        "resnet": {"epochs": 15, "lr": 0.2, "weight_decay": 5e-4, "warmup_epochs": 1.0, "label_smoothing": 0.1},
+        "resnet": {
+            "epochs": 18, "batch_size": 512, "lr": 0.4, "weight_decay": 5e-4, "warmup_epochs": 2.0,
+            "label_smoothing": 0.1,
+        },
         "sa": {"epochs": 40, "lr": 0.1, "weight_decay": 1e-4, "warmup_epochs": 3.0},
     },
     "demo": {
@@ -127,6 +131,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "sa": {"model_options": _TINY_SA},
     },
 }
+
+
+assert tuple(PRESETS) == PRESET_NAMES, "names.PRESET_NAMES must list PRESETS"
 
 
 def config_for(preset: str, model: str, **overrides: Any) -> TrainConfig:

@@ -58,7 +58,7 @@ def make_basis(A: Any, representation: str) -> Any:
         return SparseBasis.from_dense(A)
     # A = (A_k) composed with the one-member identity basis: the products are the A_k again.
     eye = np.eye(A.shape[2])[None]
-    eye = torch.from_numpy(eye) if isinstance(A, torch.Tensor) else eye
+    eye = torch.from_numpy(eye).to(A.device) if isinstance(A, torch.Tensor) else eye
     return ComposedBasis(DenseBasis(A), SparseBasis.from_dense(eye))
 
 

@@ -105,7 +105,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "fast": {
         "all": {"batch_size": 256, "momentum": 0.9, "nesterov": True, "schedule": "cosine", "precision": "auto"},
         "resnet": {
-            "epochs": 18, "batch_size": 512, "lr": 0.4, "weight_decay": 5e-4, "warmup_epochs": 2.0,
+            "epochs": 30, "batch_size": 512, "lr": 0.4, "weight_decay": 5e-4, "warmup_epochs": 2.0,
             "label_smoothing": 0.1,
         },
         "sa": {"epochs": 40, "lr": 0.1, "weight_decay": 1e-4, "warmup_epochs": 3.0},

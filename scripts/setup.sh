@@ -11,5 +11,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 pip install -q "$TORCH_SPEC" 2>&1 | grep -v "is ignored: it is neither" || true
-pip install -q -e '.[test,docs,bench]' 2>&1 | grep -v "is ignored: it is neither" || true
+pip install -q -e '.[test,docs,bench,cifar]' 2>&1 | grep -v "is ignored: it is neither" || true
 python -c "import torch, structconv; print('structconv', structconv.__version__, '| torch', torch.__version__)"

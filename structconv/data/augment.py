@@ -44,7 +44,7 @@ def augment(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, flip: 
     ``images`` is ``(B, C, H, W)``; ``rows`` and ``cols`` (``(B,)`` integers in ``[0, 2 pad]``) are
     the crops' top-left corners in the padded image; ``flip`` (``(B,)`` bool) mirrors an image.
     """
-    B, C, H, W = images.shape
+    B, _, H, W = images.shape
     padded = F.pad(images, (pad, pad, pad, pad))
     device = images.device
     r = rows.to(device)[:, None] + torch.arange(H, device=device)  # (B, H)

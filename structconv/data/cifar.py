@@ -6,10 +6,11 @@
 * an image-folder archive such as ``cifar10-jpeg.tar.gz`` (``cifar10/{train,test}/<class>/*.jpg``),
   decoded with Pillow once and cached as a ``.npz`` next to it (or in ``cache_dir``).
 
-The data directory is an argument, or the ``STRUCTCONV_DATA`` environment variable.  Nothing is
-downloaded here: a missing archive is an error that says which file to put where (the official
-archive's URL and MD5 are :data:`OFFICIAL_URL` and :data:`OFFICIAL_MD5`; :func:`verify_md5`
-checks a file against it).
+The data directory is an argument, or the ``STRUCTCONV_DATA`` environment variable.  Loading
+never touches the network: a missing archive is an error that says which file to put where.
+:func:`download_cifar10` fetches the official archive where the network allows (its URL and MD5
+are :data:`OFFICIAL_URL` and :data:`OFFICIAL_MD5`), verifies the checksum and writes the file
+atomically; ``structconv cifar train --download`` calls it when no archive is present.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 from .planetoid import _CORRUPT_PICKLE, _numpy_reconstruct, _RefusedGlobalError, _RestrictedUnpickler
 
-__all__ = ["CLASSES", "OFFICIAL_MD5", "OFFICIAL_URL", "Cifar10", "load_cifar10", "verify_md5"]
+__all__ = ["CLASSES", "OFFICIAL_MD5", "OFFICIAL_URL", "Cifar10", "download_cifar10", "load_cifar10", "verify_md5"]
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 OFFICIAL = "cifar-10-python.tar.gz"
@@ -65,6 +66,44 @@ def verify_md5(path: Path, expected: str = OFFICIAL_MD5) -> None:
             digest.update(block)
     if digest.hexdigest() != expected:
         raise ValueError(f"{path}: MD5 {digest.hexdigest()} differs from the expected {expected} (corrupt download?)")
+
+
+def download_cifar10(
+    root: str | os.PathLike[str], url: str = OFFICIAL_URL, md5: str = OFFICIAL_MD5, timeout: float = 60.0
+) -> Path:
+    """Download the official archive into ``root`` (checksum verified, written atomically); return its path.
+
+    Raises
+    ------
+    ConnectionError
+        If the archive cannot be fetched (no network, say); the message says where to put the
+        file by hand.
+    ValueError
+        If the downloaded file's MD5 is not ``md5`` (nothing is left behind).
+    """
+    import urllib.error
+    import urllib.request
+
+    directory = Path(root)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / OFFICIAL
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{OFFICIAL}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as response:
+                    for block in iter(lambda: response.read(1 << 20), b""):
+                        out.write(block)
+            except (urllib.error.URLError, OSError, ValueError) as err:
+                raise ConnectionError(
+                    f"could not download {url} ({err}); fetch it elsewhere and put it at {target} (MD5 {md5})"
+                ) from err
+        verify_md5(Path(tmp), md5)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
 
 
 def _data_dir(root: str | os.PathLike[str] | None) -> Path:

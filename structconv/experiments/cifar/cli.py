@@ -89,7 +89,10 @@ def _train(args: argparse.Namespace) -> int:
         if value is not None:
             overrides[name] = value
     configs = [config_for(args.preset, m, model_options=options, **overrides) for m in models]
-    data = load_data(_data_dir(args.data), args.cache)
+    data_dir = _data_dir(args.data)
+    if getattr(args, "download", False):
+        _ensure_archive(data_dir)
+    data = load_data(data_dir, args.cache)
     root = Path(args.out)
     runs = []
     for config in configs:
@@ -103,6 +106,15 @@ def _train(args: argparse.Namespace) -> int:
     if runs and int(os.environ.get("RANK", "0")) == 0:
         print(results_table(runs))
     return 0
+
+
+def _ensure_archive(data_dir: str) -> None:
+    """Download the official archive into ``data_dir`` unless an archive is already there."""
+    from ...data.cifar import FOLDER, OFFICIAL, download_cifar10
+
+    if not any((Path(data_dir) / name).is_file() for name in (OFFICIAL, FOLDER)):
+        print(f"downloading CIFAR-10 into {data_dir} ...", file=sys.stderr, flush=True)
+        download_cifar10(data_dir)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -219,6 +231,7 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--model", default="resnet18", help=f"'all' or comma-separated of {', '.join(MODEL_NAMES)}")
     train.add_argument("--preset", default="fast", help=f"one of {', '.join(PRESET_NAMES)}")
     train.add_argument("--restart", action="store_true", help="ignore existing checkpoints")
+    train.add_argument("--download", action="store_true", help="fetch the official archive if none is present")
     _train_arguments(train)
     train.set_defaults(func=_train)
     ev = verbs.add_parser("eval", help="test accuracy of trained checkpoints")
@@ -250,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         status: int = args.func(args)
-    except (FileNotFoundError, PermissionError, CheckpointError, ValueError) as err:
+    except (FileNotFoundError, PermissionError, ConnectionError, CheckpointError, ValueError) as err:
         print(f"structconv cifar {args.verb}: {err}", file=sys.stderr)
         return 2
     return status

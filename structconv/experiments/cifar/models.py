@@ -65,7 +65,8 @@ class BasicBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.relu(self.bn1(self.conv1(x)))
         y = self.bn2(self.conv2(y))
-        return F.relu(y + self.shortcut(x))
+        out: torch.Tensor = F.relu(y + self.shortcut(x))
+        return out
 
 
 class ResNet18(nn.Module):
@@ -92,7 +93,8 @@ class ResNet18(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.blocks(F.relu(self.stem(x)))
-        return self.classifier(y.mean(dim=(2, 3)))
+        logits: torch.Tensor = self.classifier(y.mean(dim=(2, 3)))
+        return logits
 
 
 class SpaceToDepth(nn.Module):
@@ -123,7 +125,8 @@ class AttentionBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm1(x + self.drop(self.attention(x)))
-        return self.norm2(h + self.drop(self.ff2(F.gelu(self.ff1(h)))))
+        out: torch.Tensor = self.norm2(h + self.drop(self.ff2(F.gelu(self.ff1(h)))))
+        return out
 
 
 class SelfAttentionNet(nn.Module):
@@ -171,13 +174,14 @@ class SelfAttentionNet(nn.Module):
 
     def features(self, x: torch.Tensor, upto: int | None = None) -> torch.Tensor:
         """Token features ``(B, M, E)`` entering block ``upto`` (after the last block by default)."""
-        h = self.embed(self.to_tokens(x))
+        h: torch.Tensor = self.embed(self.to_tokens(x))
         for b in self.blocks[:upto]:
             h = b(h)
         return h
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x).mean(dim=1))
+        logits: torch.Tensor = self.classifier(self.features(x).mean(dim=1))
+        return logits
 
 
 def no_decay_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -105,7 +105,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "fast": {
         "all": {"batch_size": 256, "momentum": 0.9, "nesterov": True, "schedule": "cosine", "precision": "auto"},
         "resnet": {
-            "epochs": 30, "batch_size": 512, "lr": 0.4, "weight_decay": 5e-4, "warmup_epochs": 2.0,
+            "epochs": 30,
+            "batch_size": 512,
+            "lr": 0.4,
+            "weight_decay": 5e-4,
+            "warmup_epochs": 2.0,
             "label_smoothing": 0.1,
         },
         "sa": {"epochs": 40, "lr": 0.1, "weight_decay": 1e-4, "warmup_epochs": 3.0},
@@ -124,7 +128,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         },
         "resnet": {"model_options": {"width": 16}},
         "sa": {"model_options": {"width": 64, "depth": 2, "ffn": 128}},
-    },  # fmt: skip
+    },
     "smoke": {
         "all": {"epochs": 1, "batch_size": 8, "lr": 0.05, "train_subset": 32, "test_subset": 16, "schedule": "cosine"},
         "resnet": {"model_options": {"width": 4}},

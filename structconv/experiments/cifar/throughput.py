@@ -76,7 +76,7 @@ def _stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool) -> 
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
             loss = F.cross_entropy(model(x).float(), y)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
 
     return step

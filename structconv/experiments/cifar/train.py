@@ -178,7 +178,7 @@ def _layout(x: torch.Tensor, config: TrainConfig) -> torch.Tensor:
 def _progress(total: int, desc: str, enabled: bool) -> Any:
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
     return tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True)
 
@@ -256,7 +256,7 @@ def train(
     if family(config.model) == "resnet" and cuda:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         if dist.world > 1:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
     optimizer = _optimizer(model, config)
     history: list[dict[str, Any]] = []
     first = 0
@@ -304,7 +304,7 @@ def train(
                 logits = step_model(_layout(x, config))
                 loss = F.cross_entropy(logits.float(), y, label_smoothing=config.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             totals += _tally(loss.detach() * len(y), logits.detach(), y)
             if bar is not None:

@@ -1,0 +1,383 @@
+"""The CIFAR study: augmentation, models against independent references, schedules, checkpoints,
+resume after a kill, distributed equality, download, throughput and the command line."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.nn import functional as F  # noqa: N812
+
+from structconv.data.augment import CIFAR10_MEAN, CIFAR10_STD, Batches, augment, normalize
+from structconv.data.cifar import CLASSES, ENV, Cifar10, download_cifar10
+from structconv.experiments.cifar import checkpoint as ckpt_module
+from structconv.experiments.cifar.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from structconv.experiments.cifar.cli import results_table
+from structconv.experiments.cifar.models import MODELS, ResNet18, SelfAttentionNet, build_model, no_decay_parameters
+from structconv.experiments.cifar.names import DATA_ENV, MODEL_NAMES, PRESET_NAMES
+from structconv.experiments.cifar.presets import PRESETS, TrainConfig, config_for
+from structconv.experiments.cifar.reference import dense_twin
+from structconv.experiments.cifar.throughput import measure, table
+from structconv.experiments.cifar.train import KILL_ENV, _optimizer, learning_rate, model_from_checkpoint, train
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {
+    "resnet18": {"width": 4},
+    "sa-quadratic": {"width": 16, "depth": 2, "ffn": 16, "heads": 4, "dropout": 0.0},
+    "sa-gaussian": {"width": 16, "depth": 2, "ffn": 16, "heads": 4, "dropout": 0.0},
+    "sa-learned": {"width": 16, "depth": 2, "ffn": 16, "heads": 4, "dropout": 0.0},
+    "sa-learned-content": {"width": 16, "depth": 2, "ffn": 16, "heads": 4, "dropout": 0.0},
+}
+
+
+def _fake(n: int, seed: int) -> Cifar10:
+    rng = np.random.default_rng(seed)
+    return Cifar10(rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, n), CLASSES, "fake")
+
+
+def _official_archive(root: Path, per_batch: int = 8) -> Path:
+    """A tiny official-format archive (random images) in ``root``."""
+    rng = np.random.default_rng(0)
+    path = root / "cifar-10-python.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+            data = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
+            blob = pickle.dumps({b"data": data, b"labels": [int(v) for v in rng.integers(0, 10, per_batch)]})
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    return path
+
+
+def _cli(
+    *args: str, env: dict[str, str] | None = None, launcher: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    cmd = (launcher or [sys.executable, "-m"]) + ["structconv.cli", "cifar", *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=ROOT, timeout=600)
+
+
+# --- augmentation -------------------------------------------------------------------------------
+def test_names_module_lists_the_registries() -> None:
+    assert tuple(MODELS) == MODEL_NAMES and tuple(PRESETS) == PRESET_NAMES and DATA_ENV == ENV
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 8), st.integers(0, 8), st.booleans(), st.integers(0, 2**31 - 1))
+def test_augment_is_a_shifted_window_of_the_zero_padded_image(r: int, c: int, flip: bool, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    img = torch.randint(0, 256, (1, 3, 6, 5), generator=g, dtype=torch.uint8)
+    out = augment(img, torch.tensor([r]), torch.tensor([c]), torch.tensor([flip]), pad=4)
+    padded = torch.zeros(1, 3, 14, 13, dtype=torch.uint8)
+    padded[:, :, 4:10, 4:9] = img
+    expected = padded[:, :, r : r + 6, c : c + 5]
+    assert out.shape == img.shape and out.dtype == torch.uint8
+    assert torch.equal(out, expected.flip(-1) if flip else expected)
+
+
+def test_centre_crop_without_flip_is_the_identity_and_normalisation_matches_the_formula() -> None:
+    img = torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8)
+    same = augment(img, torch.full((3,), 4), torch.full((3,), 4), torch.zeros(3, dtype=torch.bool), pad=4)
+    assert torch.equal(same, img)
+    x = normalize(img, CIFAR10_MEAN, CIFAR10_STD)
+    ref = (img.float() / 255 - torch.tensor(CIFAR10_MEAN)[:, None, None]) / torch.tensor(CIFAR10_STD)[:, None, None]
+    torch.testing.assert_close(x, ref)
+
+
+def test_batches_split_each_global_batch_across_ranks() -> None:
+    data = _fake(40, 0)
+    whole = Batches.from_arrays(data.images, data.labels, 8, True, "cpu")
+    shards = [Batches.from_arrays(data.images, data.labels, 8, True, "cpu", rank=r, world=2) for r in range(2)]
+    assert len(whole) == 5 and all(len(s) == 5 for s in shards)
+    for (x, y), (x0, y0), (x1, y1) in zip(whole.epoch(3, 1), shards[0].epoch(3, 1), shards[1].epoch(3, 1), strict=True):
+        assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32
+        assert torch.equal(torch.cat([x0, x1]), x) and torch.equal(torch.cat([y0, y1]), y)
+    epochs = [torch.cat([y for _, y in whole.epoch(3, e)]) for e in (1, 2)]
+    assert not torch.equal(epochs[0], epochs[1])  # a new order every epoch
+    assert torch.equal(torch.cat([y for _, y in whole.epoch(3, 1)]), epochs[0])  # and the same one again
+    test = Batches.from_arrays(data.images, data.labels, 16, False, "cpu", rank=1, world=2)
+    assert sum(len(y) for _, y in test.epoch(0, 0)) == 20  # every test image, in its rank's half
+    with pytest.raises(ValueError, match=r"batch_size=7 must be a positive multiple of the number of processes \(2\)"):
+        Batches.from_arrays(data.images, data.labels, 7, True, "cpu", world=2)
+
+
+# --- models ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_model_trains_forward_and_backward(name: str) -> None:
+    torch.manual_seed(0)
+    model = build_model(name, **TINY[name])
+    x = torch.randn(3, 3, 32, 32)
+    logits = model(x)
+    assert logits.shape == (3, 10) and torch.isfinite(logits).all()
+    F.cross_entropy(logits, torch.tensor([0, 1, 2])).backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert sum(float(g.abs().sum()) for g in grads if g is not None) > 0
+
+
+def test_resnet_of_grid_layers_equals_resnet_of_torch_layers() -> None:
+    torch.manual_seed(0)
+    ours, ref = ResNet18(width=4), ResNet18(width=4, conv=torch.nn.Conv2d)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    ours.double().train()
+    ref.double().train()
+    y, y_ref = ours(x), ref(x)
+    torch.testing.assert_close(y, y_ref)
+    y.sum().backward()
+    y_ref.sum().backward()
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_attention_model_equals_the_paper_dense_computation_with_gradients() -> None:
+    torch.manual_seed(0)
+    model = build_model("sa-quadratic", **TINY["sa-quadratic"]).double()
+    assert isinstance(model, SelfAttentionNet)
+    twin = dense_twin(model)
+    assert [id(p) for p in twin.parameters()] == [id(p) for p in model.parameters()]  # same parameters
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    y, y_ref = model(x), twin(x)
+    torch.testing.assert_close(y, y_ref)
+    grads = torch.autograd.grad(y.square().sum(), list(model.parameters()))
+    grads_ref = torch.autograd.grad(y_ref.square().sum(), list(model.parameters()))
+    for g, r in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, r)
+
+
+def test_space_to_depth_is_invertible_and_the_model_reads_16x16_tokens_of_12_channels() -> None:
+    model = build_model("sa-quadratic", **TINY["sa-quadratic"])
+    assert isinstance(model, SelfAttentionNet)
+    x = torch.randn(2, 3, 32, 32)
+    tokens = model.to_tokens(x)
+    assert tokens.shape == (2, 256, 12) and model.grid == (16, 16)
+    back = F.pixel_shuffle(tokens.transpose(1, 2).reshape(2, 12, 16, 16), 2)
+    assert torch.equal(back, x)
+
+
+def test_gradcheck_through_the_attention_model_in_float64() -> None:
+    torch.manual_seed(0)
+    model = build_model("sa-gaussian", width=4, depth=1, ffn=4, heads=2, dropout=0.0).double()
+    x = torch.randn(1, 3, 32, 32, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: model(t), (x,), atol=1e-6)
+
+
+def test_build_model_errors_name_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"unknown model 'vgg'; expected one of \['resnet18'"):
+        build_model("vgg")
+    with pytest.raises(ValueError, match=r"fixes \['encoding'\]"):
+        build_model("sa-quadratic", encoding="learned")
+    with pytest.raises(ValueError, match=r"bad options \['depthh'\]"):
+        build_model("sa-quadratic", depthh=2)
+
+
+def test_centres_and_widths_are_exempt_from_weight_decay() -> None:
+    model = build_model("sa-quadratic", **TINY["sa-quadratic"])
+    exempt = {id(p) for p in no_decay_parameters(model)}
+    layers = model.attention_layers() if isinstance(model, SelfAttentionNet) else []
+    assert exempt == {id(p) for layer in layers for p in (layer.centres, layer.log_alpha)}
+    groups = _optimizer(model, config_for("paper", "sa-quadratic")).param_groups
+    assert [g["weight_decay"] for g in groups] == [1e-4, 0.0]
+    assert {id(p) for p in groups[1]["params"]} == exempt
+    assert len(_optimizer(build_model("resnet18", width=4), config_for("paper", "resnet18")).param_groups) == 1
+
+
+# --- presets and schedules ------------------------------------------------------------------------
+def test_paper_preset_is_the_papers_recipe() -> None:
+    sa, rn = config_for("paper", "sa-quadratic"), config_for("paper", "resnet18")
+    for c in (sa, rn):
+        assert (c.epochs, c.batch_size, c.lr, c.momentum, c.weight_decay) == (300, 100, 0.1, 0.9, 1e-4)
+    assert sa.schedule == "cosine" and sa.warmup_epochs > 0 and rn.schedule == "step"
+    assert config_for("paper", "sa-quadratic", model_options={"heads": 16}).model_options == {"heads": 16}
+    with pytest.raises(ValueError, match=r"unknown preset 'quick'; expected one of"):
+        config_for("quick", "resnet18")
+    with pytest.raises(ValueError, match=r"precision must be"):
+        config_for("smoke", "resnet18", precision="fp8")
+    assert TrainConfig.from_dict(sa.as_dict()) == sa
+
+
+def test_learning_rate_warms_up_linearly_then_decays() -> None:
+    cos = TrainConfig("sa-quadratic", epochs=10, lr=0.1, warmup_epochs=2, schedule="cosine")
+    steps = 5
+    assert learning_rate(cos, 0, steps) == pytest.approx(0.1 / 10)
+    assert learning_rate(cos, 9, steps) == pytest.approx(0.1)
+    assert learning_rate(cos, 10, steps) == pytest.approx(0.1)  # end of warm-up: the peak
+    assert learning_rate(cos, 30, steps) == pytest.approx(0.05)  # half-way through the cosine
+    assert learning_rate(cos, 49, steps) == pytest.approx(0.05 * (1 + np.cos(np.pi * 39 / 40)))
+    step = TrainConfig("resnet18", epochs=300, lr=0.1, schedule="step", milestones=(150, 225))
+    assert [learning_rate(step, e * 10, 10) for e in (0, 149, 150, 224, 225)] == pytest.approx(
+        [0.1, 0.1, 0.01, 0.01, 0.001]
+    )
+
+
+# --- checkpoints --------------------------------------------------------------------------------
+def _train_tiny(out: Path, model: str = "sa-quadratic", **overrides: object) -> list[dict[str, object]]:
+    data = (_fake(32, 0), _fake(16, 1))
+    return train(config_for("smoke", model, **overrides), out, data, progress=False, log=lambda s: None)
+
+
+def test_training_writes_metrics_and_a_loadable_checkpoint(tmp_path: Path) -> None:
+    history = _train_tiny(tmp_path, epochs=2)
+    assert [row["epoch"] for row in history] == [1, 2]
+    meta = json.loads((tmp_path / "metrics.json").read_text())
+    assert meta["history"] == history and meta["config"]["model"] == "sa-quadratic"
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert lines[0].startswith("epoch,lr,train_loss") and len(lines) == 3
+    model, config, state = model_from_checkpoint(tmp_path / "checkpoint.pt")
+    assert state["epoch"] == 2 and config.model == "sa-quadratic" and not model.training
+    assert not list(tmp_path.glob(".*tmp"))
+    table_text = results_table([tmp_path])
+    assert "| sa-quadratic | smoke | 2/2 |" in table_text
+
+
+def test_checkpoints_refuse_other_models_settings_versions_and_corruption(tmp_path: Path) -> None:
+    _train_tiny(tmp_path)
+    with pytest.raises(CheckpointError, match=r"checkpoint is of model 'sa-quadratic', but this run trains 'resnet18'"):
+        _train_tiny(tmp_path, model="resnet18")
+    with pytest.raises(CheckpointError, match=r"other settings \(lr: checkpoint 0.05, run 0.1\)"):
+        _train_tiny(tmp_path, lr=0.1)
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    save_checkpoint(tmp_path / "v2.pt", {**state, "version": 99})
+    torch.save({**state, "version": 99}, tmp_path / "v2.pt")
+    with pytest.raises(CheckpointError, match=r"version 99 is not supported"):
+        load_checkpoint(tmp_path / "v2.pt")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match=r"not a structconv CIFAR checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+    blob = (tmp_path / "checkpoint.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(CheckpointError, match=r"not a readable checkpoint"):
+        load_checkpoint(tmp_path / "cut.pt")
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint at"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_malicious_checkpoint_is_refused_without_running(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"format": ckpt_module.FORMAT, "version": ckpt_module.VERSION, "x": Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(CheckpointError, match=r"not a readable checkpoint"):
+        load_checkpoint(tmp_path / "evil.pt")
+    assert not marker.exists()
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, {"epoch": 1})
+
+    def fail(tmp: str) -> None:
+        raise KeyboardInterrupt  # as if the process were interrupted between write and rename
+
+    monkeypatch.setattr(ckpt_module, "_before_replace", fail)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, {"epoch": 2})
+    assert load_checkpoint(path)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def _comparable(history: list[dict[str, object]]) -> list[dict[str, object]]:
+    timing = ("epoch_seconds", "train_images_per_second")
+    return [{k: v for k, v in row.items() if k not in timing} for row in history]
+
+
+def test_a_run_killed_mid_epoch_resumes_to_the_same_parameters(tmp_path: Path) -> None:
+    _official_archive(tmp_path)
+    args = ["train", "--preset", "smoke", "--model", "sa-quadratic", "--epochs", "3", "--no-progress",
+            "--data", str(tmp_path), "--device", "cpu", "--train-subset", "32"]  # fmt: skip
+    steps_per_epoch = 32 // 8
+    killed = _cli(*args, "--out", str(tmp_path / "a"), env={KILL_ENV: str(steps_per_epoch + 2)})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    run_a = tmp_path / "a" / "sa-quadratic-smoke"
+    assert torch.load(run_a / "checkpoint.pt", weights_only=True)["epoch"] == 1  # the finished epoch survived
+    resumed = _cli(*args, "--out", str(tmp_path / "a"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed" in resumed.stdout
+    straight = _cli(*args, "--out", str(tmp_path / "b"))
+    assert straight.returncode == 0, straight.stderr
+    a = torch.load(run_a / "checkpoint.pt", weights_only=True)
+    b = torch.load(tmp_path / "b" / "sa-quadratic-smoke" / "checkpoint.pt", weights_only=True)
+    assert a["epoch"] == b["epoch"] == 3
+    for key in b["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert _comparable(a["history"]) == _comparable(b["history"])
+
+
+def test_two_process_ddp_equals_one_process_on_the_same_global_batch(tmp_path: Path) -> None:
+    _official_archive(tmp_path)
+    args = ["train", "--preset", "smoke", "--model", "sa-quadratic", "--epochs", "1", "--no-progress",
+            "--data", str(tmp_path), "--device", "cpu", "--train-subset", "32"]  # fmt: skip
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
+    two = _cli(*args, "--out", str(tmp_path / "ddp"), launcher=launcher)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = _cli(*args, "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr
+    a = torch.load(tmp_path / "ddp" / "sa-quadratic-smoke" / "checkpoint.pt", weights_only=True)
+    b = torch.load(tmp_path / "one" / "sa-quadratic-smoke" / "checkpoint.pt", weights_only=True)
+    moved = 0.0
+    init = build_model("sa-quadratic", **config_for("smoke", "sa-quadratic").model_options).state_dict()
+    for key in b["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-5, atol=1e-6, msg=key)
+        moved += float((b["model"][key].float() - init[key].float()).abs().sum())
+    assert moved > 0  # the parameters did train
+    assert (
+        json.loads((tmp_path / "ddp" / "sa-quadratic-smoke" / "metrics.json").read_text())["environment"]["processes"]
+        == 2
+    )
+
+
+# --- data download ---------------------------------------------------------------------------------
+def test_download_verifies_the_checksum_and_leaves_nothing_on_failure(tmp_path: Path) -> None:
+    import hashlib
+
+    source = tmp_path / "src"
+    source.mkdir()
+    archive = _official_archive(source)
+    md5 = hashlib.md5(archive.read_bytes(), usedforsecurity=False).hexdigest()
+    dest = tmp_path / "dest"
+    got = download_cifar10(dest, url=archive.as_uri(), md5=md5)
+    assert got == dest / "cifar-10-python.tar.gz" and got.read_bytes() == archive.read_bytes()
+    other = tmp_path / "other"
+    with pytest.raises(ValueError, match=r"MD5 .* differs from the expected 0{32}"):
+        download_cifar10(other, url=archive.as_uri(), md5="0" * 32)
+    assert list(other.iterdir()) == []
+    with pytest.raises(ConnectionError, match=r"could not download .* put it at .*cifar-10-python.tar.gz"):
+        download_cifar10(other, url=(tmp_path / "nowhere.tar.gz").as_uri())
+    assert list(other.iterdir()) == []
+
+
+# --- throughput and command line ----------------------------------------------------------------
+def test_throughput_reports_every_variant_and_the_goal_ratios() -> None:
+    result = measure("cpu", batch=2, steps=1, rounds=1, sa_options={"width": 16, "depth": 1, "ffn": 16})
+    assert set(result.images_per_second) == {"sa-quadratic", "sa-quadratic paper-dense", "resnet18", "resnet18 torch"}
+    assert all(v > 0 for v in result.images_per_second.values())
+    text = table(result)
+    assert "sa-quadratic / paper-dense" in text and "goal >= 3x" in text and "goal >= 0.5x" in text
+
+
+def test_cli_reports_bad_input_clearly(tmp_path: Path) -> None:
+    bad_model = _cli("train", "--model", "vgg", "--data", str(tmp_path))
+    assert bad_model.returncode == 2 and "--model got ['vgg']; expected 'all'" in bad_model.stderr
+    bad_preset = _cli("train", "--preset", "quick", "--data", str(tmp_path))
+    assert bad_preset.returncode == 2 and "unknown preset 'quick'" in bad_preset.stderr
+    no_data = _cli("train", "--preset", "smoke", "--data", str(tmp_path))
+    assert no_data.returncode == 2 and "no CIFAR-10 archive in" in no_data.stderr
+    bad_option = _cli("train", "--preset", "smoke", "--option", "heads", "--data", str(tmp_path))
+    assert bad_option.returncode == 2 and "--option expects key=value" in bad_option.stderr
+    missing = _cli("eval", str(tmp_path / "nothing"), "--data", str(tmp_path))
+    assert missing.returncode == 2 and "no CIFAR-10 archive" in missing.stderr

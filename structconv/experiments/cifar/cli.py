@@ -104,7 +104,10 @@ def _train(args: argparse.Namespace) -> int:
         if history:
             runs.append(run)
     if runs and int(os.environ.get("RANK", "0")) == 0:
-        print(results_table(runs))
+        text = results_table(runs)
+        (root / "results.md").write_text(text + "\n")
+        print(text)
+        print(f"wrote {root / 'results.md'}")
     return 0
 
 

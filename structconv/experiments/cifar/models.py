@@ -11,19 +11,21 @@ r"""The models of Cordonnier, Loukas & Jaggi's CIFAR-10 study, built from struct
     each sublayer followed by dropout, the residual sum and LayerNorm; then the mean over the
     256 positions and a linear classifier.  The attention is
 
-    ==================== ======================================================================
-    ``sa-quadratic``     isotropic Gaussian heads :math:`-\alpha_h\lVert\delta-\Delta_h\rVert^2`,
-                         centres initialised :math:`\mathcal N(0, 2I)`, learnable widths
-    ``sa-gaussian``      non-isotropic Gaussian heads (a learnable precision per head)
-    ``sa-learned``       learned relative embeddings :math:`r_\delta` (:math:`D_p = 400`), no content
+    ====================== ====================================================================
+    ``sa-quadratic``       isotropic Gaussian heads :math:`-\alpha_h\lVert\delta-\Delta_h\rVert^2`,
+                           centres initialised :math:`\mathcal N(0, 2I)`, learnable widths
+    ``sa-gaussian``        non-isotropic Gaussian heads (a learnable precision per head)
+    ``sa-learned``         learned relative embeddings :math:`r_\delta` (:math:`D_p = 400`), no content
     ``sa-learned-content`` the same plus content-content and content-position terms (Eq. 5)
-    ==================== ======================================================================
+    ====================== ====================================================================
 
     with 9 heads (``heads=16`` as in the paper's appendix) and the paper's head width
     :math:`D_h = D_{\mathrm{out}}`: the parameter of head :math:`h` is one :math:`400\times400`
-    matrix :math:`\Theta_h = W^{val}_h W^{out}_h` (the value and output projections merged,
-    which the formula :math:`y = \sum_h A_h^\top x\,\Theta_h` makes natural and which halves the
-    projection's flops).
+    matrix :math:`\Theta_h = W^{val}_h W^{out}_h` (the value and output maps merged, as in
+    Lemma 1 and as the formula :math:`y = \sum_h A_h^\top x\,\Theta_h` has it).  Position-only
+    heads are exact dense softmaxes by default (``threshold=None``): on a GPU that is one GEMM
+    and needs no host synchronisation; a ``threshold`` in (0, 1) lets the layers truncate
+    concentrated heads to shift bases (see :meth:`structconv.nn.PositionalAttention.basis`).
 
 Deviation from the paper's code, stated: dropout is applied to the sublayers' outputs, not to
 the attention probabilities, because position-only heads are one basis shared by the whole

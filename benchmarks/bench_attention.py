@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from benchmarks.harness import Report, Row, interleaved_times, progress, publish
+from structconv.experiments.cifar.reference import paper_dense
 from structconv.nn import MultiHeadSelfAttention, PositionalAttention
 
 CONTENT = ((256, 400, 8, 100), (1024, 512, 8, 32))  # T, width, heads, batch
@@ -76,31 +77,6 @@ def content_row(T: int, E: int, H: int, B: int, backward: bool, repeats: int, de
     mode = "fwd+bwd" if backward else "fwd"
     params = {"T": T, "E": E, "heads": H, "B": B, "pass": mode}
     return Row(f"content T={T} E={E} B={B} {mode}", params, times, "torch MHA", {"max_rel_err": err})
-
-
-def paper_dense(layer: PositionalAttention, x: torch.Tensor) -> torch.Tensor:
-    """The paper's dense computation: per-image scores and softmax, value einsum, output projection."""
-    B, M, E = x.shape
-    H = layer.num_heads
-    side = layer.grid[0]
-    pos = torch.stack(
-        torch.meshgrid(torch.arange(side, device=x.device), torch.arange(side, device=x.device), indexing="ij"), -1
-    )
-    delta = (pos.reshape(-1, 1, 2) - pos.reshape(1, -1, 2)).to(x.dtype)  # (M keys, N queries, 2)
-    r = torch.cat([(delta**2).sum(-1, keepdim=True), delta], -1)  # the quadratic encoding, D_p = 3
-    alpha = layer.log_alpha.exp()
-    v = -alpha[:, None] * torch.cat([torch.ones_like(alpha)[:, None], -2 * layer.centres], 1)  # (H, 3)
-    scores = torch.einsum("hc,mnc->hnm", v, r)[None].expand(B, H, M, M)  # every image: [query, key]
-    probs = torch.softmax(scores, dim=-1)
-    if layer.head_dim is None:  # D_h = D_out: each head averages the raw input, then one linear map
-        per_head = torch.einsum("bhnm,bme->bnhe", probs, x).reshape(B, M, H * E)
-        y = per_head @ layer.theta.reshape(H * E, E)
-    else:
-        values = torch.einsum("bme,hed->bhmd", x, layer.value)
-        per_head = torch.einsum("bhnm,bhmd->bnhd", probs, values).reshape(B, M, -1)
-        y = per_head @ layer.out.permute(0, 2, 1).reshape(-1, E)
-    assert layer.bias is not None
-    return y + layer.bias
 
 
 def positional_row(

@@ -43,7 +43,16 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .models import build_model, no_decay_parameters
 from .presets import TrainConfig, family
 
-__all__ = ["RESUMABLE_CHANGES", "Dist", "evaluate", "learning_rate", "load_data", "train"]
+__all__ = [
+    "RESUMABLE_CHANGES",
+    "Dist",
+    "evaluate",
+    "iterate_runs",
+    "learning_rate",
+    "load_data",
+    "model_from_checkpoint",
+    "train",
+]
 
 #: Settings that may differ between a checkpoint and the run resuming it (they do not change the trajectory).
 RESUMABLE_CHANGES = frozenset({"preset"})

@@ -223,9 +223,12 @@ def test_learning_rate_warms_up_linearly_then_decays() -> None:
 
 
 # --- checkpoints --------------------------------------------------------------------------------
-def _train_tiny(out: Path, model: str = "sa-quadratic", **overrides: object) -> list[dict[str, object]]:
+def _train_tiny(
+    out: Path, model: str = "sa-quadratic", time_limit: float | None = None, **overrides: object
+) -> list[dict[str, object]]:
     data = (_fake(32, 0), _fake(16, 1))
-    return train(config_for("smoke", model, **overrides), out, data, progress=False, log=lambda s: None)
+    config = config_for("smoke", model, **overrides)
+    return train(config, out, data, progress=False, time_limit=time_limit, log=lambda s: None)
 
 
 def test_training_writes_metrics_and_a_loadable_checkpoint(tmp_path: Path) -> None:
@@ -381,3 +384,10 @@ def test_cli_reports_bad_input_clearly(tmp_path: Path) -> None:
     assert bad_option.returncode == 2 and "--option expects key=value" in bad_option.stderr
     missing = _cli("eval", str(tmp_path / "nothing"), "--data", str(tmp_path))
     assert missing.returncode == 2 and "no CIFAR-10 archive" in missing.stderr
+
+
+def test_a_time_limit_stops_at_an_epoch_boundary_and_the_run_resumes(tmp_path: Path) -> None:
+    first = _train_tiny(tmp_path, epochs=3, time_limit=0.0)
+    assert [row["epoch"] for row in first] == [1]  # the first epoch always runs; then the limit holds
+    rest = _train_tiny(tmp_path, epochs=3)
+    assert [row["epoch"] for row in rest] == [1, 2, 3] and rest[0] == first[0]

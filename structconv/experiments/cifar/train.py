@@ -217,6 +217,12 @@ def _environment(device: str, dist: Dist, compiled: bool) -> dict[str, Any]:
             "compiled": compiled}  # fmt: skip
 
 
+def _out_of_time(start: float, epoch_times: list[float], limit: float, dist: Dist, device: str) -> bool:
+    """Whether the next epoch would end past ``limit`` seconds; any process's "yes" stops all of them."""
+    late = bool(epoch_times) and time.perf_counter() - start + max(epoch_times) > limit
+    return bool(dist.all_sum(torch.tensor([float(late)], device=device)).item() > 0)
+
+
 def _kill_step() -> int | None:
     value = os.environ.get(KILL_ENV)
     return int(value) if value else None
@@ -293,7 +299,7 @@ def train(
     kill_at = _kill_step()
     epoch_times: list[float] = []
     for epoch in range(first, config.epochs):
-        if time_limit is not None and epoch_times and time.perf_counter() - start + max(epoch_times) > time_limit:
+        if time_limit is not None and _out_of_time(start, epoch_times, time_limit, dist, device):
             if dist.main:
                 log(f"stopping after epoch {epoch} of {config.epochs}: the next would pass the time limit")
             break

@@ -189,7 +189,9 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
         return None
     from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
-    return tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True)
+    # In a log file (no terminal) every redraw is kept, so redraw rarely there.
+    every = 0.1 if sys.stderr.isatty() else 15.0
+    return tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True, mininterval=every)
 
 
 def _write_atomic(path: Path, text: str) -> None:

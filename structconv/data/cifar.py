@@ -19,13 +19,13 @@ import hashlib
 import io
 import os
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._atomic import atomic_write
 from .planetoid import _CORRUPT_PICKLE, _numpy_reconstruct, _RefusedGlobalError, _RestrictedUnpickler
 
 __all__ = ["CLASSES", "OFFICIAL_MD5", "OFFICIAL_URL", "Cifar10", "download_cifar10", "load_cifar10", "verify_md5"]
@@ -87,22 +87,17 @@ def download_cifar10(
     directory = Path(root)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / OFFICIAL
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{OFFICIAL}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                with urllib.request.urlopen(url, timeout=timeout) as response:
-                    for block in iter(lambda: response.read(1 << 20), b""):
-                        out.write(block)
-            except (urllib.error.URLError, OSError, ValueError) as err:
-                raise ConnectionError(
-                    f"could not download {url} ({err}); fetch it elsewhere and put it at {target} (MD5 {md5})"
-                ) from err
-        verify_md5(Path(tmp), md5)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(target) as out:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    out.write(block)
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            raise ConnectionError(
+                f"could not download {url} ({err}); fetch it elsewhere and put it at {target} (MD5 {md5})"
+            ) from err
+        out.flush()
+        verify_md5(Path(out.name), md5)
     return target
 
 
@@ -231,14 +226,8 @@ def _read_folder_cached(archive: Path, split: str, cache_dir: str | os.PathLike[
         with np.load(cache, allow_pickle=False) as z:
             return _checked(z["images"], z["labels"], str(archive))
     data = _read_folder(archive, split)
-    fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".tmp.npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, images=data.images, labels=data.labels)
-        os.replace(tmp, cache)  # atomic: a reader never sees a half-written cache
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(cache) as f:  # a reader never sees a half-written cache
+        np.savez(f, images=data.images, labels=data.labels)
     return data
 
 

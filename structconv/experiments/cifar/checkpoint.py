@@ -9,17 +9,19 @@ leaves either the previous checkpoint or the new one, never a partial file.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..._atomic import atomic_write
+
 __all__ = ["FORMAT", "VERSION", "CheckpointError", "load_checkpoint", "save_checkpoint"]
 
 FORMAT = "structconv-cifar-checkpoint"
 VERSION = 1
+#: Settings that may differ between a checkpoint and the run resuming it (they do not change the trajectory).
+RESUMABLE_CHANGES = frozenset({"preset"})
 
 
 class CheckpointError(ValueError):
@@ -30,17 +32,9 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write ``state`` (with the format and version added) to ``path`` atomically."""
     path = Path(path)
     payload = {"format": FORMAT, "version": VERSION, **state}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        _before_replace(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, sync=True) as f:
+        torch.save(payload, f)
+        _before_replace(f.name)
 
 
 def _before_replace(tmp: str) -> None:
@@ -52,7 +46,7 @@ def load_checkpoint(path: Path, expect: dict[str, Any] | None = None) -> dict[st
 
     ``expect`` is the run's configuration (``TrainConfig.as_dict()``); every key must match the
     checkpoint's, except those that only say how far and how fast to run (see
-    :data:`~.train.RESUMABLE_CHANGES`).
+    :data:`RESUMABLE_CHANGES`).
 
     Raises
     ------
@@ -62,8 +56,6 @@ def load_checkpoint(path: Path, expect: dict[str, Any] | None = None) -> dict[st
         If the file is not a readable structconv checkpoint, is of another version, or was
         written for another model or other settings (the message lists the differences).
     """
-    from .train import RESUMABLE_CHANGES
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")

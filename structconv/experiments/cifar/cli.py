@@ -129,11 +129,11 @@ def _eval(args: argparse.Namespace) -> int:
 
     device = _device(args.device)
     test = load_cifar10(_data_dir(args.data), "test", args.cache)
+    batches = Batches.from_arrays(test.images, np.asarray(test.labels), 500, False, device)
     for run in args.runs:
         path = Path(run)
         ckpt = path / "checkpoint.pt" if path.is_dir() else path
         model, config, state = model_from_checkpoint(ckpt, device)
-        batches = Batches.from_arrays(test.images, np.asarray(test.labels), 500, False, device)
         loss, acc = evaluate(model, batches, config, device)
         print(f"{ckpt}: {config.model} after epoch {state['epoch']}: test loss {loss:.4f}, accuracy {100 * acc:.2f} %")
     return 0

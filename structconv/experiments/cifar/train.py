@@ -24,7 +24,6 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,9 +36,10 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from ... import __version__
+from ..._atomic import atomic_write
 from ...data import Cifar10, load_cifar10
 from ...data.augment import Batches
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import RESUMABLE_CHANGES, load_checkpoint, save_checkpoint
 from .models import build_model, no_decay_parameters
 from .presets import TrainConfig, family
 
@@ -54,8 +54,6 @@ __all__ = [
     "train",
 ]
 
-#: Settings that may differ between a checkpoint and the run resuming it (they do not change the trajectory).
-RESUMABLE_CHANGES = frozenset({"preset"})
 #: Test hook: a training process sends itself SIGKILL before the global step named here.
 KILL_ENV = "STRUCTCONV_TEST_KILL_AT_STEP"
 CHECKPOINT = "checkpoint.pt"
@@ -195,14 +193,8 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, "w") as f:
+        f.write(text)
 
 
 def _write_metrics(out: Path, config: TrainConfig, history: list[dict[str, Any]], environment: dict[str, Any]) -> None:

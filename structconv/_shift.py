@@ -30,6 +30,21 @@ import numpy as np
 from ._backend import Array, is_torch
 
 
+@dataclass(frozen=True)
+class Window:
+    """The input window of a native call: a crop, or wrapped indices, then padding.
+
+    ``padding`` is the symmetric zero padding the native call applies itself; ``frame_lo`` and
+    ``frame_hi`` the asymmetric zero padding applied before it (all zeros when none).
+    """
+
+    crop: tuple[slice, ...] | None
+    wrap: tuple[np.ndarray, ...] | None
+    padding: tuple[int, ...]
+    frame_lo: tuple[int, ...]
+    frame_hi: tuple[int, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class Geometry:
     """Input grid, output grid, stride, tap offsets and boundary of a shift basis."""
@@ -82,11 +97,35 @@ class Geometry:
     def box_volume(self) -> int:
         return math.prod(self.box[2])
 
-    @property
+    @cached_property
     def is_full_box(self) -> bool:
         """Whether the taps are exactly the box, in row-major order (a plain torch kernel)."""
         index = self.box[3]
         return self.taps == self.box_volume and bool((index == np.arange(self.taps)).all())
+
+    @cached_property
+    def window(self) -> Window:
+        """Where the native call reads the input: computed once, since every call reads the same window."""
+        origin, dilation, size, _ = self.box
+        spans = []
+        for i in range(self.ndim):
+            extent = self.stride[i] * (self.out_grid[i] - 1) + dilation[i] * (size[i] - 1) + 1
+            spans.append((origin[i], origin[i] + extent))
+        if self.boundary == "periodic":
+            wrap = tuple(np.arange(begin, end) % g for (begin, end), g in zip(spans, self.grid, strict=True))
+            return Window(None, wrap, (0,) * self.ndim, (0,) * self.ndim, (0,) * self.ndim)
+        lo, hi, cut = [], [], []
+        for (begin, end), g in zip(spans, self.grid, strict=True):
+            a = min(max(begin, 0), g)
+            b = max(min(end, g), a)
+            cut.append(slice(a, b))
+            # A window wholly outside the grid reads nothing: all of it is padding.
+            lo.append(a - begin if b > a else end - begin)
+            hi.append(end - b if b > a else 0)
+        crop = any(c.start > 0 or c.stop < g for c, g in zip(cut, self.grid, strict=True))
+        if lo == hi:
+            return Window(tuple(cut) if crop else None, None, tuple(lo), (0,) * self.ndim, (0,) * self.ndim)
+        return Window(tuple(cut) if crop else None, None, (0,) * self.ndim, tuple(lo), tuple(hi))
 
     @cached_property
     def tap_index(self) -> np.ndarray:

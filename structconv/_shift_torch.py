@@ -17,7 +17,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 
-from ._shift import Geometry, frame
+from ._shift import Geometry
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -80,38 +80,43 @@ class ShiftAdd(torch.autograd.Function):
         return grad_s, None, None
 
 
-def _window(x: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, list[int]]:
-    """``(B, M, C)`` -> the ``(B, C, *grid')`` window the native call reads, and its symmetric padding.
+def window_image(x: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``(B, C, *grid)`` -> the window the native call reads, and the symmetric padding it applies.
 
     The window starts at the box origin of output 0 and spans what the last output reads; the
     part outside the grid is zero padding (passed to the native call when symmetric) or wrapped
-    entries.
+    entries.  Its arithmetic is :attr:`Geometry.window`, done once per basis.
     """
-    B, _, C = (int(s) for s in x.shape)
-    origin, dilation, size, _ = geo.box
-    xg = x.reshape(B, *geo.grid, C)
-    spans = []
-    for i in range(geo.ndim):
-        extent = geo.stride[i] * (geo.out_grid[i] - 1) + dilation[i] * (size[i] - 1) + 1
-        spans.append((origin[i], origin[i] + extent))
-    if geo.boundary == "periodic":
-        for i, (begin, end) in enumerate(spans):
-            xg = xg.index_select(1 + i, torch.arange(begin, end, device=x.device) % geo.grid[i])
-        return xg.movedim(-1, 1), [0] * geo.ndim
-    lo, hi, cut = [], [], []
-    for (begin, end), g in zip(spans, geo.grid, strict=True):
-        a = min(max(begin, 0), g)
-        b = max(min(end, g), a)
-        cut.append(slice(a, b))
-        # A window wholly outside the grid reads nothing: all of it is padding.
-        lo.append(a - begin if b > a else end - begin)
-        hi.append(end - b if b > a else 0)
-    if any(c.start > 0 or c.stop < g for c, g in zip(cut, geo.grid, strict=True)):
-        xg = xg[(slice(None), *cut)]
-    symmetric = lo == hi
-    if not symmetric:
-        xg = frame(xg, tuple(lo), tuple(hi), "zero")
-    return xg.movedim(-1, 1), (lo if symmetric else [0] * geo.ndim)
+    w = geo.window
+    if w.wrap is not None:
+        for i, idx in enumerate(w.wrap):
+            x = x.index_select(2 + i, torch.as_tensor(idx, device=x.device))
+        return x, w.padding
+    if w.crop is not None:
+        x = x[(slice(None), slice(None), *w.crop)]
+    if any(w.frame_lo) or any(w.frame_hi):
+        pads: list[int] = []
+        for i in reversed(range(geo.ndim)):
+            pads += [w.frame_lo[i], w.frame_hi[i]]
+        x = F.pad(x, pads)
+    return x, w.padding
+
+
+def native_weight(thetas: torch.Tensor, geo: Geometry) -> torch.Tensor:
+    """One ``(P, Q)`` map per tap -> a torch kernel ``(Q, P, *box)`` (taps scattered into their box)."""
+    _, P, Q = (int(s) for s in thetas.shape)
+    _, _, size, index = geo.box
+    if geo.is_full_box:
+        return thetas.permute(2, 1, 0).reshape(Q, P, *size)
+    box = thetas.new_zeros(geo.box_volume, P, Q)
+    box = box.index_add(0, torch.as_tensor(index, device=thetas.device), thetas)  # repeated taps add up
+    return box.permute(2, 1, 0).reshape(Q, P, *size)
+
+
+def conv_image(x: torch.Tensor, weight: torch.Tensor, geo: Geometry, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The native call on torch's layout: ``(B, P, *grid)`` and a ``(Q, P, *box)`` kernel -> ``(B, Q, *out_grid)``."""
+    window, padding = window_image(x, geo)
+    return _CONV[geo.ndim](window, weight, bias, stride=geo.stride, padding=padding, dilation=geo.box[1])
 
 
 def native_conv(x: torch.Tensor, thetas: torch.Tensor, geo: Geometry) -> torch.Tensor:
@@ -120,17 +125,9 @@ def native_conv(x: torch.Tensor, thetas: torch.Tensor, geo: Geometry) -> torch.T
     ``thetas`` holds one ``(P, Q)`` map per tap; they are scattered into the smallest dilated
     box that holds every tap (a plain torch kernel when the taps fill it).
     """
-    B = int(x.shape[0])
-    _, P, Q = (int(s) for s in thetas.shape)
-    _, dilation, size, index = geo.box
-    if geo.is_full_box:
-        weight = thetas.permute(2, 1, 0).reshape(Q, P, *size)
-    else:
-        box = thetas.new_zeros(geo.box_volume, P, Q)
-        box = box.index_add(0, torch.as_tensor(index, device=thetas.device), thetas)  # repeated taps add up
-        weight = box.permute(2, 1, 0).reshape(Q, P, *size)
-    window, padding = _window(x, geo)
-    y = _CONV[geo.ndim](window, weight, stride=geo.stride, padding=padding, dilation=dilation)
+    B, _, C = (int(s) for s in x.shape)
+    Q = int(thetas.shape[2])
+    y = conv_image(x.reshape(B, *geo.grid, C).movedim(-1, 1), native_weight(thetas, geo), geo)
     return y.reshape(B, Q, math.prod(geo.out_grid)).transpose(1, 2)
 
 
@@ -144,7 +141,7 @@ def native_depthwise(x: torch.Tensor, weights: torch.Tensor, geo: Geometry) -> t
     B, _, C = (int(s) for s in x.shape)
     K = int(weights.shape[0])
     _, dilation, size, index = geo.box
-    window, padding = _window(x, geo)
+    window, padding = window_image(x.reshape(B, *geo.grid, C).movedim(-1, 1), geo)
     N = math.prod(geo.out_grid)
     # The pooling shortcut would send the gradient of equal but learnable weights to one of them.
     learnable = torch.is_grad_enabled() and weights.requires_grad

@@ -486,3 +486,72 @@ def test_layers_follow_changed_settings_and_numpy_integers() -> None:
     layer.stride = (2, 2)
     assert layer(x).shape == (1, 3, 4, 4)
     assert grid_basis(np.int64(8), np.int64(3), stride=np.int64(2)).out_grid == (3,)
+
+
+@given(
+    d=st.integers(1, 3),
+    kernel=st.integers(1, 3),
+    stride=st.integers(1, 2),
+    dilation=st.integers(1, 2),
+    padding=st.sampled_from([0, 1, 2, "same", "valid"]),
+    circular=st.booleans(),
+    batch=st.integers(0, 2),
+    seed=st.integers(0, 2**16),
+)
+def test_layers_direct_native_route_equals_the_engine_and_torch(
+    d: int, kernel: int, stride: int, dilation: int, padding: Any, circular: bool, batch: int, seed: int
+) -> None:
+    """The layer runs the engine's native plan directly; it must equal ``conv`` and torch's layer, with gradients."""
+    import structconv.nn.grid as layer_module
+    from structconv import nn as snn
+
+    if padding == "same":
+        stride = 1
+    mode = "circular" if circular and padding not in ("same", "valid") else "zeros"
+    kw = {"stride": stride, "dilation": dilation, "padding": padding, "padding_mode": mode, "dtype": torch.float64}
+    torch.manual_seed(seed)
+    ref = getattr(torch.nn, f"Conv{d}d")(2, 3, kernel, **kw)
+    layer = getattr(snn, f"GridConv{d}d")(2, 3, kernel, **kw)
+    layer.load_state_dict(ref.state_dict())
+    size = dilation * (kernel - 1) + 3
+    x = torch.randn(max(batch, 1), 2, *([size] * d), dtype=torch.float64, requires_grad=True)
+    engine_calls = []
+    real_conv = layer_module.conv
+    layer_module.conv = lambda *a, **k: engine_calls.append(1) or real_conv(*a, **k)  # type: ignore[assignment]
+    try:
+        y = layer(x)
+    finally:
+        layer_module.conv = real_conv  # type: ignore[assignment]
+    basis = layer.basis(tuple(x.shape[2:]), x)
+    chosen = explain(basis, to_bmp(x), to_theta(layer.weight)).chosen
+    assert (not engine_calls) == (chosen == "native"), "the layer must run the engine's plan"
+    expected = ref(x)
+    torch.testing.assert_close(y, expected)
+    gy = torch.randn_like(y)
+    ours = torch.autograd.grad(y, (x, layer.weight, layer.bias), gy)
+    theirs = torch.autograd.grad(expected, (x, ref.weight, ref.bias), gy)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+    via_engine = conv(basis, to_bmp(x), to_theta(layer.weight), order="ax")
+    via_engine = from_bnq(via_engine, tuple(y.shape)) + layer.bias.reshape(-1, *([1] * d))
+    torch.testing.assert_close(y, via_engine)
+
+
+def test_layer_direct_route_under_autocast_and_dtype_errors(monkeypatch: Any) -> None:
+    import structconv.nn.grid as layer_module
+    from structconv.nn import GridConv2d
+
+    monkeypatch.setattr(layer_module, "conv", None)  # a 3x3 box kernel never reaches the generic route
+
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(4, 5, 3, padding=1)
+    layer = GridConv2d(4, 5, 3, padding=1)
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 4, 6, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, expected = layer(x), ref(x)
+    assert y.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(y, expected)
+    monkeypatch.undo()
+    with pytest.raises(TypeError, match="dtype"):
+        layer(x.double())

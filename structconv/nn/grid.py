@@ -11,26 +11,54 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
 
-from ..contract import conv
+from .._shift_torch import conv_image
+from ..contract import conv, explain
 from ..grid import GridBasis, Padding, Size, _ints, apply_shifts, avg_pool_basis, grid_basis
 
+_T = TypeVar("_T")
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic"}
 _CACHE_SIZE = 8
 _ORDERS = ("auto", "native", "ax", "xtheta", "atheta")
 
 
-class _BasisCache:
+class _Entry:
+    """A layer's basis for one input grid, and the engine's choice of order per batch size."""
+
+    def __init__(self, basis: GridBasis) -> None:
+        self.basis = basis
+        geo = basis.geometry
+        # The native kernel takes the layer's weight as it is stored only for a plain box kernel.
+        self._eligible = basis.native_available() and basis.weights is None and not basis.normalize and geo.is_full_box
+        self._chosen: dict[tuple[int, str], bool] = {}
+
+    def native(self, layer: _GridConvNd, x: torch.Tensor) -> bool:
+        """Whether the engine's plan for ``x`` (``(B, C, *grid)``) is the native order."""
+        if not self._eligible or layer.order not in ("auto", "native"):
+            return False
+        if x.dtype != layer.weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            return False  # the engine's check names the mismatch
+        key = (int(x.shape[0]), layer.order)
+        chosen = self._chosen.get(key)
+        if chosen is None:
+            flat = x.flatten(2).transpose(1, 2)
+            theta = layer.weight.flatten(2).permute(2, 1, 0).to(flat.dtype)  # autocast: plans depend on shapes only
+            chosen = self._chosen[key] = explain(self.basis, flat, theta, layer.order).chosen == "native"
+        return chosen
+
+
+class _BasisCache(Generic[_T]):
     """The bases of the last few input grids (bases are immutable values; this only saves rebuilding)."""
 
     def __init__(self) -> None:
-        self._items: OrderedDict[tuple[Any, ...], GridBasis] = OrderedDict()
+        self._items: OrderedDict[tuple[Any, ...], _T] = OrderedDict()
 
-    def get(self, key: tuple[Any, ...], build: Any) -> GridBasis:
+    def get(self, key: tuple[Any, ...], build: Callable[[], _T]) -> _T:
         basis = self._items.get(key)
         if basis is None:
             basis = build()
@@ -103,7 +131,7 @@ class _GridConvNd(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels, *self.kernel_size, **factory))
         self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
-        self._bases = _BasisCache()
+        self._bases: _BasisCache[_Entry] = _BasisCache()
         self.reset_parameters()
 
     def _geometry(self) -> dict[str, Any]:
@@ -124,15 +152,31 @@ class _GridConvNd(nn.Module):
 
     def basis(self, grid: tuple[int, ...], like: torch.Tensor) -> GridBasis:
         """The shift basis this layer uses on an input grid of sizes ``grid``."""
-        geometry = self._geometry()
-        key = (grid, like.dtype, str(like.device), tuple((k, str(v)) for k, v in geometry.items()))
-        return self._bases.get(key, lambda: grid_basis(grid, like=like, **geometry))
+        return self._entry(grid, like).basis
+
+    def _entry(self, grid: tuple[int, ...], like: torch.Tensor) -> _Entry:
+        # The settings are part of the key: a layer whose attributes were changed builds anew.
+        key = (grid, like.dtype, like.device, self.kernel_size, self.stride, self.dilation, repr(self.padding),
+               self.padding_mode)  # fmt: skip
+        return self._bases.get(key, lambda: _Entry(grid_basis(grid, like=like, **self._geometry())))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Convolve ``x`` of shape ``(B, C_in, *grid)`` (or unbatched) like ``torch.nn.Conv{d}d``."""
+        """Convolve ``x`` of shape ``(B, C_in, *grid)`` (or unbatched) like ``torch.nn.Conv{d}d``.
+
+        The engine's plan for the input's shape is made once and kept with the basis; when it
+        chooses the ``"native"`` order (as it does for box kernels on torch), the layer runs that
+        order's kernel (:func:`structconv._shift_torch.conv_image`) on torch's layout directly,
+        with the bias fused, instead of re-checking and re-planning the same operands on every
+        call: the per-call Python cost is then close to ``torch.nn.Conv{d}d``'s.  Other plans go
+        through :func:`structconv.conv`.  Tests hold both routes to ``conv`` and to torch.
+        """
         xb, unbatched = _split_input(x, self._ndim, self.in_channels, type(self).__name__)
         B = int(xb.shape[0])
-        basis = self.basis(tuple(int(s) for s in xb.shape[2:]), xb)
+        entry = self._entry(tuple(int(s) for s in xb.shape[2:]), xb)
+        basis = entry.basis
+        if entry.native(self, xb):
+            direct = conv_image(xb, self.weight, basis.geometry, self.bias)
+            return direct[0] if unbatched else direct
         theta = self.weight.flatten(2).permute(2, 1, 0)
         y: torch.Tensor = conv(basis, xb.flatten(2).transpose(1, 2), theta, order=self.order)
         y = y.transpose(1, 2).reshape(B, self.out_channels, *basis.out_grid)
@@ -214,7 +258,7 @@ class _AvgPoolNd(nn.Module):
         self.count_include_pad = count_include_pad
         self.divisor_override = divisor_override
         self.method = method
-        self._bases = _BasisCache()
+        self._bases: _BasisCache[GridBasis] = _BasisCache()
 
     def basis(self, grid: tuple[int, ...], like: torch.Tensor) -> GridBasis:
         """The one-member averaging basis this layer uses on an input grid of sizes ``grid``."""

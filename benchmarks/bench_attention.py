@@ -60,13 +60,13 @@ def content_row(T: int, E: int, H: int, B: int, backward: bool, repeats: int, de
     torch.manual_seed(0)
     peer = torch.nn.MultiheadAttention(E, H, batch_first=True, device=device)
     torch.nn.init.normal_(peer.in_proj_bias, std=0.02)
-    ours = MultiHeadSelfAttention(E, H, device=device)
+    ours = MultiHeadSelfAttention(E, H, batch_first=True, device=device)
     ours.load_state_dict(peer.state_dict())
     peer.train(backward)  # eval: torch's native fast path in the forward
     x = torch.randn(B, T, E, device=device, requires_grad=backward)
     variants = {
         "torch MHA": lambda: peer(x, x, x, need_weights=False)[0],
-        "structconv": lambda: ours(x),
+        "structconv": lambda: ours(x, x, x, need_weights=False)[0],
     }
     with torch.no_grad():
         err = _check("MultiHeadSelfAttention", variants["structconv"](), variants["torch MHA"](), 1e-4)

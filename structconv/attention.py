@@ -220,6 +220,43 @@ class BiAffine(Mechanism):
         return total * self.scale if self.scale != 1.0 else total
 
 
+@dataclass(frozen=True, eq=False)
+class ScoreBias(Mechanism):
+    r"""Fixed additive scores :math:`a(x, z)_{bkmn} = \beta_{bkmn}`, whatever the inputs.
+
+    Added to another mechanism (``BiAffine(...) + ScoreBias(beta)``) it is an additive attention
+    mask with finite values, such as the float ``attn_mask`` of ``torch.nn.MultiheadAttention``
+    (:math:`-\infty` entries belong in the basis's boolean ``mask`` instead).
+
+    Parameters
+    ----------
+    bias
+        :math:`\beta`, shape ``(B or 1, K, M, N)``, finite.
+    """
+
+    bias: Array
+
+    def __post_init__(self) -> None:
+        check_array(self.bias, "bias", (4,), ("(B or 1, K, M, N)",))
+        lib = namespace(self.bias)
+        if not bool(lib.isfinite(self.bias).all()):
+            raise ValueError("bias must be finite (put -inf entries in the attention mask instead)")
+
+    @property
+    def heads(self) -> int:
+        return int(self.bias.shape[1])
+
+    def scores(self, x: Array, z: Array) -> Array:
+        B, M, N = int(x.shape[0]), int(x.shape[1]), int(z.shape[1])
+        b, _, m, n = (int(s) for s in self.bias.shape)
+        if (m, n) != (M, N) or b not in (1, B):
+            raise ValueError(
+                f"bias has shape {shape_str(tuple(self.bias.shape))} but the scores are "
+                f"({B}, {self.heads}, {M}, {N}) (B, K, M, N)"
+            )
+        return self.bias
+
+
 def _allowed(mask: Array, lib: Any) -> Array:
     """A boolean mask (``True`` = allowed) from a boolean or additive ``{-inf, 0}`` mask."""
     if str(mask.dtype).endswith("bool"):
@@ -233,8 +270,25 @@ def _allowed(mask: Array, lib: Any) -> Array:
 def masked_softmax(scores: Array, mask: Array | None = None) -> Array:
     r"""Column-wise softmax over :math:`m` (axis ``-2``) with log-domain masking.
 
-    ``mask`` broadcasts to ``scores``: booleans (``True`` = allowed) or additive values in
-    :math:`\{-\infty, 0\}`.  Columns with no allowed entry give zeros.
+    .. math:: w_{mn} = \frac{\mathbb 1_{\Omega}(m, n)\, e^{s_{mn} - c_n}}
+              {\sum_{m'} \mathbb 1_{\Omega}(m', n)\, e^{s_{m'n} - c_n}},
+              \qquad c_n = \max_{m:\,(m, n)\in\Omega} s_{mn},
+
+    over the allowed set :math:`\Omega`; a column :math:`n` with no allowed entry is 0.
+
+    Parameters
+    ----------
+    scores
+        Scores, at least 2-D; the softmax runs over axis ``-2``.
+    mask
+        Broadcasts to ``scores``: booleans (``True`` = allowed) or additive values in
+        :math:`\{-\infty, 0\}`.
+
+    Returns
+    -------
+    Array
+        Weights of the dtype of ``scores``.  A column with no allowed entry gives zeros (never
+        ``NaN``) in every floating dtype, and its gradient is zero.
     """
     lib = namespace(scores)
     torch_side = is_torch(scores)
@@ -245,7 +299,11 @@ def masked_softmax(scores: Array, mask: Array | None = None) -> Array:
         peak = scores.amax(-2, keepdim=True).detach()
         peak = peak.masked_fill(~lib.isfinite(peak), 0.0)  # an empty column: exp(-inf) = 0 below
         exp = (scores - peak).exp()
-        return exp / exp.sum(-2, keepdim=True).clamp_min(1e-300)
+        total = exp.sum(-2, keepdim=True)
+        # A non-empty column sums to at least 1 (its peak gives exp(0)); an empty one sums to 0
+        # and is divided by 1 instead (a clamp to a tiny value underflows to 0 in float32 and
+        # below, and 1/tiny overflows in the backward).
+        return exp / lib.where(total > 0, total, lib.ones_like(total))
     peak = scores.max(-2, keepdims=True)
     peak = lib.where(lib.isfinite(peak), peak, 0.0)
     exp = lib.exp(scores - peak)

@@ -59,17 +59,132 @@ def test_multi_head_self_attention_equals_torch(bias: bool, masked: bool) -> Non
     if bias:  # non-zero biases, so that every bias path is exercised
         torch.nn.init.normal_(ref.in_proj_bias)
         torch.nn.init.normal_(ref.out_proj.bias)
-    layer = MultiHeadSelfAttention(12, 3, bias=bias).double()
+    layer = MultiHeadSelfAttention(12, 3, bias=bias, batch_first=True).double()
     layer.load_state_dict(ref.state_dict())
     x = torch.randn(4, 9, 12, dtype=torch.float64, requires_grad=True)
     causal = torch.ones(9, 9, dtype=torch.bool).triu(1)  # torch: True = may NOT attend, [query, key]
-    y_ref = ref(x, x, x, need_weights=False, attn_mask=causal if masked else None)[0]
-    y = layer(x, mask=~causal.T if masked else None)
+    mask = causal if masked else None
+    y_ref, w_ref = ref(x, x, x, attn_mask=mask)
+    y, w = layer(x, x, x, attn_mask=mask)
     torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(w, w_ref)
     g = torch.randn_like(y)
     (gx,) = torch.autograd.grad(y, x, g)
     (gx_ref,) = torch.autograd.grad(y_ref, x, g)
     torch.testing.assert_close(gx, gx_ref)
+
+
+def test_multi_head_self_attention_reads_torch_conventions() -> None:
+    """The three silent differences of issue 14: mask polarity, sequence-first input, add_zero_attn."""
+    torch.manual_seed(1)
+    for kwargs in ({"batch_first": False}, {"batch_first": True, "add_zero_attn": True}):
+        ref = torch.nn.MultiheadAttention(8, 2, **kwargs).double()
+        for p in ref.parameters():
+            torch.nn.init.normal_(p)
+        layer = MultiHeadSelfAttention(8, 2, **kwargs).double()
+        layer.load_state_dict(ref.state_dict())
+        x = torch.randn(*((3, 5) if kwargs["batch_first"] else (5, 3)), 8, dtype=torch.float64)  # L = 5, N = 3
+        mask = torch.rand(5, 5) < 0.4
+        mask.fill_diagonal_(False)  # True = masked; every query keeps itself
+        for got, want in zip(layer(x, x, x, attn_mask=mask), ref(x, x, x, attn_mask=mask), strict=True):
+            torch.testing.assert_close(got, want)
+    with pytest.raises(TypeError, match=r"attn_mask must be a bool or floating-point tensor"):
+        layer(x, x, x, attn_mask=mask.to(torch.int64))
+
+
+DTYPES = {  # (rtol, atol) against the same computation in float64
+    torch.float64: (1e-7, 1e-10),
+    torch.float32: (1e-4, 1e-5),
+    torch.bfloat16: (5e-2, 5e-2),
+}
+
+
+def _empty_column_mask(M: int, N: int, generator: torch.Generator) -> torch.Tensor:
+    """``[m, n]`` True = allowed; column 1 allows nothing, the others keep their diagonal."""
+    mask = torch.rand(M, N, generator=generator) < 0.6
+    mask[torch.arange(min(M, N)), torch.arange(min(M, N))] = True
+    mask[:, 1] = False
+    return mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_masked_softmax_empty_column_is_zero_in_every_dtype(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(2)
+    scores64 = torch.randn(2, 3, 6, 5, generator=g, dtype=torch.float64) * 4
+    mask = _empty_column_mask(6, 5, g)
+    scores = scores64.to(dtype).requires_grad_()
+    w = masked_softmax(scores, mask)
+    assert w.dtype == dtype and bool(torch.isfinite(w).all())
+    assert bool((w[..., 1] == 0).all())
+    rtol, atol = DTYPES.get(dtype, (5e-3, 5e-3))
+    torch.testing.assert_close(w.double(), masked_softmax(scores64, mask), rtol=rtol, atol=atol)
+    (grad,) = torch.autograd.grad(w, scores, torch.full_like(w, 100.0))  # 1/tiny * 100 overflows float32
+    assert bool(torch.isfinite(grad).all()) and bool((grad[..., 1] == 0).all())
+
+
+ORDERS = ("ax", "xtheta", "atheta", "ax+full", "xtheta+full", "sdpa")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("order", ORDERS)
+def test_attention_conv_with_an_empty_column_in_every_order_and_dtype(dtype: torch.dtype, order: str) -> None:
+    from structconv import LowRank, conv
+
+    g = torch.Generator().manual_seed(3)
+    B, T, P, H, D = 2, 6, 4, 2, 3
+    x64 = torch.randn(B, T, P, generator=g, dtype=torch.float64)
+    parts64 = [torch.randn(*s, generator=g, dtype=torch.float64) for s in ((H, P, D), (H, P, D), (H, D))]
+    u64, v64 = (
+        torch.randn(H, P, 2, generator=g, dtype=torch.float64),
+        torch.randn(H, 5, 2, generator=g, dtype=torch.float64),
+    )
+    mask = _empty_column_mask(T, T, g)
+
+    def run(*args: torch.Tensor) -> Any:
+        x, key, query, qb, u, v = args
+        mech = BiAffine(key=key, query=query, query_bias=qb, scale=0.5)
+        return conv(attention_basis(x, mechanism=mech, mask=mask), x, LowRank(u, v), order=order)
+
+    ref = run(x64, *parts64, u64, v64)
+    leaves = [t.to(dtype).requires_grad_() for t in (x64, *parts64, u64, v64)]
+    y = run(*leaves)
+    assert y.dtype == dtype and bool(torch.isfinite(y).all())
+    rtol, atol = DTYPES[dtype]
+    scale = float(ref.abs().max())
+    torch.testing.assert_close(y.double(), ref, rtol=rtol, atol=atol * scale)
+    torch.testing.assert_close(y[:, 1].double(), torch.zeros_like(ref[:, 1]))  # column 1 attends to nothing
+    grads = torch.autograd.grad(y, leaves, torch.ones_like(y))
+    assert all(bool(torch.isfinite(gr).all()) for gr in grads)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_multi_head_self_attention_fully_masked_query_is_finite(dtype: torch.dtype) -> None:
+    """A query that may attend to nothing: torch gives NaN (need_weights=True), we give out_proj.bias."""
+    torch.manual_seed(4)
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
+    for p in ref.parameters():
+        torch.nn.init.normal_(p)
+    layer = MultiHeadSelfAttention(8, 2, batch_first=True).double()
+    layer.load_state_dict(ref.state_dict())
+    x64 = torch.randn(3, 5, 8, dtype=torch.float64)
+    mask = torch.zeros(5, 5, dtype=torch.bool)
+    mask[2] = True  # query 2 may attend to no key
+    y_ref, w_ref = ref(x64, x64, x64, attn_mask=mask)
+    assert bool(torch.isnan(y_ref[:, 2]).all()) and bool(torch.isnan(w_ref[:, 2]).all())
+    y_sdpa, _ = ref(x64, x64, x64, attn_mask=mask, need_weights=False)  # torch's other path: out_proj.bias
+    layer = layer.to(dtype)
+    x = x64.to(dtype).requires_grad_()
+    y, w = layer(x, x, x, attn_mask=mask)
+    assert w is not None and bool(torch.isfinite(y).all()) and bool((w[:, 2] == 0).all())
+    rtol, atol = DTYPES[dtype]
+    scale = float(y_ref[:, [0, 1, 3, 4]].detach().abs().max())
+    keep = [0, 1, 3, 4]
+    torch.testing.assert_close(y[:, keep].double(), y_ref[:, keep], rtol=rtol, atol=atol * scale)
+    torch.testing.assert_close(w[:, keep].double(), w_ref[:, keep], rtol=rtol, atol=atol)
+    torch.testing.assert_close(y[:, 2].double(), y_sdpa[:, 2], rtol=rtol, atol=atol * scale)
+    torch.testing.assert_close(y[:, 2], layer.out_proj.bias.expand(3, 8).detach())
+    (gx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    assert bool(torch.isfinite(gx).all())
 
 
 def test_gradcheck_attention_basis() -> None:
@@ -220,7 +335,7 @@ def test_truncated_shift_heads_gradcheck() -> None:
     centres = torch.tensor([[0.3, -0.6], [1.0, 0.2]], dtype=torch.float64, requires_grad=True)
     alpha = torch.tensor([0.8, 2.0], dtype=torch.float64, requires_grad=True)
 
-    def f(c: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    def f(c: torch.Tensor, a: torch.Tensor) -> Any:
         return conv(QuadraticPosition((4, 5), c, a).basis(threshold=1e-8, form="shifts"), x, theta)
 
     assert torch.autograd.gradcheck(f, (centres, alpha))

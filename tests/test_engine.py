@@ -29,21 +29,43 @@ def test_every_path_equals_dense_einsum(problem, representation, backend, order)
 
 
 @pytest.mark.parametrize("representation", ("dense", "sparse", "concat"))
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("order", FACTOR_ORDERS)
 @given(problem=problems(), rank=st.integers(1, 4))
-def test_factorised_parameters_equal_their_full_form(problem, representation, order, rank):
+def test_factorised_parameters_equal_their_full_form(problem, representation, backend, order, rank):
     rng = problem["rng"]
     K, P, Q = problem["theta"].shape
     coef, chan = rng.normal(size=(rank, K)), rng.normal(size=(rank, P, Q))
     val, out = rng.normal(size=(K, P, rank)), rng.normal(size=(K, Q, rank))
-    basis = make_basis(problem["A"], representation)
+    basis = make_basis(to_backend(problem["A"], backend), representation)
+    x = to_backend(problem["x"], backend)
     for theta, full in (
-        (Separable(coef, chan), np.einsum("hk,hpq->kpq", coef, chan)),
-        (LowRank(val, out), np.einsum("kpd,kqd->kpq", val, out)),
+        (Separable(to_backend(coef, backend), to_backend(chan, backend)), np.einsum("hk,hpq->kpq", coef, chan)),
+        (LowRank(to_backend(val, backend), to_backend(out, backend)), np.einsum("kpd,kqd->kpq", val, out)),
     ):
         np.testing.assert_allclose(
-            conv(basis, problem["x"], theta, order=order), reference(problem["A"], problem["x"], full), atol=1e-10
+            as_numpy(conv(basis, x, theta, order=order)), reference(problem["A"], problem["x"], full), atol=1e-10
         )
+
+
+@pytest.mark.parametrize("order", ("ax", "xtheta"))
+@pytest.mark.parametrize("factored", (False, True))
+def test_shared_dense_gemm_paths_gradcheck(order, factored):
+    """The shared dense basis' GEMM layouts (full and LowRank parameters) differentiate like the einsum."""
+    g = torch.Generator().manual_seed(3)
+    A = torch.randn(3, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(3, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    o = torch.randn(3, 4, 2, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def f(A, x, v, o):
+        theta = LowRank(v, o) if factored else torch.einsum("kpd,kqd->kpq", v, o)
+        return conv(DenseBasis(A), x, theta, order=order)
+
+    torch.autograd.gradcheck(f, (A, x, v, o))
+    torch.autograd.gradgradcheck(f, (A, x, v, o))
+    expected = torch.einsum("kmn,bmp,kpd,kqd->bnq", A, x, v, o)
+    torch.testing.assert_close(f(A, x, v, o), expected)
 
 
 @given(problem=problems())

@@ -303,8 +303,10 @@ class MultiHeadSelfAttention(nn.Module):
         if causal:  # torch drops attn_mask for scaled_dot_product_attention's causal mask (top-left)
             allowed = torch.ones(L, S + e, dtype=torch.bool, device=self.out_proj.weight.device).tril()[None, None]
             additive = None
-        if allowed is not None and bool(allowed.all()):
-            allowed = None
+        if allowed is not None:
+            allowed = None if bool(allowed.all()) else allowed.expand(-1, -1, L, -1)
+        if additive is not None:
+            additive = additive.expand(-1, -1, L, -1)
         return allowed, additive
 
     # --- forward -------------------------------------------------------------------------------
@@ -351,6 +353,8 @@ class MultiHeadSelfAttention(nn.Module):
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{_NAME}: {name} must be a tensor, got {type(t).__name__}")
+            if t.is_nested:
+                raise TypeError(f"{_NAME}: {name} must be a dense tensor; nested tensors are not supported (pad them)")
         batched = query.ndim == 3
         if query.ndim not in (2, 3) or key.ndim != query.ndim or value.ndim != query.ndim:
             raise ValueError(

@@ -278,14 +278,19 @@ def _offsets_like(rel: RelativeOffsets, like: Array) -> Any:
 
 
 def _wrapped_difference(rel: RelativeOffsets, centres: Array) -> Array:
-    """:math:`\\delta_o - \\Delta_h` for every head and offset, ``(K, O, d)``, wrapped on a torus."""
+    """:math:`\\delta_o - \\Delta_h` for every head and offset, ``(K, O, d)``, wrapped on a torus.
+
+    Each component is brought to its nearest representative, in :math:`[-s/2, s/2)` for a side
+    :math:`s` (half a side, not :math:`\\lfloor s/2\\rfloor`: on odd sides a non-integer
+    difference of :math:`\\lfloor s/2\\rfloor + 0.7` is nearer through the border).
+    """
     diff = _offsets_like(rel, centres)[None] - centres[:, None, :]
     if rel.boundary == "periodic":
-        size = np.asarray(rel.grid)
+        size = np.asarray(rel.grid, dtype=np.float64)
         if is_torch(centres):
-            s = _constant(size.astype(np.float64), centres)
-            return namespace(centres).remainder(diff + s // 2, s) - s // 2
-        return (diff + size // 2) % size - size // 2
+            s = _constant(size, centres)
+            return namespace(centres).remainder(diff + s / 2, s) - s / 2
+        return (diff + size / 2) % size - size / 2
     return diff
 
 

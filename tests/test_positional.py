@@ -67,10 +67,23 @@ def test_isotropic_gaussian_is_the_quadratic_encoding(seed: int, grid: tuple[int
     # Against the explicit formula -alpha |delta - Delta|^2 (periodic: shortest wrapped difference).
     delta = torch.from_numpy(_naive_delta(grid, boundary)).double()
     diff = delta[None] - centres[:, None, None]
-    if boundary == "periodic":
+    if boundary == "periodic":  # the nearest image through the border, by trying every wrap
         size = torch.tensor(grid, dtype=D64)
-        diff = torch.remainder(diff + size // 2, size) - size // 2
+        images = torch.stack([diff + j * size for j in range(-8, 9)])
+        diff = images.gather(0, images.abs().argmin(0, keepdim=True))[0]
     torch.testing.assert_close(quad.dense_scores(), -alpha[:, None, None] * (diff**2).sum(-1))
+
+
+def test_periodic_difference_on_an_odd_side_takes_the_nearest_image() -> None:
+    """Side 5, centre 0.3: offset -2 is 2.3 away directly (2.7 through the border); +2 is 1.7 away."""
+    quad = QuadraticPosition((5,), torch.tensor([[0.3]], dtype=D64), torch.ones(1, dtype=D64), "periodic")
+    offsets = relative_offsets((5,), "periodic").offsets[:, 0].tolist()
+    scores = dict(zip(offsets, quad.offset_scores()[0].tolist(), strict=True))
+    assert scores[-2] == pytest.approx(-(2.3**2))
+    assert scores[2] == pytest.approx(-(1.7**2))
+    quad = QuadraticPosition((5,), torch.tensor([[-0.3]], dtype=D64), torch.ones(1, dtype=D64), "periodic")
+    scores = dict(zip(offsets, quad.offset_scores()[0].tolist(), strict=True))
+    assert scores[2] == pytest.approx(-(2.3**2))  # 2.3 directly; the old floor(s/2) wrap gave 2.7
 
 
 @given(seed=st.integers(0, 2**31))

@@ -128,11 +128,26 @@ def test_corrupt_inputs_name_the_member(tmp_path: Path) -> None:
         verify_md5(other / "cifar10-jpeg.tar.gz")
 
 
+@pytest.mark.parametrize("fmt", ["folder", "official"])
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9, 0.99])
+def test_truncated_archive_names_the_file(tmp_path: Path, fmt: str, fraction: float) -> None:
+    """A .tar.gz cut short (an interrupted download) raises a ValueError naming it, not gzip's EOFError."""
+    full = tmp_path / "full"
+    full.mkdir()
+    name = "cifar10-jpeg.tar.gz" if fmt == "folder" else "cifar-10-python.tar.gz"
+    (_folder if fmt == "folder" else _official)(full)
+    data = (full / name).read_bytes()
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / name).write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(ValueError, match=rf"{cut / name}: .*(ends early|truncated)"):
+        load_cifar10(cut, "test", cache_dir=tmp_path / "cache")
+
+
 def test_unwritable_cache_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import structconv.data.cifar as cifar
 
     _folder(tmp_path)
-    monkeypatch.setattr(cifar.os, "access", lambda path, mode: False)  # as if no directory were writable
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as if no directory were writable
     with pytest.raises(PermissionError, match=r"cannot cache the decoded cifar10-jpeg.tar.gz"):
         load_cifar10(tmp_path, "test", cache_dir=tmp_path / "sub")
     assert not list(tmp_path.rglob("*.npz"))

@@ -19,6 +19,7 @@ import hashlib
 import io
 import os
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,14 @@ def _open_tar(archive: Path) -> tarfile.TarFile:
         raise ValueError(f"{archive}: not a readable tar archive (truncated or corrupt?): {err}") from err
 
 
+def _members(tar: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
+    """The archive's files; a stream cut short (``EOFError`` from gzip) names the archive."""
+    try:
+        return [m for m in tar.getmembers() if m.isfile()]
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as err:
+        raise ValueError(f"{archive}: the archive ends early or is corrupt (truncated download?): {err}") from err
+
+
 def _unpickle(data: bytes, source: str) -> Any:
     try:
         return _RestrictedUnpickler(io.BytesIO(data), source, _ADMITTED, "numpy arrays", encoding="bytes").load()
@@ -168,7 +177,7 @@ def _read_official(archive: Path, split: str) -> Cifar10:
     names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
     images, labels = [], []
     with _open_tar(archive) as tar:
-        members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
+        members = {Path(m.name).name: m for m in _members(tar, archive)}
         for name in names:
             member = members.get(name)
             if member is None:
@@ -176,7 +185,7 @@ def _read_official(archive: Path, split: str) -> Cifar10:
             try:
                 handle = tar.extractfile(member)
                 raw = handle.read() if handle is not None else b""
-            except (tarfile.TarError, OSError, EOFError) as err:
+            except (tarfile.TarError, OSError, EOFError, zlib.error) as err:
                 raise ValueError(f"{archive}: member {name} cannot be read (truncated?): {err}") from err
             batch = _unpickle(raw, f"{archive}:{name}")
             if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
@@ -236,7 +245,7 @@ def _read_folder(archive: Path, split: str) -> Cifar10:
 
     images, labels = [], []
     with _open_tar(archive) as tar:
-        members = sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name)
+        members = sorted(_members(tar, archive), key=lambda m: m.name)
         for member in members:
             parts = Path(member.name).parts
             if len(parts) < 3 or parts[-3] != split or not parts[-1].lower().endswith((".jpg", ".jpeg", ".png")):
@@ -250,7 +259,7 @@ def _read_folder(archive: Path, split: str) -> Cifar10:
                 with Image.open(io.BytesIO(raw)) as img:
                     img.load()
                     array = np.asarray(img.convert("RGB"), dtype=np.uint8)
-            except (UnidentifiedImageError, OSError, SyntaxError, tarfile.TarError, EOFError) as err:
+            except (UnidentifiedImageError, OSError, SyntaxError, tarfile.TarError, EOFError, zlib.error) as err:
                 raise ValueError(
                     f"{archive}:{member.name}: not a readable image (truncated or corrupt?): {err}"
                 ) from err

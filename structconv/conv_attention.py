@@ -33,8 +33,9 @@ def attention_alpha_bound(dtype: Any, ndim: int = 2) -> float:
     In a column of a soft head the chosen offset has score 0 and its :math:`2d` nearest
     neighbours :math:`-\alpha`; the weight they take away is about :math:`2d\,e^{-\alpha}`, and
     the chosen weight rounds to one once that is below the unit roundoff :math:`\varepsilon/2`
-    (:math:`\varepsilon` the dtype's machine epsilon): :math:`\alpha \ge \ln(4d/\varepsilon)`, 18.02 for float32 and 38.1 for float64
-    on a 2-D grid.  A second, larger threshold is where the off-target weights become exact zeros
+    (:math:`\varepsilon` the dtype's machine epsilon): :math:`\alpha \ge \ln(4d/\varepsilon)`,
+    18.02 for float32 and 38.1 for float64 on a 2-D grid.  A second, larger threshold is where
+    the off-target weights become exact zeros
     (:math:`e^{-\alpha}` underflows: :math:`\alpha > 150\ln 2 \approx 103.97` in float32,
     measured in ``docs/attention.rst``).  Cordonnier et al.'s :math:`\alpha = 46` is neither.
     """

@@ -35,29 +35,53 @@ KINDS = ("adjacency", "gcn", "powers", "chebyshev", "diffusion", "relational")
 # --- graph input ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Edges:
-    """A graph as edge lists on one backend: ``src``, ``dst`` (int64, ``(E,)``), ``weight`` (``(E,)``)."""
+    """A graph as edge lists on one backend: ``src``, ``dst`` (int64, ``(E,)``), ``weight`` (``(E,)``).
+
+    ``num_nodes`` counts the sources; ``num_targets`` the targets of a bipartite graph (``None``:
+    the same nodes).
+    """
 
     src: Array
     dst: Array
     weight: Array
     num_nodes: int
+    num_targets: int | None = None
+
+    @property
+    def targets(self) -> int:
+        """The number of target nodes (``num_nodes`` unless the graph is bipartite)."""
+        return self.num_nodes if self.num_targets is None else self.num_targets
 
     @property
     def backend(self) -> str:
         return "torch" if is_torch(self.weight) else "numpy"
 
     def with_edges(self, src: Array, dst: Array, weight: Array) -> Edges:
-        return Edges(src, dst, weight, self.num_nodes)
+        return Edges(src, dst, weight, self.num_nodes, self.num_targets)
+
+    def reversed(self) -> Edges:
+        """Every edge ``m -> n`` turned into ``n -> m`` (the source and target counts swap)."""
+        back = None if self.num_targets is None else self.num_nodes
+        return Edges(self.dst, self.src, self.weight, self.targets, back)
 
     def to_basis(self) -> SparseBasis:
         """The adjacency as a one-member :class:`~structconv.SparseBasis`, shape ``(1, N, N)``."""
         zeros = self.src * 0
         stack = namespace(self.weight).stack
-        return SparseBasis(stack([zeros, self.src, self.dst]), self.weight, (1, self.num_nodes, self.num_nodes))
+        return SparseBasis(stack([zeros, self.src, self.dst]), self.weight, (1, self.num_nodes, self.targets))
 
 
 def _cat(arrays: list[Array], axis: int = 0) -> Array:
     return namespace(arrays[0]).cat(arrays, axis) if is_torch(arrays[0]) else np.concatenate(arrays, axis)
+
+
+def is_matrix_graph(graph: Any) -> bool:
+    """Whether ``graph`` is a matrix (torch sparse, ``scipy.sparse``, dense floating), not an ``edge_index``."""
+    if is_torch(graph) and graph.layout != _strided():
+        return True
+    if hasattr(graph, "tocoo") and hasattr(graph, "nnz"):
+        return True
+    return (is_torch(graph) or isinstance(graph, np.ndarray)) and not is_integer_array(graph)
 
 
 def as_edges(
@@ -65,6 +89,9 @@ def as_edges(
     num_nodes: int | None = None,
     edge_weight: Array | None = None,
     like: Array | None = None,
+    *,
+    adj_t: bool = False,
+    num_targets: int | None = None,
 ) -> Edges:
     """Read a graph given as users have it.
 
@@ -72,16 +99,24 @@ def as_edges(
     ----------
     graph
         An ``edge_index`` of shape ``(2, E)`` (integers; row 0 sources, row 1 targets), a torch
-        sparse tensor or ``scipy.sparse`` matrix of shape ``(N, N)``, or a dense ``(N, N)``
-        floating adjacency (entry ``[m, n]`` weighs the edge ``m -> n``).
+        sparse tensor or ``scipy.sparse`` matrix, or a dense floating adjacency.  A matrix is read
+        as an adjacency (entry ``[m, n]`` weighs the edge ``m -> n``), or with ``adj_t=True`` as
+        its transpose, PyTorch Geometric's ``adj_t`` (entry ``[n, m]`` weighs ``m -> n``: row =
+        target, column = source), which is how PyG's layers read a sparse graph.
     num_nodes
-        :math:`N`; required for an ``edge_index`` whose largest node is not the last one
-        (isolated trailing nodes).  Defaults to the largest index plus one.
+        :math:`N` (the sources of a bipartite graph); required for an ``edge_index`` whose
+        largest node is not the last one (isolated trailing nodes).  Defaults to the largest
+        index plus one.
     edge_weight
         ``(E,)`` weights for an ``edge_index`` (default: ones).
     like
         Backend, dtype and device of the weights (default: those of ``edge_weight`` or of a
         weighted ``graph``; float32 on torch, float64 on NumPy).
+    adj_t
+        Read a matrix ``graph`` as PyG's ``adj_t`` (row = target) instead of an adjacency.
+    num_targets
+        The target nodes of a bipartite graph (default: the same ``num_nodes`` nodes); a matrix
+        is then ``(num_nodes, num_targets)`` (``(num_targets, num_nodes)`` with ``adj_t``).
 
     Raises
     ------
@@ -89,38 +124,58 @@ def as_edges(
         For a malformed ``edge_index`` (shape, dtype, out-of-range or negative nodes), weights of
         the wrong length or non-finite weights, or a non-square adjacency.
     """
-    sparse_torch = is_torch(graph) and graph.layout != _strided()
-    if is_integer_array(graph) and not sparse_torch:
-        return _from_edge_index(graph, num_nodes, edge_weight, like)
+    if not is_matrix_graph(graph):
+        if is_torch(graph) and type(graph).__name__ != "Tensor":  # PyG's EdgeIndex and other subclasses
+            import torch
+
+            graph = graph.as_subclass(torch.Tensor)
+        return _from_edge_index(graph, num_nodes, edge_weight, like, num_targets=num_targets)
     if edge_weight is not None:
         raise ValueError("edge_weight goes with an edge_index; a matrix graph carries its own weights")
-    if sparse_torch:
+    if num_targets is not None and num_nodes is None:
+        raise ValueError("num_targets needs num_nodes (a bipartite matrix graph has two sizes)")
+    expect = None if num_nodes is None else (num_nodes, num_targets if num_targets is not None else num_nodes)
+    if expect is not None and adj_t:
+        expect = expect[::-1]
+    src_row = 1 if adj_t else 0
+    if is_torch(graph) and graph.layout != _strided():
         coo = graph.to_sparse_coo().coalesce()
-        _square(tuple(coo.shape), num_nodes)
+        _check_matrix(tuple(coo.shape), expect, num_targets is not None)
         values = coo.values()
         if not values.is_floating_point():  # integer entries are weights too (as scipy's are)
             ref: Any = like
             values = values.to(ref.dtype if is_torch(ref) else _default_dtype())
-        return _from_edge_index(coo.indices(), int(coo.shape[0]), values, like, "graph")
-    if hasattr(graph, "tocoo") and hasattr(graph, "nnz"):  # scipy.sparse
-        coo = graph.tocoo()
-        _square(tuple(coo.shape), num_nodes)
-        idx = np.stack([coo.row, coo.col]).astype(np.int64)
-        return _from_edge_index(idx, int(coo.shape[0]), np.asarray(coo.data, dtype=np.float64), like, "graph")
-    if is_torch(graph) or isinstance(graph, np.ndarray):
+        idx = coo.indices()
+        shape = tuple(int(s) for s in coo.shape)
+    elif hasattr(graph, "tocoo"):  # scipy.sparse
+        sp = graph.tocoo()
+        shape = tuple(int(s) for s in sp.shape)
+        _check_matrix(shape, expect, num_targets is not None)
+        idx = np.stack([sp.row, sp.col]).astype(np.int64)
+        values = np.asarray(sp.data, dtype=np.float64)
+    else:
         if graph.ndim != 2:
             raise ValueError(
                 f"graph must be an edge_index of shape (2, E) or an (N, N) adjacency, got shape "
                 f"{shape_str(tuple(graph.shape))}"
             )
-        _square(tuple(graph.shape), num_nodes)
+        shape = tuple(int(s) for s in graph.shape)
+        _check_matrix(shape, expect, num_targets is not None)
         idx = graph.nonzero().T if is_torch(graph) else np.stack(np.nonzero(graph))
         values = graph[tuple(idx)]
-        return _from_edge_index(idx, int(graph.shape[0]), values, like, "graph")
-    raise TypeError(
-        "graph must be an edge_index (2, E), a torch sparse tensor, a scipy.sparse matrix or a dense "
-        f"adjacency, got {type(graph).__name__}"
-    )
+    if adj_t:
+        idx = idx.flip(0) if is_torch(idx) else idx[::-1].copy()
+    sources, targets = shape[src_row], shape[1 - src_row]
+    bipartite = num_targets is not None
+    return _from_edge_index(idx, sources, values, like, "graph", num_targets=targets if bipartite else None)
+
+
+def _check_matrix(shape: tuple[int, ...], expect: tuple[int, int] | None, bipartite: bool) -> None:
+    if bipartite and expect is not None:
+        if shape != expect:
+            raise ValueError(f"the adjacency matrix must have shape {expect}, got {shape_str(shape)}")
+        return
+    _square(shape, None if expect is None else expect[0])
 
 
 def _strided() -> Any:
@@ -146,7 +201,12 @@ def _default_dtype() -> Any:
 
 
 def _from_edge_index(
-    index: Array, num_nodes: int | None, weight: Array | None, like: Array | None, weight_name: str = "edge_weight"
+    index: Array,
+    num_nodes: int | None,
+    weight: Array | None,
+    like: Array | None,
+    weight_name: str = "edge_weight",
+    num_targets: int | None = None,
 ) -> Edges:
     if index.ndim != 2 or int(index.shape[0]) != 2:
         raise ValueError(f"edge_index must have shape (2, E), got {shape_str(tuple(index.shape))}")
@@ -163,8 +223,14 @@ def _from_edge_index(
         num_nodes = hi + 1
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int | np.integer) or num_nodes <= 0:
         raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
-    if hi >= num_nodes:
-        raise ValueError(f"edge_index refers to node {hi} but num_nodes={num_nodes} (nodes are 0..{num_nodes - 1})")
+    if num_targets is None:
+        if hi >= num_nodes:
+            raise ValueError(f"edge_index refers to node {hi} but num_nodes={num_nodes} (nodes are 0..{num_nodes - 1})")
+    else:
+        for row, size, what in ((0, num_nodes, "source"), (1, num_targets, "target")):
+            top = int(index[row].max()) if E else -1
+            if top >= size:
+                raise ValueError(f"edge_index refers to {what} node {top} but there are {size} {what} nodes")
     torch_side = is_torch(index) or is_torch(weight) or is_torch(like)
     if torch_side:
         import torch
@@ -184,7 +250,7 @@ def _from_edge_index(
     if tuple(weight.shape) != (E,):
         raise ValueError(f"edge_weight must have shape (E,) = ({E},), got {shape_str(tuple(weight.shape))}")
     check_finite(weight, "edge weights" if weight_name == "graph" else "edge_weight")
-    return Edges(index[0], index[1], weight, int(num_nodes))
+    return Edges(index[0], index[1], weight, int(num_nodes), None if num_targets is None else int(num_targets))
 
 
 # --- normalisations ----------------------------------------------------------------------------------
@@ -240,6 +306,25 @@ def add_remaining_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
     )
 
 
+def add_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
+    r""":math:`A + \mathrm{fill}\cdot I`: a loop of weight ``fill`` on every node, added to any loop it already has.
+
+    This is what PyG does to a sparse adjacency (``adj_t``); an ``edge_index`` instead gets
+    :func:`add_remaining_self_loops`.
+    """
+    N = edges.num_nodes
+    nodes: Any
+    if is_torch(edges.weight):
+        import torch
+
+        nodes = torch.arange(N, device=edges.src.device)
+        loop_weight: Any = torch.full((N,), fill, dtype=edges.weight.dtype, device=edges.weight.device)
+    else:
+        nodes = np.arange(N)
+        loop_weight = np.full(N, fill, dtype=edges.weight.dtype)
+    return edges.with_edges(_cat([edges.src, nodes]), _cat([edges.dst, nodes]), _cat([edges.weight, loop_weight]))
+
+
 def remove_self_loops(edges: Edges) -> Edges:
     keep = edges.src != edges.dst
     return edges.with_edges(edges.src[keep], edges.dst[keep], edges.weight[keep])
@@ -274,43 +359,58 @@ def walk_normalize(edges: Edges, direction: str = "forward") -> Edges:
     raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
 
 
+def laplacian(edges: Edges, normalization: str | None = "sym") -> Edges:
+    r"""The graph Laplacian as edges: one loop per node plus the negated, normalised edges.
+
+    :math:`L = I - D^{-1/2}AD^{-1/2}` (``"sym"``), :math:`I - D^{-1}A` (``"rw"``) or
+    :math:`D - A` (``None``).  Self-loops of the input are dropped first; degrees are
+    out-degrees (at the source), as PyG's ``get_laplacian`` counts them.
+    """
+    if normalization not in ("sym", "rw", None):
+        raise ValueError(f"normalization must be 'sym', 'rw' or None, got {normalization!r}")
+    if normalization is not None:
+        _check_non_negative(edges, "a normalised Laplacian")
+    edges = remove_self_loops(edges)
+    deg = _scatter_sum(edges.weight, edges.src, edges.num_nodes)
+    if normalization == "sym":
+        dinv = _inverse(deg, 0.5)
+        off = -_take(dinv, edges.src) * edges.weight * _take(dinv, edges.dst)
+        diag = namespace(edges.weight).ones_like(deg)
+    elif normalization == "rw":
+        off = -_take(_inverse(deg, 1.0), edges.src) * edges.weight
+        diag = namespace(edges.weight).ones_like(deg)
+    else:
+        off, diag = -edges.weight, deg
+    lib = namespace(edges.weight)
+    nodes = lib.arange(edges.num_nodes, device=edges.src.device) if is_torch(edges.src) else np.arange(edges.num_nodes)
+    return edges.with_edges(_cat([edges.src, nodes]), _cat([edges.dst, nodes]), _cat([off, diag]))
+
+
 def scaled_laplacian(
     edges: Edges, normalization: str = "sym", lambda_max: float | str | None = None
 ) -> tuple[Edges, float]:
     r"""The scaled Laplacian :math:`\hat L = 2L/\lambda_{\max} - I`.
 
-    :math:`L = I - D^{-1/2}AD^{-1/2}` (``sym``) or :math:`I - D^{-1}A` (``rw``).
-
-    Self-loops of the input are dropped first; degrees are out-degrees (at the source), as PyG's
-    ``get_laplacian`` counts them.  ``lambda_max`` defaults to 2 (the bound for ``sym``);
-    ``"auto"`` computes the largest eigenvalue of :math:`L`.  Returns :math:`\hat L` and
-    :math:`\lambda_{\max}`.
+    :math:`L = I - D^{-1/2}AD^{-1/2}` (``sym``) or :math:`I - D^{-1}A` (``rw``), from
+    :func:`laplacian` (self-loops dropped, out-degrees).  ``lambda_max`` defaults to 2 (the
+    bound for ``sym``); ``"auto"`` computes the largest eigenvalue of :math:`L`.  Returns
+    :math:`\hat L` and :math:`\lambda_{\max}`.
     """
     if normalization not in ("sym", "rw"):
         raise ValueError(f"normalization must be 'sym' or 'rw', got {normalization!r}")
-    _check_non_negative(edges, "a normalised Laplacian")
-    edges = remove_self_loops(edges)
-    deg = _scatter_sum(edges.weight, edges.src, edges.num_nodes)
-    if normalization == "sym":
-        dinv = _inverse(deg, 0.5)
-        off = -dinv[edges.src] * edges.weight * dinv[edges.dst]
-    else:
-        off = -_inverse(deg, 1.0)[edges.src] * edges.weight
-    lib = namespace(edges.weight)
-    nodes = lib.arange(edges.num_nodes, device=edges.src.device) if is_torch(edges.src) else np.arange(edges.num_nodes)
-    laplacian = edges.with_edges(_cat([edges.src, nodes]), _cat([edges.dst, nodes]), _cat([off, lib.ones_like(deg)]))
+    lap = laplacian(edges, normalization)
     if lambda_max is None:
         lam = 2.0
     elif lambda_max == "auto":
-        lam = _largest_eigenvalue(laplacian)
+        lam = _largest_eigenvalue(lap)
     elif isinstance(lambda_max, int | float) and not isinstance(lambda_max, bool) and lambda_max > 0:
         lam = float(lambda_max)
     else:
         raise ValueError(f"lambda_max must be a positive number, 'auto' or None, got {lambda_max!r}")
-    scaled = laplacian.weight * (2.0 / lam)
-    is_loop = laplacian.src == laplacian.dst
+    scaled = lap.weight * (2.0 / lam)
+    is_loop = lap.src == lap.dst
     scaled = scaled - is_loop.to(scaled.dtype) if is_torch(scaled) else scaled - is_loop.astype(scaled.dtype)
-    return laplacian.with_edges(laplacian.src, laplacian.dst, scaled), lam
+    return lap.with_edges(lap.src, lap.dst, scaled), lam
 
 
 def _largest_eigenvalue(edges: Edges) -> float:
@@ -665,8 +765,16 @@ def relational_basis(
     num_relations: int | None,
     walks: Sequence[Sequence[int]] | None = None,
     root: bool = False,
+    aggr: str = "mean",
 ) -> SparseBasis:
-    r"""R-GCN members :math:`A_r[m, n] = 1/|\mathcal N_r(n)|` per relation, walk products, and optionally :math:`I`."""
+    r"""R-GCN members :math:`A_r[m, n] = 1/|\mathcal N_r(n)|` per relation, walk products, and optionally :math:`I`.
+
+    ``aggr="sum"`` (or ``"add"``) gives every edge weight 1 instead of the mean's
+    :math:`1/|\mathcal N_r(n)|`.  A bipartite ``edges`` (``num_targets`` set) gives members of
+    shape ``(N_src, N_dst)``; ``walks`` and ``root`` need a square graph.
+    """
+    if aggr not in ("mean", "sum", "add"):
+        raise ValueError(f"aggr must be 'mean', 'sum' or 'add' for a relational basis, got {aggr!r}")
     if edge_type is None:
         raise ValueError("kind='relational' needs edge_type, one relation number per edge")
     E = int(edges.src.shape[0])
@@ -677,7 +785,9 @@ def relational_basis(
         raise ValueError(
             f"edge_type must lie in [0, num_relations={R}), got [{int(edge_type.min())}, {int(edge_type.max())}]"
         )
-    N = edges.num_nodes
+    N, T = edges.num_nodes, edges.targets
+    if (walks or root) and edges.num_targets is not None:
+        raise ValueError("walks and root need a square graph, not a bipartite one (num_targets set)")
     torch_side = is_torch(edges.weight)
     etype: Any
     if torch_side:
@@ -687,9 +797,12 @@ def relational_basis(
     else:
         etype = np.asarray(to_numpy(edge_type), dtype=np.int64)
     # Mean over each relation's in-neighbours: count incoming edges per (target, relation).
-    key = edges.dst * R + etype
-    count = _scatter_sum(edges.weight * 0 + 1, key, N * R)
-    values = edges.weight / count[key]
+    if aggr == "mean":
+        key = edges.dst * R + etype
+        count = _scatter_sum(edges.weight * 0 + 1, key, T * R)
+        values = edges.weight / count[key]
+    else:
+        values = edges.weight
     stack = namespace(edges.weight).stack
     members = R
     indices = [stack([etype, edges.src, edges.dst])]
@@ -718,7 +831,7 @@ def relational_basis(
         indices.append(_like_index(np.stack([np.full(N, members), nodes, nodes]), edges.src))
         all_values.append(_like_values(np.ones(N), edges.weight))
         members += 1
-    return SparseBasis(_cat(indices, 1), _cat(all_values), (members, N, N))
+    return SparseBasis(_cat(indices, 1), _cat(all_values), (members, N, T))
 
 
 def _like_index(a: np.ndarray, like: Array) -> Array:

@@ -211,10 +211,6 @@ def _ref_forward(ref: Any, kind: str, x: torch.Tensor, ei: torch.Tensor, w: torc
         return ref(x, ei, w, lambda_max=2.0)
     if kind.startswith("gat"):
         return ref(x, ei)
-    if kind == "gcn-improved" and w is None:
-        # PyG drops `improved` when no edge weights are given (its added loops then get weight 1);
-        # structconv always gives added loops weight 2, which PyG does given explicit unit weights.
-        w = torch.ones(ei.shape[1], dtype=x.dtype)
     return ref(x, ei, w)
 
 
@@ -380,7 +376,7 @@ def test_review_regressions() -> None:
     np.testing.assert_allclose(
         gcn_basis(dense.to_sparse()).to_dense().numpy(), gcn_basis(dense.double().numpy()).to_dense(), rtol=1e-6
     )
-    # GAT: a node whose only incoming edges have weight 0 gets no message, not NaN.
+    # GAT: the third argument is PyG's edge_attr; without edge_dim it is refused, not misread as weights.
     gat = snn.GATConv(4, 2, add_self_loops=False)
-    out = gat(x, ei, torch.tensor([1.0, 0.0, 1.0]))
-    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match=r"edge_attr .* needs edge_dim"):
+        gat(x, ei, torch.tensor([1.0, 0.0, 1.0]))

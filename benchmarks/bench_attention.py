@@ -11,7 +11,10 @@ scores from the relative encoding for every image, a per-image T x T softmax, th
 and the output projection, on 16x16 tokens, 9 heads, width 400, batch 100.  Two head widths:
 the paper's D_h = D_out (each head keeps all 400 input channels, then one 3600 -> 400 linear)
 and D_h = 44 (value and output projections, as in a Transformer).  Outputs must agree to 1e-5
-(relative to the largest output).  Goal: >= 3x faster.
+(relative to the largest output).  Goal: >= 3x faster.  The same rows also time a 3x3
+convolution of the same channels (``F.conv2d``, width 400 to 400, on the 16x16 grid), the layer
+the attention is meant to be able to replace; goal: at most 0.4x its time with D_h = 44 and
+2.0x with D_h = D_out, against FLOP ratios of 0.29 and 1.64.
 
     python -m benchmarks.bench_attention                 # the full table (about 10 minutes on 2 cores)
     python -m benchmarks.bench_attention --scale 0.25    # batches scaled down, a quick look
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn import functional as F  # noqa: N812
 
 from benchmarks.harness import Report, Row, interleaved_times, progress, publish
 from structconv.experiments.cifar.reference import paper_dense
@@ -33,6 +37,7 @@ from structconv.nn import MultiHeadSelfAttention, PositionalAttention
 CONTENT = ((256, 400, 8, 100), (1024, 512, 8, 32))  # T, width, heads, batch
 POSITIONAL = ((16, 400, 9, 100, None), (16, 400, 9, 100, 44))  # side, width, heads, batch, head_dim
 GOAL_CONTENT, GOAL_POSITIONAL = 1.15, 3.0
+GOAL_CONV3X3 = {False: 0.4, True: 2.0}  # positional layer / 3x3 conv of the same channels: D_h = 44, D_h = D_out
 
 
 def _step(fn: Any, backward: bool, leaves: list[torch.Tensor]) -> Any:
@@ -85,10 +90,16 @@ def positional_row(
     torch.manual_seed(0)
     layer = PositionalAttention((side, side), E, H, head_dim=head_dim).to(device)
     x = torch.randn(B, side * side, E, device=device, requires_grad=backward)
-    variants = {"paper dense": lambda: paper_dense(layer, x), "structconv": lambda: layer(x)}
+    image = torch.randn(B, E, side, side, device=device, requires_grad=backward)
+    kernel = torch.randn(E, E, 3, 3, device=device, requires_grad=backward)
+    variants = {
+        "paper dense": lambda: paper_dense(layer, x),
+        "structconv": lambda: layer(x),
+        "conv 3x3": lambda: F.conv2d(image, kernel, padding=1),
+    }
     with torch.no_grad():
         err = _check("PositionalAttention", variants["structconv"](), variants["paper dense"](), 1e-5)
-    leaves = [x, *layer.parameters()]
+    leaves = [x, image, kernel, *layer.parameters()]
     times = interleaved_times(
         {n: _step(f, backward, leaves) for n, f in variants.items()}, repeats=repeats, warmup=1, device=device
     )
@@ -96,8 +107,21 @@ def positional_row(
     dh = "D_out" if head_dim is None else str(head_dim)
     params = {"side": side, "E": E, "heads": H, "B": B, "head_dim": dh, "pass": mode}
     basis = layer.basis()
-    extra = {"max_rel_err": err, "basis": type(basis).__name__}
+    extra = {
+        "max_rel_err": err,
+        "basis": type(basis).__name__,
+        "ratio_to_conv3x3": times["structconv"] / times["conv 3x3"],
+        "flop_ratio_to_conv3x3": _flop_ratio(side * side, E, H, head_dim),
+    }
     return Row(f"positional {side}x{side} D_h={dh} B={B} {mode}", params, times, "paper dense", extra)
+
+
+def _flop_ratio(T: int, E: int, H: int, head_dim: int | None) -> float:
+    """Multiply-adds of the attention layer (value and output maps, aggregation) over those of a 3x3 conv E -> E."""
+    conv = 9 * T * E * E
+    if head_dim is None:  # each head keeps E channels: H maps E x E, H aggregations of width E
+        return (H * T * E * E + H * T * T * E) / conv
+    return (2 * H * T * E * head_dim + H * T * T * head_dim) / conv
 
 
 def table(rows: list[Row]) -> str:
@@ -113,6 +137,13 @@ def table(rows: list[Row]) -> str:
         lines.append(f"content: worst ratio {max(content):.2f} (goal <= {GOAL_CONTENT})")
     if positional:
         lines.append(f"positional: smallest speed-up {min(positional):.2f}x (goal >= {GOAL_POSITIONAL}x)")
+    for r in rows:
+        if "ratio_to_conv3x3" in r.extra:
+            goal = GOAL_CONV3X3[r.params["head_dim"] == "D_out"]
+            lines.append(
+                f"{r.case}: {r.extra['ratio_to_conv3x3']:.2f}x the time of a 3x3 conv of the same channels "
+                f"(FLOP ratio {r.extra['flop_ratio_to_conv3x3']:.2f}; goal <= {goal})"
+            )
     return "\n".join(lines)
 
 

@@ -179,8 +179,19 @@ def _autocast(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis | Arr
     return a, autocast_to(x, dtype), theta
 
 
+def _placed(a: Basis | Array, x: Array) -> Basis | Array:
+    """A basis that holds no arrays (a weightless grid basis: offsets only) takes the placement of ``x``.
+
+    Such a basis has no backend, dtype or device of its own to mismatch, so it is applied to
+    whatever float array ``x`` is (issue 14); every other basis is returned as it is and checked
+    by :func:`_prepare`.  The hook is duck-typed (``placed_like``) to keep the engine unaware of grids.
+    """
+    place = getattr(a, "placed_like", None)
+    return a if place is None else place(x)
+
+
 def _prepare(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis, Array, _Param, bool]:
-    basis = as_basis(a)
+    basis = as_basis(_placed(a, x))
     check_array(x, "x", (2, 3), ("(B, M, P)", "(M, P)"))
     param = _as_param(theta)
     placement = {"x": x}
@@ -456,7 +467,7 @@ def conv(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> A
     >>> bool(np.allclose(y, np.einsum("kmn,bmp,kpq->bnq", A, x, theta)))
     True
     """
-    a, x, theta = _autocast(a, x, theta)
+    a, x, theta = _autocast(_placed(a, x), x, theta)  # placed first: autocast reads the basis' dtype
     basis, x3, prm, squeeze = _prepare(a, x, theta)
     plan = _plan(basis, x3, prm, order)
     if isinstance(basis, DenseBasis):

@@ -99,10 +99,16 @@ def _placement(like: Array | None) -> tuple[str, Any, str]:
     if like is None:
         return "numpy", np.dtype(np.float64), "cpu"
     if is_torch(like):
+        if not like.is_floating_point():
+            raise TypeError(
+                f"like must hold floating-point numbers (a basis' dtype is floating), got dtype {like.dtype}"
+            )
         return "torch", like.dtype, str(like.device)
     if isinstance(like, np.ndarray):
         if not np.issubdtype(like.dtype, np.floating):
-            raise TypeError(f"like must hold floating-point numbers, got dtype {like.dtype}")
+            raise TypeError(
+                f"like must hold floating-point numbers (a basis' dtype is floating), got dtype {like.dtype}"
+            )
         return "numpy", like.dtype, "cpu"
     raise TypeError(f"like must be a numpy.ndarray or a torch.Tensor (or None), got {type(like).__name__}")
 
@@ -222,6 +228,40 @@ class GridBasis(Basis):
     @property
     def boundary(self) -> str:
         return self.geometry.boundary
+
+    @property
+    def placement_free(self) -> bool:
+        """Whether the basis holds no arrays (only offsets), so that it applies to any float array.
+
+        A convolution basis built without ``like`` (or with one) stores integers only; the engine
+        and :func:`apply_shifts` then run it on the backend, dtype and device of ``x``
+        (:meth:`placed_like`).  A basis with tap weights keeps the placement of its weights.
+        """
+        return self.weights is None
+
+    def placed_like(self, x: object) -> GridBasis:
+        """This basis on the backend, dtype and device of ``x`` if it is :attr:`placement_free`, else itself.
+
+        ``x`` that is not a floating NumPy array or torch tensor leaves the basis as it is (the
+        caller's checks then name the problem).  The copy shares the geometry (and its cached
+        windows), so adapting costs no arithmetic.
+        """
+        if self.weights is not None:
+            return self
+        if is_torch(x):
+            if not x.is_floating_point():  # type: ignore[attr-defined]
+                return self
+            backend, dtype, device = "torch", x.dtype, str(x.device)  # type: ignore[attr-defined]
+        elif isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating):
+            backend, dtype, device = "numpy", x.dtype, "cpu"
+        else:
+            return self
+        if backend == self._backend and device == self._device and dtype == self._dtype:
+            return self
+        out = object.__new__(GridBasis)
+        out.geometry, out.weights, out.normalize = self.geometry, None, self.normalize
+        out._backend, out._dtype, out._device = backend, dtype, device
+        return out
 
     def nbytes(self) -> int:
         """Bytes held by the basis: offsets and tap weights (independent of the grid size)."""
@@ -644,6 +684,7 @@ def apply_shifts(basis: GridBasis, x: Array, method: str = "auto") -> Array:
     from ._checks import check_array
 
     backend = check_array(x, "x", (3,), ("(B, M, C)",))
+    basis = basis.placed_like(x)
     if (
         backend != basis.backend
         or dtype_name(x) != str(basis.dtype).removeprefix("torch.")

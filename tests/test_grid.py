@@ -555,3 +555,43 @@ def test_layer_direct_route_under_autocast_and_dtype_errors(monkeypatch: Any) ->
     monkeypatch.undo()
     with pytest.raises(TypeError, match="dtype"):
         layer(x.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, np.float32, np.float64])
+def test_a_basis_of_offsets_alone_applies_to_any_float_array(dtype: Any) -> None:
+    """Issue 14: ``grid_basis`` without ``like`` runs on the array it is applied to (README's example)."""
+    rng = np.random.default_rng(0)
+    x64, w64 = rng.normal(size=(2, 3, 6, 5)), rng.normal(size=(4, 3, 3, 3))
+    ref = F.conv2d(torch.from_numpy(x64), torch.from_numpy(w64), padding=1).numpy()
+    A = grid_basis((6, 5), 3, padding=1)  # NumPy float64 by default, but it holds offsets only
+    assert A.placement_free
+    x: Any
+    if isinstance(dtype, torch.dtype):
+        x, w = torch.from_numpy(x64).to(dtype), torch.from_numpy(w64).to(dtype)
+        xb, theta = to_bmp(x), to_theta(w)
+    else:
+        x, w = x64.astype(dtype), w64.astype(dtype)
+        xb, theta = x.reshape(2, 3, 30).swapaxes(1, 2), w.reshape(4, 3, 9).transpose(2, 1, 0)
+    tol = 0.1 if dtype == torch.bfloat16 else 1e-4
+    orders = ("auto", "ax", "xtheta") + (("native",) if isinstance(x, torch.Tensor) else ())
+    for order in orders:
+        y = conv(A, xb, theta, order=order)
+        assert type(y) is type(x) and y.dtype == x.dtype
+        got = torch.as_tensor(y).double().numpy().swapaxes(1, 2).reshape(ref.shape)
+        np.testing.assert_allclose(got, ref, atol=tol * np.abs(ref).max(), err_msg=order)
+    assert explain(A, xb, theta).chosen in (*ORDERS, "atheta")
+    # apply_shifts adapts likewise; a basis with tap weights keeps its placement and refuses.
+    assert apply_shifts(A, xb).dtype == x.dtype
+    weighted = GridBasis(A.grid, A.out_grid, A.offsets, weights=np.ones((1, 9)))
+    assert not weighted.placement_free and weighted.placed_like(xb) is weighted
+    if dtype != np.float64:
+        with pytest.raises(TypeError, match="dtype|backend"):
+            conv(weighted, xb, theta[:1])
+
+
+def test_an_integer_like_is_refused() -> None:
+    for like in (torch.zeros(1, dtype=torch.int64), np.zeros(1, dtype=np.int64), torch.zeros(1, dtype=torch.bool)):
+        with pytest.raises(TypeError, match="like must hold floating-point numbers"):
+            grid_basis((4, 4), 3, like=like)
+        with pytest.raises(TypeError, match="like must hold floating-point numbers"):
+            avg_pool_basis((4, 4), 2, like=like)

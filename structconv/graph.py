@@ -563,6 +563,14 @@ class PolynomialBasis(Basis):
         if is_torch(S.values):
             import torch
 
+            narrow = S.values.device.type == "cpu" and S.values.dtype in (torch.bfloat16, torch.float16)
+            if narrow:  # no low-precision sparse products on the CPU: form the members in float32
+                with torch.autocast("cpu", enabled=False):
+                    wide = PolynomialBasis(S.to(dtype=torch.float32), self._degrees, self._family).materialize()
+                out = wide.to(dtype=S.values.dtype)
+                if not differentiable:
+                    self._materialized = out
+                return out
             m = torch.sparse_coo_tensor(S.indices[1:], S.values, (S.M, S.N), check_invariants=True).coalesce()
             eye = torch.sparse_coo_tensor(
                 torch.arange(S.M, device=m.device).repeat(2, 1),

@@ -260,8 +260,8 @@ class SparseBasis(Basis):
         S = self._layout("each")
         if self.batch is None:
             cols = _permute(x, (1, 0, 2)).reshape(M, B * C)
-            return _permute((S @ cols).reshape(K, N, B, C), (2, 0, 1, 3))
-        return (S @ x.reshape(B * M, C)).reshape(B, K, N, C)
+            return _permute(_product(S, cols).reshape(K, N, B, C), (2, 0, 1, 3))
+        return _product(S, x.reshape(B * M, C)).reshape(B, K, N, C)
 
     def apply_members(self, s: Array, reduce: bool) -> Array:
         B, K, M, C = s.shape
@@ -269,11 +269,11 @@ class SparseBasis(Basis):
         S = self._layout("reduce" if reduce else "members")
         if self.batch is None:
             cols = _permute(s, (1, 2, 0, 3)).reshape(K * M, B * C)
-            out = S @ cols
+            out = _product(S, cols)
             if reduce:
                 return _permute(out.reshape(N, B, C), (1, 0, 2))
             return _permute(out.reshape(K, N, B, C), (2, 0, 1, 3))
-        out = S @ s.reshape(B * K * M, C)
+        out = _product(S, s.reshape(B * K * M, C))
         return out.reshape(B, N, C) if reduce else out.reshape(B, K, N, C)
 
     def apply_combined(self, x: Array, theta: Array) -> Array:
@@ -326,6 +326,15 @@ class SparseBasis(Basis):
         # overhead of the batched tiny products, measured by benchmarks/bench_orders.py.
         flops += _COMBINED_FIXED + _COMBINED_PER_PAIR * pairs
         return Cost(0.0, float(pairs * p * q + pairs * per * (p + q) + batch * self.N * q), flops)
+
+
+def _product(S: SparseMatrix, dense: Array) -> Array:
+    """``S @ dense``; in bfloat16/float16 on the CPU (no sparse kernels there) computed in float32 and cast back."""
+    if is_torch(dense) and dense.device.type == "cpu" and dense.dtype in (_torch().bfloat16, _torch().float16):
+        wide = SparseMatrix(S.rows, S.cols, S.values.float(), S.shape)
+        with _torch().autocast("cpu", enabled=False):  # autocast would narrow the float32 operands again
+            return (wide @ dense.float()).to(dense.dtype)
+    return S @ dense
 
 
 def _permute(a: Array, axes: tuple[int, ...]) -> Array:

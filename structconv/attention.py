@@ -438,8 +438,6 @@ class AttentionBasis(Basis):
 
     def _sdpa(self, values: Array) -> Array | None:
         """Per-head outputs :math:`A_k^\top v_k`, ``(B, K, N, R)``, or ``None`` if a column is fully masked."""
-        from torch.nn.functional import scaled_dot_product_attention
-
         mech = self.mechanism
         assert isinstance(mech, BiAffine)
         allowed = None
@@ -449,13 +447,12 @@ class AttentionBasis(Basis):
                 return None
             allowed = allowed.transpose(-1, -2)  # torch's layout is [query, key]
         keys, queries = mech.projections(self._x, self._z)
-        out: Array = scaled_dot_product_attention(queries, keys, values, attn_mask=allowed, scale=mech.scale)
+        out: Array = _sdpa_twice_differentiable(queries, keys, values, allowed, mech.scale)
         return out
 
     def _fused(self, x: Array, value: Array) -> Array | None:
         """Self-attention without a mask: keys, queries and values from one GEMM, then SDPA (as torch's layer)."""
         import torch
-        from torch.nn.functional import scaled_dot_product_attention
 
         mech = self.mechanism
         assert isinstance(mech, BiAffine) and mech.key is not None and mech.query is not None
@@ -476,7 +473,7 @@ class AttentionBasis(Basis):
         keys = out[:, : K * D].view(B, M, K, D).transpose(1, 2)
         queries = out[:, K * D : 2 * K * D].view(B, M, K, D).transpose(1, 2)
         values = out[:, 2 * K * D :].view(B, M, K, R).transpose(1, 2)
-        heads: Array = scaled_dot_product_attention(queries, keys, values, scale=mech.scale)
+        heads: Array = _sdpa_twice_differentiable(queries, keys, values, None, mech.scale)
         return heads
 
     def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
@@ -510,6 +507,75 @@ class AttentionBasis(Basis):
         attend = 4.0 * B * K * M * N * max(D, rank)
         mix = 2.0 * B * N * K * rank * q
         return Cost(project + attend + mix, float(B * K * ((M + N) * D + M * rank + N * rank) + B * N * q))
+
+
+def _attention_math(q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
+    """``softmax(q k^T scale, masked) v`` from differentiable operations (no empty rows: checked by the caller)."""
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    out: Array = scores.softmax(-1) @ v
+    return out
+
+
+_SDPA_FUNCTION: Any = None
+
+
+def _sdpa_function() -> Any:
+    """A ``torch.autograd.Function`` around ``scaled_dot_product_attention`` that can be differentiated twice.
+
+    torch's fused kernels (flash attention on CPU and GPU) have a backward that is not itself
+    differentiable, so ``create_graph=True`` (``gradgradcheck``, gradient penalties, Hessian-vector
+    products) would stop with "derivative for ..._backward is not implemented".  The forward keeps
+    the fused kernel's own graph; a first-order backward uses it (the fused backward, no
+    recomputation); a backward under ``create_graph=True`` recomputes the attention from
+    differentiable operations instead, so its gradient is differentiable again.
+    """
+    global _SDPA_FUNCTION
+    if _SDPA_FUNCTION is not None:
+        return _SDPA_FUNCTION
+    import torch
+    from torch.nn.functional import scaled_dot_product_attention
+
+    class TwiceDifferentiableSDPA(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: Any, k: Any, v: Any, allowed: Any, scale: float) -> Any:
+            inner = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+            with torch.enable_grad():
+                out = scaled_dot_product_attention(inner[0], inner[1], inner[2], attn_mask=allowed, scale=scale)
+            ctx.save_for_backward(q, k, v)
+            ctx.inner, ctx.out, ctx.allowed, ctx.scale = inner, out, allowed, scale
+            return out.detach()
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            wanted = ctx.needs_input_grad[:3]
+            if torch.is_grad_enabled():  # create_graph=True: a gradient that can be differentiated again
+                q, k, v = ctx.saved_tensors
+                with torch.enable_grad():
+                    out = _attention_math(q, k, v, ctx.allowed, ctx.scale)
+                    inputs = [t for t, w in zip((q, k, v), wanted, strict=True) if w]
+                    found = iter(torch.autograd.grad(out, inputs, grad, create_graph=torch.is_grad_enabled()))
+            else:
+                inputs = [t for t, w in zip(ctx.inner, wanted, strict=True) if w]
+                # retained: a repeated backward (retain_graph=True) gives the same gradient; the fused
+                # graph holds only what the output does, plus the kernel's row statistics
+                found = iter(torch.autograd.grad(ctx.out, inputs, grad, retain_graph=True))
+            return (*(next(found) if w else None for w in wanted), None, None)
+
+    _SDPA_FUNCTION = TwiceDifferentiableSDPA
+    return _SDPA_FUNCTION
+
+
+def _sdpa_twice_differentiable(q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
+    """``scaled_dot_product_attention(q, k, v, allowed, scale)`` whose gradient can be differentiated again."""
+    from torch.nn.functional import scaled_dot_product_attention
+
+    if not (q.requires_grad or k.requires_grad or v.requires_grad):
+        out: Array = scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+        return out
+    result: Array = _sdpa_function().apply(q, k, v, allowed, scale)
+    return result
 
 
 def _normalise(scores: Array, mask: Array | None, leaky_relu: float | None, normalize: bool) -> Array:

@@ -438,3 +438,78 @@ def test_gradcheck_through_the_fused_order() -> None:
         return fused + masked
 
     assert torch.autograd.gradcheck(f, (x, key, query, bias, value, out))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("masked", ["none", "mask", "empty_column"])
+def test_gradgradcheck_attention_conv_in_every_order(order: str, masked: str) -> None:
+    """Second derivatives through every order; torch's fused SDPA backward alone is not differentiable."""
+    from structconv import LowRank, conv
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 4, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    key, query, u, v = (torch.randn(2, 3, 2, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(4))
+    bias = torch.randn(2, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = None if masked == "none" else (_empty_column_mask(4, 4, g) if masked == "empty_column" else None)
+    if masked == "mask":
+        mask = torch.rand(4, 4, generator=g) < 0.7
+        mask.fill_diagonal_(True)
+
+    def f(*args: torch.Tensor) -> Any:
+        x, key, query, bias, u, v = args
+        mech = BiAffine(key=key, query=query, query_bias=bias, scale=0.7)
+        return conv(attention_basis(x, mechanism=mech, mask=mask), x, LowRank(u, v), order=order)
+
+    assert torch.autograd.gradgradcheck(f, (x, key, query, bias, u, v), fast_mode=True)
+    s = torch.randn(2, 4, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda s: masked_softmax(s, mask), (s,), fast_mode=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "call"),
+    [
+        ({}, {}),
+        ({}, {"need_weights": False}),
+        ({"add_bias_kv": True, "add_zero_attn": True}, {"need_weights": False}),
+        ({"kdim": 3}, {"attn_mask": "float"}),
+        ({}, {"key_padding_mask": "bool", "need_weights": False}),
+    ],
+)
+def test_gradgradcheck_multi_head_self_attention(options: dict[str, Any], call: dict[str, Any]) -> None:
+    torch.manual_seed(7)
+    layer = MultiHeadSelfAttention(4, 2, batch_first=True, dtype=torch.float64, **options)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p)
+    if call.get("attn_mask") == "float":
+        call = {**call, "attn_mask": torch.randn(4, 5, dtype=torch.float64)}
+    if call.get("key_padding_mask") == "bool":
+        call = {**call, "key_padding_mask": torch.tensor([[False, False, True, False, False]] * 2)}
+    q = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 5, layer.kdim, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    names = [n for n, _ in layer.named_parameters()]
+
+    def f(*args: torch.Tensor) -> Any:
+        y, w = torch.func.functional_call(layer, dict(zip(names, args[3:], strict=True)), args[:3], call)
+        return y if w is None else (y, w)
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v, *layer.parameters()), fast_mode=True)
+
+
+def test_fused_order_first_backward_is_repeatable() -> None:
+    """A retained graph gives the same gradient twice (the fused kernel's backward both times)."""
+    from structconv import LowRank, conv
+
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    mech = BiAffine(
+        key=torch.randn(2, 4, 3, generator=g, dtype=torch.float64),
+        query=torch.randn(2, 4, 3, generator=g, dtype=torch.float64),
+    )
+    theta = LowRank(
+        torch.randn(2, 4, 2, generator=g, dtype=torch.float64), torch.randn(2, 5, 2, generator=g, dtype=torch.float64)
+    )
+    y = conv(attention_basis(x, mechanism=mech), x, theta, order="sdpa")
+    (g1,) = torch.autograd.grad(y.sum(), x, retain_graph=True)
+    (g2,) = torch.autograd.grad(y.sum(), x)
+    assert torch.equal(g1, g2)

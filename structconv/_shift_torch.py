@@ -5,7 +5,10 @@ Imported lazily, so that the NumPy path never imports torch.
 :class:`ShiftGemm` and :class:`ShiftAdd` have hand-written backward passes because autograd's
 own backward of a row slice allocates a zero tensor the size of the whole input for every tap
 (:math:`J` full-size allocations); here every tap's gradient is accumulated in place into one
-buffer.  Both are once-differentiable.
+buffer.  The backward passes are written in differentiable torch operations (slices, ``addmm``,
+``stack``), so autograd records them when asked for a graph (``create_graph=True``): double
+backward (gradient penalties, ``gradgradcheck``) is exact through every order.  A first-order
+backward runs with grad mode off and records nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import math
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 
 from ._shift import Geometry
@@ -36,13 +38,14 @@ class ShiftGemm(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        # Differentiable as written (in-place on slices of a fresh buffer is recorded as copies
+        # into slices), so a double backward differentiates this pass itself.
         buf, thetas = ctx.saved_tensors
         shifts, rows = ctx.shifts, ctx.rows
         grad_buf = grad_theta = None
         if ctx.needs_input_grad[0]:
-            grad_buf = torch.zeros_like(buf)
+            grad_buf = grad.new_zeros(buf.shape)
             for j, f in enumerate(shifts):
                 grad_buf[f : f + rows].addmm_(grad, thetas[j].T)
         if ctx.needs_input_grad[1]:
@@ -72,9 +75,8 @@ class ShiftAdd(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        grad_s = grad.new_zeros(ctx.shape)
+        grad_s = grad.new_zeros(ctx.shape)  # slice assignments: differentiable, so double backward is exact
         for j, f in enumerate(ctx.shifts):
             grad_s[f : f + ctx.rows, j] = grad
         return grad_s, None, None

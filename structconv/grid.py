@@ -100,15 +100,11 @@ def _placement(like: Array | None) -> tuple[str, Any, str]:
         return "numpy", np.dtype(np.float64), "cpu"
     if is_torch(like):
         if not like.is_floating_point():
-            raise TypeError(
-                f"like must hold floating-point numbers (a basis' dtype is floating), got dtype {like.dtype}"
-            )
+            raise TypeError(f"like must hold floating-point numbers (a basis is floating), got dtype {like.dtype}")
         return "torch", like.dtype, str(like.device)
     if isinstance(like, np.ndarray):
         if not np.issubdtype(like.dtype, np.floating):
-            raise TypeError(
-                f"like must hold floating-point numbers (a basis' dtype is floating), got dtype {like.dtype}"
-            )
+            raise TypeError(f"like must hold floating-point numbers (a basis is floating), got dtype {like.dtype}")
         return "numpy", like.dtype, "cpu"
     raise TypeError(f"like must be a numpy.ndarray or a torch.Tensor (or None), got {type(like).__name__}")
 
@@ -143,9 +139,12 @@ class GridBasis(Basis):
 
     Notes
     -----
-    The stride-1 ``"ax"`` and ``"xtheta"`` orders run hand-written backward passes, which are
-    differentiable once: for double backward (gradient penalties, meta-learning) ask for
-    ``order="native"`` (torch) or use the sparse form, :meth:`to_sparse`.
+    The stride-1 ``"ax"`` and ``"xtheta"`` orders run hand-written backward passes written in
+    differentiable torch operations, so double backward (gradient penalties, meta-learning) is
+    exact through every order.
+
+    A basis without tap weights holds no arrays (:attr:`placement_free`): the engine applies it
+    to any floating ``x`` on that array's backend, dtype and device, whatever ``like`` said.
     """
 
     __slots__ = ("_backend", "_device", "_dtype", "geometry", "normalize", "weights")

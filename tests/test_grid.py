@@ -279,6 +279,8 @@ def test_gradcheck(order: str, case: str) -> None:
 
     inputs = (x, theta) + ((w,) if case == "weighted" else ())
     assert torch.autograd.gradcheck(f, inputs)
+    # Double backward too (issue 14: the fused ax / xtheta backward passes were once-differentiable).
+    assert torch.autograd.gradgradcheck(f, inputs)
 
 
 def test_module_loads_a_trained_conv2d_state_dict() -> None:
@@ -585,7 +587,7 @@ def test_a_basis_of_offsets_alone_applies_to_any_float_array(dtype: Any) -> None
     weighted = GridBasis(A.grid, A.out_grid, A.offsets, weights=np.ones((1, 9)))
     assert not weighted.placement_free and weighted.placed_like(xb) is weighted
     if dtype != np.float64:
-        with pytest.raises(TypeError, match="dtype|backend"):
+        with pytest.raises(TypeError, match=r"dtype|backend"):
             conv(weighted, xb, theta[:1])
 
 

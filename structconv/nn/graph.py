@@ -333,6 +333,11 @@ class ChebConv(_GraphLayer):
         lam: Any = lambda_max if lambda_max is not None else self.lambda_max
         if lam is None:
             lam = 2.0 * w.max()  # PyG's default (differentiable, as PyG's)
+            if float(lam) <= 0:
+                raise ValueError(
+                    "ChebConv: the default lambda_max, twice the largest entry of L, is 0 (normalization=None "
+                    "on a graph without edges); pass lambda_max"
+                )
         elif isinstance(lam, str):
             lam = torch.tensor(_largest_eigenvalue(lap), dtype=w.dtype, device=w.device)
         else:

@@ -1,0 +1,776 @@
+"""``structconv.nn`` graph layers against PyTorch Geometric's, case by case.
+
+Each test is one row of ``docs/peers/graph.rst``: an option or call form taken from PyG's own
+tests (``test/nn/conv/test_{gcn,tag,sg,cheb,rgcn,gat}_conv.py``), run on the installed PyG layer
+and on ours loaded with its parameters.  *equal*: outputs and the gradients of the inputs and of
+every parameter agree (float64 and float32 tight; bfloat16 autocast loose); *refused*: our layer
+raises a ``ValueError``/``TypeError`` naming the argument (PyG raises too, or ignores the
+argument, which the note says); *n.a.*: a PyG-internal feature or an input PyG itself rejects
+(what we do instead is tested).  Directed weighted multigraphs with self-loops are drawn by
+Hypothesis.  The fragment is generated from :data:`CASES`::
+
+    .venv/bin/python tests/peers/test_pyg_graph.py > docs/peers/graph.rst
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import scipy.sparse
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from structconv import nn as snn
+
+pyg_nn = pytest.importorskip("torch_geometric.nn")
+import torch_geometric  # noqa: E402
+from torch_geometric.data import Batch, Data  # noqa: E402
+from torch_geometric.utils import to_torch_coo_tensor, to_torch_csc_tensor  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*[Ss]parse CSR.*")
+
+EQUAL, REFUSED, NA = "equal", "refused", "n.a."
+CASES: dict[str, tuple[str, str, str, str]] = {}  # test name -> (layer, status, option / call form, note)
+TOL = {torch.float64: (1e-7, 1e-9), torch.float32: (1e-4, 1e-5)}
+DTYPES = [torch.float64, torch.float32]
+FEW = settings(max_examples=6, deadline=None)
+FRAGMENT = Path(__file__).resolve().parents[2] / "docs" / "peers" / "graph.rst"
+
+
+def case(layer: str, status: str, form: str, note: str = "") -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register a test as one row of the fragment."""
+
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        CASES[fn.__name__] = (layer, status, form, note)
+        return fn
+
+    return register
+
+
+# --- graphs ------------------------------------------------------------------------------------------
+@st.composite
+def digraphs(draw: Any, max_nodes: int = 7) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A directed weighted multigraph with self-loops and an isolated last node: (edge_index, weight, N)."""
+    N = draw(st.integers(2, max_nodes))
+    E = draw(st.integers(1, 3 * N))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    index = torch.from_numpy(rng.integers(0, N - 1, size=(2, E)))
+    return index, torch.from_numpy(rng.uniform(0.1, 2.0, size=E)), N
+
+
+def adj_t(index: torch.Tensor, weight: torch.Tensor | None, N: int, layout: str = "coo") -> torch.Tensor:
+    """PyG's ``adj_t`` (row = target) of a graph, as ``to_torch_csc_tensor(...).t()`` in PyG's tests."""
+    if layout == "csr":
+        return to_torch_csc_tensor(index, weight, size=(N, N)).t()
+    return to_torch_coo_tensor(index.flip(0), weight, size=(N, N))
+
+
+FIXED = torch.tensor([[0, 0, 0, 1, 2, 3], [1, 2, 3, 0, 0, 0]])  # PyG's test graph
+
+
+# --- building both layers -----------------------------------------------------------------------------
+Link = tuple[torch.Tensor, list[torch.Tensor], Callable[..., torch.Tensor]]
+
+
+def links(kind: str, ours: Any, ref: Any) -> list[Link]:
+    """(our parameter, PyG's parameters, how ours is made from theirs): used for values and gradients."""
+    T0: Callable[..., torch.Tensor] = lambda w: w.T[None]  # noqa: E731
+    same: Callable[..., torch.Tensor] = lambda w: w  # noqa: E731
+    stack: Callable[..., torch.Tensor] = lambda *ws: torch.stack([w.T for w in ws])  # noqa: E731
+    out: list[Link] = []
+    if kind == "gcn":
+        out = [(ours.theta, [ref.lin.weight], T0)]
+    elif kind == "sg":
+        out = [(ours.theta, [ref.lin.weight], T0), (ours.bias, [ref.lin.bias], same)]
+    elif kind in ("tag", "cheb"):
+        out = [(ours.theta, [lin.weight for lin in ref.lins], stack)]
+    elif kind == "rgcn":
+        out = [(ours.weight, [ref.weight], same)]
+        out += [(getattr(ours, n), [getattr(ref, n)], same) for n in ("comp", "root") if getattr(ref, n) is not None]
+    elif kind == "gat":
+        src = ref.lin if ref.lin is not None else ref.lin_src
+        out = [(ours.weight, [src.weight], lambda w: w.T)]
+        out += [(ours.att_src, [ref.att_src], lambda a: a[0]), (ours.att_dst, [ref.att_dst], lambda a: a[0])]
+        if ref.lin_dst is not None:
+            out.append((ours.weight_dst, [ref.lin_dst.weight], lambda w: w.T))
+        if ref.lin_edge is not None:
+            out += [
+                (ours.weight_edge, [ref.lin_edge.weight], lambda w: w.T),
+                (ours.att_edge, [ref.att_edge], lambda a: a[0]),
+            ]
+        if ref.res is not None:
+            out.append((ours.res, [ref.res.weight], lambda w: w.T))
+    if kind != "sg" and getattr(ref, "bias", None) is not None:
+        out.append((ours.bias, [ref.bias], same))
+    return out
+
+
+CLASSES = {
+    "gcn": ("GCNConv", "GCNConv"),
+    "tag": ("TAGConv", "TAGConv"),
+    "sg": ("SGConv", "SGConv"),
+    "cheb": ("ChebConv", "ChebConv"),
+    "rgcn": ("RGCNConv", "RGCNConv"),
+    "gat": ("GATConv", "GATConv"),
+}
+
+
+def pair(kind: str, dtype: torch.dtype, *args: Any, seed: int = 0, **kwargs: Any) -> tuple[Any, Any, list[Link]]:
+    """PyG's layer with every parameter drawn (biases non-zero) and ours loaded from it."""
+    torch.manual_seed(seed)
+    ref = getattr(pyg_nn, CLASSES[kind][1])(*args, **kwargs).to(dtype)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0.0, 0.5)
+    ours = getattr(snn, CLASSES[kind][0])(*args, **kwargs).to(dtype)
+    pairs = links(kind, ours, ref)
+    assert {id(p) for p, _, _ in pairs} == {id(p) for p in ours.parameters()}, "every parameter is linked"
+    with torch.no_grad():
+        for mine, theirs, fn in pairs:
+            mine.copy_(fn(*theirs))
+    return ours, ref, pairs
+
+
+def close(a: torch.Tensor | None, b: torch.Tensor | None, dtype: torch.dtype, what: str) -> None:
+    if a is None or b is None:  # a gradient that one side never formed is zero
+        if a is None and b is None:
+            return
+        a, b = (torch.zeros_like(b) if a is None else a), (torch.zeros_like(a) if b is None else b)
+    rtol, atol = TOL.get(dtype, (0.0, 8e-2))
+    scale = max(1.0, float(b.detach().abs().max())) if b.numel() else 1.0
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol * scale, msg=lambda m: f"{what}: {m}")
+
+
+def compare(
+    ours: Any, ref: Any, pairs: list[Link], args: tuple[Any, ...], dtype: torch.dtype, **kwargs: Any
+) -> tuple[Any, Any]:
+    """Run both on copies of ``args`` (float tensors require grad); outputs and all gradients must agree."""
+
+    def copies() -> list[Any]:
+        out = []
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.is_floating_point() and a.layout == torch.strided:
+                a = a.detach().clone().requires_grad_()
+            elif isinstance(a, tuple):
+                a = tuple(
+                    t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                    for t in a
+                )
+            out.append(a)
+        return out
+
+    mine, theirs = copies(), copies()
+    r1, r2 = ours(*mine, **kwargs), ref(*theirs, **kwargs)
+    y1, y2 = (r1[0], r2[0]) if isinstance(r2, tuple) else (r1, r2)
+    assert y1.shape == y2.shape, f"shape {tuple(y1.shape)} vs {tuple(y2.shape)}"
+    close(y1, y2.to(y1.dtype), dtype, "output")
+    if y2.numel():
+        grad = torch.randn(y2.shape, dtype=y2.dtype)
+        y1.backward(grad.to(y1.dtype))
+        y2.backward(grad)
+        for a, b in zip(mine, theirs, strict=True):
+            for t1, t2 in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,), strict=True):
+                if isinstance(t1, torch.Tensor) and t1.requires_grad:
+                    close(t1.grad, t2.grad, dtype, "input gradient")
+        for p, theirs_p, fn in pairs:
+            grads = [t.grad for t in theirs_p]
+            expected = None if any(g is None for g in grads) else fn(*grads)
+            close(p.grad, expected, dtype, "parameter gradient")
+    return r1, r2
+
+
+def typed(index: torch.Tensor, weight: torch.Tensor, N: int, P: int, dtype: torch.dtype) -> tuple[Any, ...]:
+    torch.manual_seed(1)
+    return torch.randn(N, P, dtype=dtype), index, weight.to(dtype)
+
+
+# --- GCNConv ------------------------------------------------------------------------------------------
+@case("GCNConv", EQUAL, "``conv(x, edge_index)``, ``conv(x, edge_index, edge_weight)``")
+@pytest.mark.parametrize("dtype", DTYPES)
+@FEW
+@given(g=digraphs(), weighted=st.booleans())
+def test_gcn_edge_index(dtype: torch.dtype, g: Any, weighted: bool) -> None:
+    index, weight, N = g
+    ours, ref, links_ = pair("gcn", dtype, 3, 4)
+    x, ei, w = typed(index, weight, N, 3, dtype)
+    compare(ours, ref, links_, (x, ei, w) if weighted else (x, ei), dtype)
+
+
+@case(
+    "GCNConv",
+    EQUAL,
+    "``conv(x, adj.t())``, torch.sparse COO/CSR ``adj_t``, weighted, directed, with self-loops",
+    "row = target, as PyG; loops: :math:`A + I` (summed with existing loops), as PyG's gcn_norm on COO input "
+    "(PyG's CSR path disagrees with its own COO path on graphs with loops or repeated entries; CSR is "
+    "compared on coalesced graphs without loops)",
+)
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@FEW
+@given(g=digraphs())
+def test_gcn_sparse_adj_t(layout: str, dtype: torch.dtype, g: Any) -> None:
+    index, weight, N = g
+    if layout == "csr":  # PyG's CSR path is only consistent with COO on coalesced input without loops
+        keep = index[0] != index[1]
+        index, weight = index[:, keep], weight[keep]
+        key = torch.unique(index[0] * N + index[1])
+        index, weight = torch.stack([key // N, key % N]), weight[: key.numel()]
+    ours, ref, links_ = pair("gcn", dtype, 3, 4)
+    x, _, w = typed(index, weight, N, 3, dtype)
+    compare(ours, ref, links_, (x, adj_t(index, w, N, layout)), dtype)
+
+
+@case("GCNConv", EQUAL, "PyG's ``test_gcn_conv``: ``adj1.t()``/``adj2.t()`` equal to the edge_index calls")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gcn_pyg_case(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    x, value = torch.randn(4, 16, dtype=dtype), torch.rand(6, dtype=dtype)
+    ours, ref, links_ = pair("gcn", dtype, 16, 32)
+    out1 = compare(ours, ref, links_, (x, FIXED), dtype)[0]
+    out2 = compare(ours, ref, links_, (x, FIXED, value), dtype)[0]
+    close(ours(x, to_torch_csc_tensor(FIXED, size=(4, 4)).t()), out1, dtype, "adj1.t()")
+    close(ours(x, to_torch_csc_tensor(FIXED, value, size=(4, 4)).t()), out2, dtype, "adj2.t()")
+
+
+@case("GCNConv", EQUAL, "``improved=True`` with and without ``edge_weight``, and on a sparse ``adj_t``")
+@pytest.mark.parametrize("dtype", DTYPES)
+@FEW
+@given(g=digraphs(), form=st.sampled_from(["plain", "weighted", "sparse"]))
+def test_gcn_improved(dtype: torch.dtype, g: Any, form: str) -> None:
+    index, weight, N = g
+    ours, ref, links_ = pair("gcn", dtype, 3, 4, improved=True)
+    x, ei, w = typed(index, weight, N, 3, dtype)
+    args = {"plain": (x, ei), "weighted": (x, ei, w), "sparse": (x, adj_t(ei, w, N))}[form]
+    compare(ours, ref, links_, args, dtype)
+
+
+@case("GCNConv", EQUAL, "``normalize=False`` (with ``add_self_loops`` False or default)")
+@pytest.mark.parametrize("dtype", DTYPES)
+@FEW
+@given(g=digraphs(), sparse=st.booleans())
+def test_gcn_unnormalized(dtype: torch.dtype, g: Any, sparse: bool) -> None:
+    index, weight, N = g
+    ours, ref, links_ = pair("gcn", dtype, 3, 4, normalize=False, add_self_loops=False)
+    x, ei, w = typed(index, weight, N, 3, dtype)
+    compare(ours, ref, links_, (x, adj_t(ei, w, N)) if sparse else (x, ei, w), dtype)
+
+
+@case("GCNConv", REFUSED, "``GCNConv(normalize=False, add_self_loops=True)``", "both raise ValueError")
+def test_gcn_loops_without_normalize() -> None:
+    with pytest.raises(ValueError, match="does not support adding self-loops"):
+        pyg_nn.GCNConv(16, 32, normalize=False, add_self_loops=True)
+    with pytest.raises(ValueError, match="add_self_loops=True needs normalize=True"):
+        snn.GCNConv(16, 32, normalize=False, add_self_loops=True)
+
+
+@case("GCNConv", EQUAL, "sparse node features ``x`` (``test_gcn_conv_with_sparse_input_feature``)", "densified")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gcn_sparse_x(dtype: torch.dtype) -> None:
+    x = torch.sparse_coo_tensor(torch.tensor([[0, 0], [0, 1]]), torch.tensor([1.0, 1.0], dtype=dtype), (4, 16))
+    ours, ref, _ = pair("gcn", dtype, 16, 32)
+    close(ours(x, FIXED), ref(x, FIXED), dtype, "output")
+
+
+@case("GCNConv", EQUAL, "static graph: ``x`` of shape ``(B, N, F)`` (``test_static_gcn_conv``)")
+@pytest.mark.parametrize("dtype", DTYPES)
+@FEW
+@given(g=digraphs(), weighted=st.booleans())
+def test_gcn_static(dtype: torch.dtype, g: Any, weighted: bool) -> None:
+    index, weight, N = g
+    ours, ref, links_ = pair("gcn", dtype, 3, 4)
+    x = torch.randn(2, N, 3, dtype=dtype)
+    compare(ours, ref, links_, (x, index, weight.to(dtype)) if weighted else (x, index), dtype)
+
+
+@case("GCNConv", EQUAL, "``flow='target_to_source'`` (``test_gcn_conv_flow``)")
+@pytest.mark.parametrize("dtype", DTYPES)
+@FEW
+@given(g=digraphs())
+def test_gcn_flow(dtype: torch.dtype, g: Any) -> None:
+    index, weight, N = g
+    ours, ref, links_ = pair("gcn", dtype, 3, 4, flow="target_to_source")
+    x, ei, w = typed(index, weight, N, 3, dtype)
+    compare(ours, ref, links_, (x, ei, w), dtype)
+
+
+@case("GCNConv", REFUSED, "``flow='target_to_source'`` with a sparse adjacency", "both raise ValueError")
+def test_gcn_flow_sparse() -> None:
+    ours, ref, _ = pair("gcn", torch.float32, 3, 4, flow="target_to_source")
+    x, adj = torch.randn(4, 3), adj_t(FIXED, None, 4)
+    with pytest.raises(ValueError, match="target_to_source"):
+        ref(x, adj)
+    with pytest.raises(ValueError, match="flow='target_to_source' needs an edge_index"):
+        ours(x, adj)
+
+
+@case("GCNConv", EQUAL, "a graph with zero nodes")
+def test_gcn_empty() -> None:
+    ours, ref, _ = pair("gcn", torch.float32, 3, 4)
+    x, ei = torch.randn(0, 3), torch.empty(2, 0, dtype=torch.long)
+    assert ours(x, ei).shape == ref(x, ei).shape == (0, 4)
+
+
+@case("GCNConv", EQUAL, "PyG's ``EdgeIndex`` as ``edge_index``")
+def test_gcn_edge_index_class() -> None:
+    ours, ref, _ = pair("gcn", torch.float64, 3, 4)
+    x, w = torch.randn(4, 3, dtype=torch.float64), torch.rand(6, dtype=torch.float64)
+    ei = torch_geometric.EdgeIndex(FIXED, sparse_size=(4, 4))
+    close(ours(x, ei, w), ref(x, FIXED, w), torch.float64, "output")
+
+
+@case("GCNConv", REFUSED, "``cached=True``", "TypeError names ``cached``; pass a prebuilt basis to reuse one")
+def test_gcn_cached() -> None:
+    with pytest.raises(TypeError, match="cached"):
+        snn.GCNConv(3, 4, cached=True)  # type: ignore[call-arg]
+
+
+@case("GCNConv", NA, "torch.sparse CSC ``adj_t``", "PyG raises NotImplementedError; ours reads it like COO (tested)")
+def test_gcn_csc() -> None:
+    ours, ref, _ = pair("gcn", torch.float64, 3, 4)
+    x, w = torch.randn(4, 3, dtype=torch.float64), torch.rand(6, dtype=torch.float64)
+    csc = adj_t(FIXED, w, 4).to_sparse_csc()
+    with pytest.raises(NotImplementedError):
+        ref(x, csc)
+    close(ours(x, csc), ref(x, FIXED, w), torch.float64, "output")
+
+
+@case("GCNConv", NA, "``scipy.sparse`` ``adj_t``", "PyG does not accept it; ours reads it as ``adj_t`` (tested)")
+def test_gcn_scipy() -> None:
+    ours, ref, _ = pair("gcn", torch.float64, 3, 4)
+    x, w = torch.randn(4, 3, dtype=torch.float64), torch.rand(6, dtype=torch.float64)
+    sp = scipy.sparse.coo_matrix((w.numpy(), (FIXED[1].numpy(), FIXED[0].numpy())), shape=(4, 4))
+    close(ours(x, sp), ref(x, FIXED, w), torch.float64, "output")
+
+
+# --- bfloat16 autocast, float64, all layers -------------------------------------------------------------
+def _autocast_case(kind: str) -> tuple[Any, Any, tuple[Any, ...]]:
+    x, w = torch.randn(4, 6), torch.rand(6) + 0.5
+    args: dict[str, tuple[Any, ...]] = {
+        "gcn": (6, 4),
+        "tag": (6, 4),
+        "sg": (6, 4),
+        "cheb": (6, 4, 3),
+        "gat": (6, 4),
+        "rgcn": (6, 4, 2),
+    }
+    ours, ref, _ = pair(kind, torch.float32, *args[kind])
+    if kind == "rgcn":
+        return ours, ref, (x, FIXED, torch.tensor([0, 1, 0, 1, 1, 0]))
+    if kind == "gat":
+        return ours, ref, (x, FIXED)
+    return ours, ref, (x, FIXED, w)
+
+
+@case("all", EQUAL, "``torch.autocast('cpu', dtype=torch.bfloat16)``", "loose tolerance; sparse products in float32")
+@pytest.mark.parametrize("kind", list(CLASSES))
+def test_autocast_bfloat16(kind: str) -> None:
+    ours, ref, args = _autocast_case(kind)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y1, y2 = ours(*args), ref(*args)
+    close(y1.float(), y2.float(), torch.bfloat16, "output")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ours(*args)
+    y.float().sum().backward()  # outside autocast, as torch recommends
+
+
+@case("all", NA, "bfloat16 parameters and inputs", "PyG raises NotImplementedError on sparse bf16 products")
+def test_bfloat16_parameters() -> None:
+    ours, ref, _ = pair("gcn", torch.bfloat16, 6, 4)
+    x = torch.randn(4, 6, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError):
+        ref(x, adj_t(FIXED, None, 4).to(torch.bfloat16))
+    close(ours(x, FIXED).float(), ref(x, FIXED).float(), torch.bfloat16, "output")
+
+
+# --- TAGConv ------------------------------------------------------------------------------------------
+@case("TAGConv", EQUAL, "``conv(x, edge_index[, edge_weight])`` and ``conv(x, adj.t())`` (COO, CSR)")
+@pytest.mark.parametrize("dtype", DTYPES)
+@FEW
+@given(g=digraphs(), form=st.sampled_from(["plain", "weighted", "sparse"]), K=st.integers(1, 3))
+def test_tag(dtype: torch.dtype, g: Any, form: str, K: int) -> None:
+    index, weight, N = g
+    ours, ref, links_ = pair("tag", dtype, 3, 4, K=K)
+    x, ei, w = typed(index, weight, N, 3, dtype)
+    args = {"plain": (x, ei), "weighted": (x, ei, w), "sparse": (x, adj_t(ei, w, N))}[form]
+    compare(ours, ref, links_, args, dtype)
+
+
+@case("TAGConv", EQUAL, "PyG's ``test_tag_conv`` (CSR ``adj.t()``), ``normalize=False``")
+@pytest.mark.parametrize("normalize", [True, False])
+def test_tag_pyg_case(normalize: bool) -> None:
+    dtype = torch.float64
+    x, value = torch.randn(4, 16, dtype=dtype), torch.rand(6, dtype=dtype)
+    ours, ref, links_ = pair("tag", dtype, 16, 32, normalize=normalize)
+    out2 = compare(ours, ref, links_, (x, FIXED, value), dtype)[0]
+    close(ours(x, to_torch_csc_tensor(FIXED, value, size=(4, 4)).t()), out2, dtype, "adj2.t()")
+
+
+@case("TAGConv", EQUAL, "static graph ``x`` ``(B, N, F)``, ``flow='target_to_source'``")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["static", "flow"])
+def test_tag_static_flow(dtype: torch.dtype, form: str) -> None:
+    kw = {"flow": "target_to_source"} if form == "flow" else {}
+    ours, ref, links_ = pair("tag", dtype, 3, 4, **kw)
+    x = torch.randn(*((2,) if form == "static" else ()), 4, 3, dtype=dtype)
+    compare(ours, ref, links_, (x, FIXED, torch.rand(6, dtype=dtype)), dtype)
+
+
+@case("TAGConv", EQUAL, "a graph with zero nodes")
+def test_tag_empty() -> None:
+    ours, ref, _ = pair("tag", torch.float32, 3, 4)
+    x, ei = torch.randn(0, 3), torch.empty(2, 0, dtype=torch.long)
+    assert ours(x, ei).shape == ref(x, ei).shape == (0, 4)
+
+
+# --- SGConv -------------------------------------------------------------------------------------------
+@case("SGConv", EQUAL, "``SGConv(K)``: edge_index, edge_weight, sparse ``adj_t`` with self-loops")
+@pytest.mark.parametrize("dtype", DTYPES)
+@FEW
+@given(g=digraphs(), form=st.sampled_from(["plain", "weighted", "sparse"]), K=st.integers(1, 3))
+def test_sg(dtype: torch.dtype, g: Any, form: str, K: int) -> None:
+    index, weight, N = g
+    ours, ref, links_ = pair("sg", dtype, 3, 4, K=K)
+    x, ei, w = typed(index, weight, N, 3, dtype)
+    args = {"plain": (x, ei), "weighted": (x, ei, w), "sparse": (x, adj_t(ei, w, N))}[form]
+    compare(ours, ref, links_, args, dtype)
+
+
+@case("SGConv", EQUAL, "PyG's ``test_sg_conv`` (``K=10``, CSR ``adj.t()``), ``add_self_loops=False``")
+@pytest.mark.parametrize("loops", [True, False])
+def test_sg_pyg_case(loops: bool) -> None:
+    dtype = torch.float64
+    x, value = torch.randn(4, 16, dtype=dtype), torch.rand(6, dtype=dtype)
+    ours, ref, links_ = pair("sg", dtype, 16, 32, K=10, add_self_loops=loops)
+    out2 = compare(ours, ref, links_, (x, FIXED, value), dtype)[0]
+    close(ours(x, to_torch_csc_tensor(FIXED, value, size=(4, 4)).t()), out2, dtype, "adj2.t()")
+
+
+@case("SGConv", REFUSED, "``cached=True``", "TypeError names ``cached``")
+def test_sg_cached() -> None:
+    with pytest.raises(TypeError, match="cached"):
+        snn.SGConv(3, 4, cached=True)  # type: ignore[call-arg]
+
+
+# --- ChebConv -----------------------------------------------------------------------------------------
+@case("ChebConv", EQUAL, "``normalization`` ``'sym'``, ``'rw'``, ``None``; ``lambda_max`` default, in ``forward``")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("normalization", ["sym", "rw", None])
+@FEW
+@given(g=digraphs(), weighted=st.booleans(), lam=st.sampled_from([None, 3.0]), K=st.integers(1, 3))
+def test_cheb(dtype: torch.dtype, normalization: str | None, g: Any, weighted: bool, lam: Any, K: int) -> None:
+    index, weight, N = g
+    if normalization is None:  # D - A of a graph without edges is 0, and so PyG's default lambda_max
+        index, weight = torch.cat([index, torch.tensor([[0], [1]])], 1), torch.cat([weight, weight[:1]])
+    ours, ref, links_ = pair("cheb", dtype, 3, 4, K, normalization=normalization)
+    x, ei, w = typed(index, weight, N, 3, dtype)
+    compare(ours, ref, links_, (x, ei, w if weighted else None), dtype, lambda_max=lam)
+
+
+@case(
+    "ChebConv",
+    EQUAL,
+    "``normalization='rw'`` without ``lambda_max``",
+    "PyG 2.8 does not raise: it uses :math:`2\\max L = 2`, as we do",
+)
+def test_cheb_rw_default() -> None:
+    ours, ref, links_ = pair("cheb", torch.float64, 3, 4, 3, normalization="rw")
+    compare(ours, ref, links_, (torch.randn(4, 3, dtype=torch.float64), FIXED), torch.float64)
+
+
+@case("ChebConv", EQUAL, "``conv(x, edge_index, edge_weight, batch[, lambda_max])``, one λ per graph")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_lambda", [False, True])
+def test_cheb_batch(dtype: torch.dtype, with_lambda: bool) -> None:
+    ours, ref, links_ = pair("cheb", dtype, 16, 32, 3)
+    ei = torch.tensor([[0, 1, 2, 3], [1, 0, 3, 2]])
+    x, w, batch = torch.randn(4, 16, dtype=dtype), torch.rand(4, dtype=dtype), torch.tensor([0, 0, 1, 1])
+    lam = torch.tensor([2.0, 3.0], dtype=dtype) if with_lambda else None
+    compare(ours, ref, links_, (x, ei, w, batch, lam), dtype)
+
+
+@case("ChebConv", EQUAL, "``test_cheb_conv_batch``: a ``Batch`` of graphs equals the graphs apart")
+def test_cheb_data_batch() -> None:
+    ours, ref, links_ = pair("cheb", torch.float32, 8, 16, 2)
+    e1, e2 = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]]), torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    d1 = Data(x=torch.randn(4, 8), edge_index=e1, edge_weight=torch.rand(6))
+    d2 = Data(x=torch.randn(3, 8), edge_index=e2, edge_weight=torch.rand(4))
+    b = Batch.from_data_list([d1, d2])
+    out = compare(ours, ref, links_, (b.x, b.edge_index, b.edge_weight, b.batch), torch.float32)[0]
+    close(out[:4], ours(d1.x, e1, d1.edge_weight), torch.float32, "first graph")
+
+
+@case("ChebConv", REFUSED, "several ``lambda_max`` without ``batch``", "ValueError names lambda_max and batch")
+def test_cheb_lambda_without_batch() -> None:
+    ours, ref, _ = pair("cheb", torch.float32, 3, 4, 2)
+    x, lam = torch.randn(4, 3), torch.tensor([2.0, 3.0])
+    with pytest.raises(RuntimeError):
+        ref(x, FIXED, None, None, lam)
+    with pytest.raises(ValueError, match=r"lambda_max .* needs batch"):
+        ours(x, FIXED, None, None, lam)
+
+
+# --- RGCNConv -----------------------------------------------------------------------------------------
+RG_EI = torch.tensor([[0, 1, 1, 2, 2, 3], [0, 0, 1, 0, 1, 1]])
+RG_ET = torch.tensor([0, 1, 1, 0, 0, 1])
+CONFS = [(None, None), (2, None), (None, 2)]
+
+
+@case("RGCNConv", EQUAL, "``aggr`` ``'mean'``, ``'sum'``, ``'add'``, ``'max'`` × bases / blocks, ``x`` features")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("aggr", ["mean", "sum", "add", "max"])
+@pytest.mark.parametrize("conf", CONFS)
+@FEW
+@given(g=digraphs(), seed=st.integers(0, 100))
+def test_rgcn(dtype: torch.dtype, aggr: str, conf: Any, g: Any, seed: int) -> None:
+    index, _, N = g
+    ours, ref, links_ = pair("rgcn", dtype, 4, 6, 3, *conf, aggr=aggr)
+    etype = torch.from_numpy(np.random.default_rng(seed).integers(0, 3, size=index.shape[1]))
+    compare(ours, ref, links_, (torch.randn(N, 4, dtype=dtype), index, etype), dtype)
+
+
+@case("RGCNConv", EQUAL, "featureless ``x=None`` or a node index vector (``test_rgcn_conv_basic``)")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("aggr", ["mean", "sum", "max"])
+@pytest.mark.parametrize("conf", CONFS[:2])
+@pytest.mark.parametrize("form", ["none", "index"])
+def test_rgcn_featureless(dtype: torch.dtype, aggr: str, conf: Any, form: str) -> None:
+    ours, ref, links_ = pair("rgcn", dtype, 4, 32, 2, *conf, aggr=aggr)
+    x = None if form == "none" else torch.tensor([3, 1, 0, 2])
+    compare(ours, ref, links_, (x, RG_EI, RG_ET), dtype)
+
+
+@case("RGCNConv", EQUAL, "bipartite ``(x_src, x_dst)`` and ``(None, idx)`` with ``in_channels=(4, 16)``")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("aggr", ["mean", "sum", "max"])
+@pytest.mark.parametrize("conf", CONFS)
+@pytest.mark.parametrize("form", ["features", "none-index", "index-index"])
+def test_rgcn_bipartite(dtype: torch.dtype, aggr: str, conf: Any, form: str) -> None:
+    if conf[1] is not None and form != "features":
+        pytest.skip("block decomposition is refused for featureless input (its own row)")
+    ours, ref, links_ = pair("rgcn", dtype, (4, 16), 32, 2, *conf, aggr=aggr)
+    x = {
+        "features": (torch.randn(4, 4, dtype=dtype), torch.randn(2, 16, dtype=dtype)),
+        "none-index": (None, torch.arange(2)),
+        "index-index": (torch.arange(4), torch.arange(2)),
+    }[form]
+    compare(ours, ref, links_, (x, RG_EI, RG_ET), dtype)
+
+
+@case("RGCNConv", REFUSED, "``num_blocks`` with featureless input", "both raise ValueError")
+def test_rgcn_blocks_featureless() -> None:
+    ours, ref, _ = pair("rgcn", torch.float32, 4, 32, 2, None, 2)
+    with pytest.raises(ValueError, match="Block-diagonal"):
+        ref(torch.arange(4), RG_EI, RG_ET)
+    with pytest.raises(ValueError, match="num_blocks needs floating node features"):
+        ours(torch.arange(4), RG_EI, RG_ET)
+
+
+@case(
+    "RGCNConv", NA, "``SparseTensor`` ``adj_t`` carrying ``edge_type``; ``FastRGCNConv``", "torch_sparse not installed"
+)
+def test_rgcn_sparse_tensor() -> None:
+    assert not torch_geometric.typing.WITH_TORCH_SPARSE
+    ours, _, _ = pair("rgcn", torch.float32, 4, 32, 2)
+    with pytest.raises(ValueError, match="edge_index must be an edge_index"):
+        ours(torch.randn(4, 4), adj_t(RG_EI, None, 4), RG_ET)
+
+
+# --- GATConv ------------------------------------------------------------------------------------------
+@case("GATConv", EQUAL, "``heads``, ``concat``, ``add_self_loops``, ``residual``; edge_index and ``adj.t()``")
+@pytest.mark.parametrize("dtype", DTYPES)
+@FEW
+@given(
+    g=digraphs(),
+    heads=st.integers(1, 3),
+    concat=st.booleans(),
+    loops=st.booleans(),
+    residual=st.booleans(),
+    sparse=st.booleans(),
+)
+def test_gat(dtype: torch.dtype, g: Any, heads: int, concat: bool, loops: bool, residual: bool, sparse: bool) -> None:
+    index, _, N = g
+    kw = {"heads": heads, "concat": concat, "add_self_loops": loops, "residual": residual}
+    ours, ref, links_ = pair("gat", dtype, 3, 4, **kw)
+    x = torch.randn(N, 3, dtype=dtype)
+    if sparse:
+        index = torch.unique(index[0] * N + index[1])  # a sparse adj_t has one entry per pair
+        index = torch.stack([index // N, index % N])
+    compare(ours, ref, links_, (x, adj_t(index, None, N) if sparse else index), dtype)
+
+
+@case("GATConv", EQUAL, "PyG's ``test_gat_conv``: ``size=(4, 4)``, CSR ``adj1.t()``, ``residual``")
+@pytest.mark.parametrize("residual", [False, True])
+def test_gat_pyg_case(residual: bool) -> None:
+    dtype = torch.float64
+    ei = torch.tensor([[0, 1, 2, 3], [0, 0, 1, 1]])
+    ours, ref, links_ = pair("gat", dtype, 8, 32, heads=2, residual=residual)
+    x = torch.randn(4, 8, dtype=dtype)
+    out = compare(ours, ref, links_, (x, ei), dtype)[0]
+    close(ours(x, ei, size=(4, 4)), out, dtype, "size=(4, 4)")
+    close(ours(x, to_torch_csc_tensor(ei, size=(4, 4)).t()), out, dtype, "adj1.t()")
+
+
+@case("GATConv", EQUAL, "``return_attention_weights=True`` (edge_index and sparse ``adj_t``)")
+@pytest.mark.parametrize("sparse", [False, True])
+def test_gat_attention_weights(sparse: bool) -> None:
+    dtype = torch.float64
+    ei = torch.tensor([[0, 1, 2, 3], [0, 0, 1, 1]])
+    graph = to_torch_csc_tensor(ei, size=(4, 4)).t() if sparse else ei
+    ours, ref, links_ = pair("gat", dtype, 8, 32, heads=2)
+    r1, r2 = compare(ours, ref, links_, (torch.randn(4, 8, dtype=dtype), graph), dtype, return_attention_weights=True)
+    (g1, a1), (g2, a2) = r1[1], r2[1]
+    if sparse:
+        assert g1._nnz() == g2._nnz() == 7
+        close(g1.to_dense(), g2.to_dense(), dtype, "attention adj_t")
+    else:
+        assert torch.equal(g1, g2)
+        close(a1, a2, dtype, "attention weights")
+
+
+@case(
+    "GATConv", EQUAL, "bipartite ``(x_src, x_dst)`` / ``(x_src, None)``, ``in_channels=(8, 16)``, ``size``, ``adj_t``"
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("form", ["pair", "pair-size", "pair-adj", "none-size", "none-adj"])
+def test_gat_bipartite(dtype: torch.dtype, residual: bool, form: str) -> None:
+    ei = torch.tensor([[0, 1, 2, 3], [0, 0, 1, 1]])
+    ours, ref, links_ = pair("gat", dtype, (8, 16), 32, heads=2, residual=residual)
+    x1, x2 = torch.randn(4, 8, dtype=dtype), torch.randn(2, 16, dtype=dtype)
+    adj = to_torch_csc_tensor(ei, size=(4, 2)).t()
+    args, kw = {
+        "pair": (((x1, x2), ei), {}),
+        "pair-size": (((x1, x2), ei), {"size": (4, 2)}),
+        "pair-adj": (((x1, x2), adj), {}),
+        "none-size": (((x1, None), ei), {"size": (4, 2)}),
+        "none-adj": (((x1, None), adj), {}),
+    }[form]
+    compare(ours, ref, links_, args, dtype, **kw)
+
+
+@case("GATConv", EQUAL, "``edge_dim`` with ``edge_attr`` ``(E,)`` or ``(E, F)``, ``fill_value`` number or reduction")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("edge_dim", [1, 4])
+@pytest.mark.parametrize("fill", [0.5, "mean", "add", "max", "min"])
+@FEW
+@given(g=digraphs(), loops=st.booleans())
+def test_gat_edge_attr(dtype: torch.dtype, edge_dim: int, fill: Any, g: Any, loops: bool) -> None:
+    index, _, N = g
+    ours, ref, links_ = pair("gat", dtype, 3, 4, heads=2, edge_dim=edge_dim, fill_value=fill, add_self_loops=loops)
+    E = index.shape[1]
+    attr = torch.randn(E, dtype=dtype) if edge_dim == 1 else torch.randn(E, edge_dim, dtype=dtype)
+    compare(ours, ref, links_, (torch.randn(N, 3, dtype=dtype), index, attr), dtype)
+
+
+@case(
+    "GATConv",
+    REFUSED,
+    "a third argument (``edge_attr``) without ``edge_dim``",
+    "PyG ignores it silently; ours raises ValueError naming edge_attr and edge_dim",
+)
+def test_gat_edge_attr_without_edge_dim() -> None:
+    ours, ref, _ = pair("gat", torch.float64, 3, 4)
+    x, w = torch.randn(4, 3, dtype=torch.float64), torch.rand(6, dtype=torch.float64)
+    torch.testing.assert_close(ref(x, FIXED, w), ref(x, FIXED))  # PyG drops it
+    with pytest.raises(ValueError, match=r"edge_attr .* needs edge_dim"):
+        ours(x, FIXED, w)
+
+
+@case("GATConv", REFUSED, "``edge_attr`` with a sparse adjacency", "PyG raises NotImplementedError (SparseTensor)")
+def test_gat_edge_attr_sparse() -> None:
+    ours, _, _ = pair("gat", torch.float64, 3, 4, edge_dim=1)
+    with pytest.raises(ValueError, match="edge_attr goes with an edge_index"):
+        ours(torch.randn(4, 3, dtype=torch.float64), adj_t(FIXED, None, 4), torch.rand(6, dtype=torch.float64))
+
+
+@case("GATConv", EQUAL, "a graph with zero nodes (``test_gat_conv_empty_edge_index``)")
+def test_gat_empty() -> None:
+    ours, ref, _ = pair("gat", torch.float32, 8, 32, heads=2)
+    x, ei = torch.randn(0, 8), torch.empty(2, 0, dtype=torch.long)
+    assert ours(x, ei).shape == ref(x, ei).shape == (0, 64)
+
+
+@case("GATConv", REFUSED, "static graph ``x`` ``(B, N, F)``", "PyG asserts; ours raises ValueError naming x")
+def test_gat_static() -> None:
+    ours, ref, _ = pair("gat", torch.float32, 3, 4)
+    x = torch.randn(2, 4, 3)
+    with pytest.raises(AssertionError):
+        ref(x, FIXED)
+    with pytest.raises(ValueError, match="x must be node features of shape"):
+        ours(x, FIXED)
+
+
+@case("GATConv", EQUAL, "``dropout`` in eval mode", "training-mode dropout draws differ (not comparable)")
+def test_gat_dropout_eval() -> None:
+    ours, ref, links_ = pair("gat", torch.float64, 3, 4, heads=2, dropout=0.5)
+    ours.eval(), ref.eval()
+    compare(ours, ref, links_, (torch.randn(4, 3, dtype=torch.float64), FIXED), torch.float64)
+
+
+# --- PyG internals -------------------------------------------------------------------------------------
+@case(
+    "all",
+    NA,
+    "``torch.jit.script``, ``decomposed_layers``, message hooks, ``explain``, ``SparseTensor``",
+    "PyG-internal machinery; torch_sparse is not installed",
+)
+def test_pyg_internals() -> None:
+    assert not hasattr(snn.GCNConv(3, 4), "propagate")
+
+
+# --- the fragment --------------------------------------------------------------------------------------
+INTRO = (
+    "Each row is an option or call form from PyTorch Geometric {version}'s own tests of the layer, run "
+    "on PyG's layer and on ours loaded with its parameters (tests/peers/test_pyg_graph.py).  *equal*: "
+    "outputs and the gradients of the inputs and of every parameter agree, in float64 (rtol 1e-7) and "
+    "float32 (rtol 1e-4), on directed weighted multigraphs with self-loops drawn by Hypothesis where "
+    "the row allows; bfloat16 autocast within 8 % of the largest value.  *refused*: our layer raises a "
+    "ValueError or TypeError naming the argument (the note says what PyG does).  *n.a.*: PyG-internal "
+    "machinery or an input PyG itself rejects; the note says what we do, which is tested.  A sparse "
+    "adjacency is PyG's adj_t (row = target) in every layer."
+)
+
+
+def render() -> str:
+    """``docs/peers/graph.rst``: one row per case, and the counts."""
+    counts = {s: sum(1 for c in CASES.values() if c[1] == s) for s in (EQUAL, REFUSED, NA)}
+    version = torch_geometric.__version__
+    lines = [
+        "Graph layers against PyTorch Geometric 2.8",
+        "==========================================",
+        "",
+        *textwrap.wrap(INTRO.format(version=version), 96),
+        "",
+        f"Counts: {counts[EQUAL]} equal, {counts[REFUSED]} refused, {counts[NA]} n.a.  Produced by::",
+        "",
+        "    .venv/bin/python -m pytest -q tests/peers/test_pyg_graph.py",
+        "    .venv/bin/python tests/peers/test_pyg_graph.py > docs/peers/graph.rst",
+        "",
+        ".. list-table::",
+        "   :header-rows: 1",
+        "   :widths: 12 40 10 38",
+        "",
+        "   * - layer",
+        "     - option / call form",
+        "     - result",
+        "     - note",
+    ]
+    for layer, status, form, note in CASES.values():
+        lines += [f"   * - {layer}", f"     - {form}", f"     - {status}", f"     - {note}" if note else "     -"]
+    return "\n".join(lines) + "\n"
+
+
+def test_fragment_is_current() -> None:
+    assert FRAGMENT.read_text() == render(), "regenerate: .venv/bin/python tests/peers/test_pyg_graph.py"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())

@@ -125,6 +125,11 @@ def as_edges(
         the wrong length or non-finite weights, or a non-square adjacency.
     """
     if not is_matrix_graph(graph):
+        if not (is_torch(graph) or isinstance(graph, np.ndarray)):
+            raise TypeError(
+                "graph must be an edge_index (2, E), a torch sparse tensor, a scipy.sparse matrix or a dense "
+                f"adjacency, got {type(graph).__name__}"
+            )
         if is_torch(graph) and type(graph).__name__ != "Tensor":  # PyG's EdgeIndex and other subclasses
             import torch
 

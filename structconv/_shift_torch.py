@@ -115,10 +115,15 @@ def native_weight(thetas: torch.Tensor, geo: Geometry) -> torch.Tensor:
     return box.permute(2, 1, 0).reshape(Q, P, *size)
 
 
-def conv_image(x: torch.Tensor, weight: torch.Tensor, geo: Geometry, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The native call on torch's layout: ``(B, P, *grid)`` and a ``(Q, P, *box)`` kernel -> ``(B, Q, *out_grid)``."""
+def conv_image(
+    x: torch.Tensor, weight: torch.Tensor, geo: Geometry, bias: torch.Tensor | None = None, groups: int = 1
+) -> torch.Tensor:
+    r"""The native call on torch's layout: ``(B, P, *grid)`` and a ``(Q, P/G, *box)`` kernel -> ``(B, Q, *out_grid)``.
+
+    ``groups`` (:math:`G`) is ``F.conv{d}d``'s: the kernel of a block-diagonal :math:`\Theta` stored by blocks.
+    """
     window, padding = window_image(x, geo)
-    return _CONV[geo.ndim](window, weight, bias, stride=geo.stride, padding=padding, dilation=geo.box[1])
+    return _CONV[geo.ndim](window, weight, bias, geo.stride, padding, geo.box[1], groups)
 
 
 def native_conv(x: torch.Tensor, thetas: torch.Tensor, geo: Geometry) -> torch.Tensor:

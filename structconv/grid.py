@@ -133,6 +133,9 @@ class GridBasis(Basis):
     normalize
         Scale each column so that its in-grid weights sum to one (:math:`c_n`; ``K = 1`` only),
         as average pooling without padded entries does.
+    scale
+        An explicit ``(N,)`` column scale :math:`c_n` on the basis' backend (instead of
+        ``normalize``), e.g. the per-window divisors of ``ceil_mode`` pooling.
     like
         An array whose backend, dtype and device the basis takes (default NumPy float64); taken
         from ``weights`` when given.
@@ -147,7 +150,7 @@ class GridBasis(Basis):
     to any floating ``x`` on that array's backend, dtype and device, whatever ``like`` said.
     """
 
-    __slots__ = ("_backend", "_device", "_dtype", "geometry", "normalize", "weights")
+    __slots__ = ("_backend", "_device", "_dtype", "geometry", "normalize", "scale", "weights")
     representation = "shift"
 
     def __init__(
@@ -160,6 +163,7 @@ class GridBasis(Basis):
         weights: Array | None = None,
         normalize: bool = False,
         like: Array | None = None,
+        scale: Array | None = None,
     ) -> None:
         g = _grid(grid)
         d = len(g)
@@ -183,8 +187,19 @@ class GridBasis(Basis):
         members = off.shape[0] if weights is None else int(weights.shape[0])
         if normalize and members != 1:
             raise ValueError("normalize=True needs a single member (K=1); concat single-member bases for more")
+        if scale is not None:
+            from ._checks import check_array
+
+            if check_array(scale, "scale", (1,), ("(N,)",)) != self._backend or int(scale.shape[0]) != math.prod(out):
+                raise ValueError(
+                    f"scale must be a {self._backend} array of shape ({math.prod(out)},) (one factor per output), "
+                    f"got a {type(scale).__name__} of shape {shape_str(tuple(scale.shape))}"
+                )
+            if normalize:
+                raise ValueError("give normalize=True or an explicit scale, not both")
         self.weights = weights
         self.normalize = bool(normalize)
+        self.scale = scale
 
     # --- shape and placement ---------------------------------------------------------------
     @property
@@ -236,7 +251,7 @@ class GridBasis(Basis):
         and :func:`apply_shifts` then run it on the backend, dtype and device of ``x``
         (:meth:`placed_like`).  A basis with tap weights keeps the placement of its weights.
         """
-        return self.weights is None
+        return self.weights is None and self.scale is None
 
     def placed_like(self, x: object) -> GridBasis:
         """This basis on the backend, dtype and device of ``x`` if it is :attr:`placement_free`, else itself.
@@ -245,7 +260,7 @@ class GridBasis(Basis):
         caller's checks then name the problem).  The copy shares the geometry (and its cached
         windows), so adapting costs no arithmetic.
         """
-        if self.weights is not None:
+        if not self.placement_free:
             return self
         if is_torch(x):
             if not x.is_floating_point():  # type: ignore[attr-defined]
@@ -258,7 +273,7 @@ class GridBasis(Basis):
         if backend == self._backend and device == self._device and dtype == self._dtype:
             return self
         out = object.__new__(GridBasis)
-        out.geometry, out.weights, out.normalize = self.geometry, None, self.normalize
+        out.geometry, out.weights, out.normalize, out.scale = self.geometry, None, self.normalize, None
         out._backend, out._dtype, out._device = backend, dtype, device
         return out
 
@@ -271,10 +286,13 @@ class GridBasis(Basis):
             if is_torch(self.weights)
             else int(self.weights.nbytes)
         )
-        return int(self.geometry.offsets.nbytes) + w
+        c = 0 if self.scale is None else int(to_numpy(self.scale).nbytes)
+        return int(self.geometry.offsets.nbytes) + w + c
 
     def plan_key(self) -> tuple[Any, ...]:
-        return (type(self).__name__, self.shape, self.geometry.key, self.weights is None, self.normalize, self.backend)
+        explicit = self.scale is not None
+        return (type(self).__name__, self.shape, self.geometry.key, self.weights is None, self.normalize, explicit,
+                self.backend)  # fmt: skip
 
     def __repr__(self) -> str:
         geo = self.geometry
@@ -296,7 +314,9 @@ class GridBasis(Basis):
         return np.eye(J, dtype=self._dtype)
 
     def column_scale(self) -> Array | None:
-        """The ``(N,)`` column scale :math:`c_n` of a normalised basis, else ``None``."""
+        """The ``(N,)`` column scale :math:`c_n` (explicit, or of a normalised basis), else ``None``."""
+        if self.scale is not None:
+            return self.scale
         if not self.normalize:
             return None
         w = self.tap_weights()
@@ -379,7 +399,7 @@ class GridBasis(Basis):
         else:
             offsets, weights = geo.offsets, self.weights[index]
         return GridBasis(
-            geo.grid, geo.out_grid, offsets, geo.stride, geo.boundary, weights, self.normalize, like=self._like()
+            geo.grid, geo.out_grid, offsets, geo.stride, geo.boundary, weights, self.normalize, self._like(), self.scale
         )
 
     def _like(self) -> Array:
@@ -400,11 +420,16 @@ class GridBasis(Basis):
         weights = self.weights
         if weights is not None:
             weights = weights.to(device=device, dtype=dtype) if is_torch(weights) else weights.astype(like.dtype)
+        scale = self.scale
+        if scale is not None:
+            scale = scale.to(device=device, dtype=dtype) if is_torch(scale) else scale.astype(like.dtype)
         geo = self.geometry
-        return GridBasis(geo.grid, geo.out_grid, geo.offsets, geo.stride, geo.boundary, weights, self.normalize, like)
+        return GridBasis(
+            geo.grid, geo.out_grid, geo.offsets, geo.stride, geo.boundary, weights, self.normalize, like, scale
+        )
 
     def energy(self) -> float:
-        if self.weights is None and not self.normalize:
+        if self.weights is None and not self.normalize and self.scale is None:
             return float(self.geometry.valid_counts.sum()) / self.N
         return self.to_sparse().energy()
 
@@ -603,12 +628,22 @@ def avg_pool_basis(
     count_include_pad: bool = True,
     boundary: str = "zero",
     like: Array | None = None,
+    ceil_mode: bool = False,
 ) -> GridBasis:
     r"""Average pooling as a one-member basis: :math:`A = \frac1{|W|}\sum_{o \in W}\mathcal A_{-o}` (strided).
 
     With :math:`\Theta = I` (channel by channel), :math:`A^\top x` equals ``F.avg_pool{d}d`` with
     the same kernel, stride (default: the kernel) and padding.  ``count_include_pad=False``
     divides by the in-grid entries of each window instead (a normalised basis).
+
+    ``ceil_mode=True`` is torch's rule: along each dimension
+    :math:`N_i = \lceil (S_i + p_i + p'_i - k_i)/s_i \rceil + 1`, less one if the last window
+    would start past the input (at or after :math:`S_i + p_i` in padded coordinates), so every
+    window starts inside the input or the left padding.  Windows may then run past the right
+    padding; those reads are missing entries, and the divisor is what torch divides by: with
+    ``count_include_pad`` the window's entries inside the padded grid
+    :math:`\prod_i (\min(t_i + k_i, S_i + p'_i) - t_i)` (:math:`t_i = s_i n_i - p_i`, an
+    explicit column scale), otherwise its in-grid entries.
 
     Examples
     --------
@@ -629,17 +664,50 @@ def avg_pool_basis(
     before, after = _padding(padding, k, st)
     if any(2 * p > size for p, size in zip(before + after, k + k, strict=True)):
         raise ValueError(f"padding must be at most half the kernel {k} (as in torch), got {padding!r}")
-    out, taps = _layout_window(g, _window_offsets(k, 1, d), st, padding)
+    if ceil_mode:
+        out, taps, counts = _ceil_layout(g, k, st, before, after)
+    else:
+        out, taps = _layout_window(g, _window_offsets(k, 1, d), st, padding)
+        counts = None
     J = taps.shape[0]
     value = 1.0 if not count_include_pad else 1.0 / J
     backend, dtype, device = _placement(like)
+    scale: Array | None = None
+    uneven = count_include_pad and counts is not None and bool((counts != J).any())
     if backend == "torch":
         import torch
 
         weights: Array = torch.full((1, J), value, dtype=dtype, device=device)
+        if uneven:
+            scale = torch.as_tensor(J / counts, dtype=dtype, device=device)
     else:
         weights = np.full((1, J), value, dtype=dtype)
-    return GridBasis(g, out, taps, st, boundary, weights=weights, normalize=not count_include_pad)
+        if uneven:
+            scale = (J / counts).astype(dtype)
+    return GridBasis(g, out, taps, st, boundary, weights=weights, normalize=not count_include_pad, scale=scale)
+
+
+def _ceil_layout(
+    g: tuple[int, ...], k: tuple[int, ...], st: tuple[int, ...], before: tuple[int, ...], after: tuple[int, ...]
+) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+    """Output grid, tap offsets and per-output padded-grid window counts of torch's ``ceil_mode`` pooling."""
+    out, sides = [], []
+    for i, (size, kk, s, b, a) in enumerate(zip(g, k, st, before, after, strict=True)):
+        n = -(-(size + b + a - kk) // s) + 1
+        if (n - 1) * s >= size + b:  # the last window must start inside the input or the left padding
+            n -= 1
+        if n < 1:
+            raise ValueError(
+                f"kernel {kk} leaves no output along grid dimension {i} (grid {size}, padding {b} + {a}, stride {s})"
+            )
+        start = np.arange(n) * s - b
+        sides.append(np.minimum(start + kk, size + a) - start)  # window entries inside the padded grid
+        out.append(n)
+    counts = sides[0].astype(np.float64)
+    for side in sides[1:]:
+        counts = np.multiply.outer(counts, side)
+    taps = _window_offsets(k, 1, len(g)) - np.asarray(before, dtype=np.int64)
+    return tuple(out), taps, counts.reshape(-1)
 
 
 def shift_matrix(grid: Size, d: Size, boundary: str = "zero", like: Array | None = None) -> GridBasis:

@@ -5,6 +5,19 @@ input's grid plus a parameter, contracted by :func:`structconv.conv`.  They take
 layouts (``(B, C, *grid)`` or unbatched ``(C, *grid)``) and torch's constructor arguments, and
 the convolutions keep torch's parameter names and shapes, so ``load_state_dict`` accepts the
 state of a ``torch.nn.Conv{1,2,3}d``.
+
+Every option of torch's layers is expressed in the formula:
+
+* ``groups = G``: a shift basis with a block-diagonal :math:`\Theta_k` (block :math:`g` maps the
+  input channels of group :math:`g` to its output channels); the parameter is stored as torch
+  stores it, ``(Q, P/G, *kernel)``.  The native order passes ``groups`` to ``F.conv{d}d``; the
+  generic orders contract the expanded block-diagonal :math:`\Theta` (zeros included).
+* ``padding_mode="reflect"`` / ``"replicate"`` are not shift bases on the border (a reflected
+  read depends on the grid edge, not on an offset): as torch does, ``x`` is framed explicitly
+  (``F.pad`` with that mode) and the shift basis is built with no padding *on the padded grid*.
+* ``"zeros"`` and ``"circular"`` are the ``"zero"`` and ``"periodic"`` boundaries of the basis.
+* An empty batch (``B = 0``) returns torch's empty output (the engine refuses empty arrays, so
+  it runs the native kernel whatever ``order`` says).
 """
 
 from __future__ import annotations
@@ -16,13 +29,15 @@ from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
+from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 
 from .._shift_torch import conv_image
 from ..contract import conv, explain
-from ..grid import GridBasis, Padding, Size, _ints, apply_shifts, avg_pool_basis, grid_basis
+from ..grid import GridBasis, Padding, Size, _ints, _padding, apply_shifts, avg_pool_basis, grid_basis
 
 _T = TypeVar("_T")
-_PADDING_MODES = {"zeros": "zero", "circular": "periodic"}
+_PADDING_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "zero", "replicate": "zero"}
+_FRAMED = ("reflect", "replicate")  # framed explicitly by F.pad, then a basis with no padding
 _CACHE_SIZE = 8
 _ORDERS = ("auto", "native", "ax", "xtheta", "atheta")
 
@@ -30,25 +45,34 @@ _ORDERS = ("auto", "native", "ax", "xtheta", "atheta")
 class _Entry:
     """A layer's basis for one input grid, and the engine's choice of order per batch size."""
 
-    def __init__(self, basis: GridBasis) -> None:
+    def __init__(self, basis: GridBasis, pads: list[int] | None = None) -> None:
         self.basis = basis
+        self.pads = pads  # F.pad's argument for a framed padding mode (the basis is on the padded grid)
         geo = basis.geometry
         # The native kernel takes the layer's weight as it is stored only for a plain box kernel.
         self._eligible = basis.native_available() and basis.weights is None and not basis.normalize and geo.is_full_box
         self._chosen: dict[tuple[int, str], bool] = {}
 
     def native(self, layer: _GridConvNd, x: torch.Tensor) -> bool:
-        """Whether the engine's plan for ``x`` (``(B, C, *grid)``) is the native order."""
-        if not self._eligible or layer.order not in ("auto", "native"):
+        """Whether the engine's plan for ``x`` (``(B, C, *grid)``) is the native order.
+
+        An empty batch runs the native kernel whatever the order (the engine refuses empty arrays).
+        """
+        if not self._eligible:
             return False
         if x.dtype != layer.weight.dtype and not torch.is_autocast_enabled(x.device.type):
             return False  # the engine's check names the mismatch
         key = (int(x.shape[0]), layer.order)
         chosen = self._chosen.get(key)
         if chosen is None:
-            flat = x.flatten(2).transpose(1, 2)
-            theta = layer.weight.flatten(2).permute(2, 1, 0).to(flat.dtype)  # autocast: plans depend on shapes only
-            chosen = self._chosen[key] = explain(self.basis, flat, theta, layer.order).chosen == "native"
+            if key[0] == 0 or layer.order not in ("auto", "native"):
+                chosen = key[0] == 0
+            else:
+                flat = x.flatten(2).transpose(1, 2)
+                # Plans depend on shapes only: Θ's (K, P, Q) shape, the block-diagonal one for groups.
+                theta = flat.new_empty((self.basis.K, layer.in_channels, layer.out_channels))
+                chosen = explain(self.basis, flat, theta, layer.order).chosen == "native"
+            self._chosen[key] = chosen
         return chosen
 
 
@@ -109,12 +133,13 @@ class _GridConvNd(nn.Module):
         for arg, value in (("in_channels", in_channels), ("out_channels", out_channels)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}: {arg} must be a positive integer, got {value!r}")
-        if groups != 1:
-            raise ValueError(f"{name}: groups={groups} is not supported (a grid basis with one Θ per tap); use 1")
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+            raise ValueError(f"{name}: groups must be a positive integer, got {groups!r}")
+        for arg, value in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if value % groups:
+                raise ValueError(f"{name}: {arg} must be divisible by groups (as in torch), got {value} and {groups=}")
         if padding_mode not in _PADDING_MODES:
-            raise ValueError(
-                f"{name}: padding_mode must be one of {tuple(_PADDING_MODES)} (shift bases), got {padding_mode!r}"
-            )
+            raise ValueError(f"{name}: padding_mode must be one of {tuple(_PADDING_MODES)}, got {padding_mode!r}")
         d = self._ndim
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size = _ints(kernel_size, d, "kernel_size", 1)
@@ -125,30 +150,45 @@ class _GridConvNd(nn.Module):
         if order not in _ORDERS:
             raise ValueError(f"{name}: order must be one of {_ORDERS}, got {order!r}")
         self.order = order
-        self.groups = 1
+        self.groups = groups
         # Validates padding ("same" with a stride, malformed values) on a grid large enough for it.
         grid_basis(tuple(k * dl + 8 for k, dl in zip(self.kernel_size, self.dilation, strict=True)), **self._geometry())
         factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, *self.kernel_size, **factory))
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size, **factory))
         self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
         self._bases: _BasisCache[_Entry] = _BasisCache()
         self.reset_parameters()
 
-    def _geometry(self) -> dict[str, Any]:
+    def _geometry(self, framed: bool = False) -> dict[str, Any]:
+        """``grid_basis`` arguments; ``framed``: those of the basis on an explicitly padded grid."""
         return {
             "kernel": self.kernel_size,
             "stride": self.stride,
             "dilation": self.dilation,
-            "padding": self.padding,
+            "padding": 0 if framed else self.padding,
             "boundary": _PADDING_MODES[self.padding_mode],
         }
 
     def reset_parameters(self) -> None:
-        """torch's default initialisation, :math:`\\mathcal U(\\pm 1/\\sqrt{P K})` for weight and bias."""
+        """torch's default initialisation, :math:`\\mathcal U(\\pm 1/\\sqrt{(P/G) K})` for weight and bias."""
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
-            bound = 1.0 / math.sqrt(self.in_channels * math.prod(self.kernel_size))
+            bound = 1.0 / math.sqrt(self.in_channels // self.groups * math.prod(self.kernel_size))
             nn.init.uniform_(self.bias, -bound, bound)
+
+    def theta(self) -> torch.Tensor:
+        r"""The parameter :math:`\Theta` of shape ``(K, P, Q)``: block-diagonal when ``groups > 1``.
+
+        :math:`\Theta_{k,\,gP' + i,\,hQ' + o} = \delta_{gh}\,W_{gQ' + o,\,i,\,k}` for the weight
+        :math:`W` of shape ``(Q, P', *kernel)``, :math:`P' = P/G`, :math:`Q' = Q/G`.
+        """
+        w = self.weight.flatten(2)  # (Q, P', K)
+        if self.groups == 1:
+            return w.permute(2, 1, 0)
+        G, (Q, Pg, K) = self.groups, w.shape
+        blocks = w.reshape(G, Q // G, Pg, K)  # (g, o, i, k)
+        eye = torch.eye(G, dtype=w.dtype, device=w.device)
+        return torch.einsum("goik,gh->kgiho", blocks, eye).reshape(K, G * Pg, Q)
 
     def basis(self, grid: tuple[int, ...], like: torch.Tensor) -> GridBasis:
         """The shift basis this layer uses on an input grid of sizes ``grid``."""
@@ -158,7 +198,24 @@ class _GridConvNd(nn.Module):
         # The settings are part of the key: a layer whose attributes were changed builds anew.
         key = (grid, like.dtype, like.device, self.kernel_size, self.stride, self.dilation, repr(self.padding),
                self.padding_mode)  # fmt: skip
-        return self._bases.get(key, lambda: _Entry(grid_basis(grid, like=like, **self._geometry())))
+        return self._bases.get(key, lambda: self._build(grid, like))
+
+    def _build(self, grid: tuple[int, ...], like: torch.Tensor) -> _Entry:
+        if self.padding_mode not in _FRAMED:
+            return _Entry(grid_basis(grid, like=like, **self._geometry()))
+        # The framing torch applies (F.pad with the mode), then a basis with no padding on the padded grid.
+        extent = tuple(dl * (k - 1) + 1 for k, dl in zip(self.kernel_size, self.dilation, strict=True))
+        before, after = _padding(self.padding, extent, self.stride)
+        if self.padding_mode == "reflect" and any(max(b, a) >= g for b, a, g in zip(before, after, grid, strict=True)):
+            raise ValueError(
+                f"{type(self).__name__}: padding_mode='reflect' needs padding smaller than the input along every "
+                f"dimension (as torch's F.pad), got padding {self.padding!r} on an input grid {grid}"
+            )
+        pads: list[int] = []
+        for b, a in zip(reversed(before), reversed(after), strict=True):
+            pads += [b, a]
+        padded = tuple(g + b + a for g, b, a in zip(grid, before, after, strict=True))
+        return _Entry(grid_basis(padded, like=like, **self._geometry(framed=True)), pads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Convolve ``x`` of shape ``(B, C_in, *grid)`` (or unbatched) like ``torch.nn.Conv{d}d``.
@@ -173,12 +230,13 @@ class _GridConvNd(nn.Module):
         xb, unbatched = _split_input(x, self._ndim, self.in_channels, type(self).__name__)
         B = int(xb.shape[0])
         entry = self._entry(tuple(int(s) for s in xb.shape[2:]), xb)
+        if entry.pads is not None:  # reflect / replicate: torch's explicit framing
+            xb = F.pad(xb, entry.pads, mode=self.padding_mode)
         basis = entry.basis
         if entry.native(self, xb):
-            direct = conv_image(xb, self.weight, basis.geometry, self.bias)
+            direct = conv_image(xb, self.weight, basis.geometry, self.bias, self.groups)
             return direct[0] if unbatched else direct
-        theta = self.weight.flatten(2).permute(2, 1, 0)
-        y: torch.Tensor = conv(basis, xb.flatten(2).transpose(1, 2), theta, order=self.order)
+        y: torch.Tensor = conv(basis, xb.flatten(2).transpose(1, 2), self.theta(), order=self.order)
         y = y.transpose(1, 2).reshape(B, self.out_channels, *basis.out_grid)
         if self.bias is not None:
             y = y + self.bias.reshape(-1, *([1] * self._ndim))
@@ -189,6 +247,8 @@ class _GridConvNd(nn.Module):
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
             f"padding={self.padding!r}, dilation={self.dilation}"
         )
+        if self.groups != 1:
+            s += f", groups={self.groups}"
         if self.padding_mode != "zeros":
             s += f", padding_mode={self.padding_mode!r}"
         return s + f", bias={self.bias is not None}, order={self.order!r}"
@@ -247,14 +307,13 @@ class _AvgPoolNd(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if ceil_mode:
-            raise ValueError(f"{name}: ceil_mode=True is not supported (its windows are not a shift basis); use False")
         if divisor_override is not None and (isinstance(divisor_override, bool) or divisor_override <= 0):
             raise ValueError(f"{name}: divisor_override must be a positive int or None, got {divisor_override!r}")
         d = self._ndim
         self.kernel_size = _ints(kernel_size, d, "kernel_size", 1)
         self.stride = self.kernel_size if stride is None else _ints(stride, d, "stride", 1)
         self.padding = padding
+        self.ceil_mode = bool(ceil_mode)
         self.count_include_pad = count_include_pad
         self.divisor_override = divisor_override
         self.method = method
@@ -264,14 +323,18 @@ class _AvgPoolNd(nn.Module):
         """The one-member averaging basis this layer uses on an input grid of sizes ``grid``."""
 
         def build() -> GridBasis:
-            b = avg_pool_basis(grid, self.kernel_size, self.stride, self.padding, self.count_include_pad, like=like)
+            b = avg_pool_basis(
+                grid, self.kernel_size, self.stride, self.padding, self.count_include_pad, like=like,
+                ceil_mode=self.ceil_mode,
+            )  # fmt: skip
             if self.divisor_override is None:
                 return b
             g = b.geometry
             w = torch.full((1, g.taps), 1.0 / self.divisor_override, dtype=like.dtype, device=like.device)
             return GridBasis(g.grid, g.out_grid, g.offsets, g.stride, g.boundary, weights=w)
 
-        settings = (self.kernel_size, self.stride, str(self.padding), self.count_include_pad, self.divisor_override)
+        settings = (self.kernel_size, self.stride, str(self.padding), self.ceil_mode, self.count_include_pad,
+                    self.divisor_override)  # fmt: skip
         return self._bases.get((grid, like.dtype, str(like.device), settings), build)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -283,27 +346,30 @@ class _AvgPoolNd(nn.Module):
         xb, unbatched = _split_input(x, self._ndim, None, type(self).__name__)
         B, C = int(xb.shape[0]), int(xb.shape[1])
         basis = self.basis(tuple(int(s) for s in xb.shape[2:]), xb)
-        y: torch.Tensor = apply_shifts(basis, xb.flatten(2).transpose(1, 2), self.method)[:, 0]
+        flat = xb.flatten(2).transpose(1, 2)
+        # An empty batch (or no channels): apply_shifts refuses empty arrays, the slicing kernel does not.
+        y: torch.Tensor = (apply_shifts(basis, flat, self.method) if B and C else basis.apply_each(flat))[:, 0]
         y = y.transpose(1, 2).reshape(B, C, *basis.out_grid)
         return y[0] if unbatched else y
 
     def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding!r}"
+        s = f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding!r}"
+        return s + (", ceil_mode=True" if self.ceil_mode else "")
 
 
 class AvgPool1d(_AvgPoolNd):
-    """``torch.nn.AvgPool1d`` as a one-member shift basis (``ceil_mode=False`` only)."""
+    """``torch.nn.AvgPool1d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
 
     _ndim = 1
 
 
 class AvgPool2d(_AvgPoolNd):
-    """``torch.nn.AvgPool2d`` as a one-member shift basis (``ceil_mode=False`` only)."""
+    """``torch.nn.AvgPool2d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
 
     _ndim = 2
 
 
 class AvgPool3d(_AvgPoolNd):
-    """``torch.nn.AvgPool3d`` as a one-member shift basis (``ceil_mode=False`` only)."""
+    """``torch.nn.AvgPool3d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
 
     _ndim = 3

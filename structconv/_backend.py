@@ -225,16 +225,19 @@ def _csr_product() -> Any:
     class CsrProduct(torch.autograd.Function):  # type: ignore[misc,name-defined]
         @staticmethod
         def forward(ctx: Any, matrix: SparseMatrix, dense: Any) -> Any:
-            ctx.matrix = matrix
+            ctx.matrix, ctx.dtype = matrix, dense.dtype
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 return matrix._torch_csr() @ dense
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
-            with warnings.catch_warnings():
+            # A backward run inside torch.autocast may hand a low-precision gradient; torch has no
+            # bf16 sparse product on every device, so it runs in the matrix's dtype.
+            csr_t = ctx.matrix._torch_csr_t()
+            with warnings.catch_warnings(), torch.autocast(grad.device.type, enabled=False):
                 warnings.simplefilter("ignore", UserWarning)
-                return None, ctx.matrix._torch_csr_t() @ grad
+                return None, (csr_t @ grad.to(csr_t.dtype)).to(ctx.dtype)
 
     return lambda matrix, dense: CsrProduct.apply(matrix, dense)
 

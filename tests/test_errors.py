@@ -253,7 +253,7 @@ def test_graph_layer_errors():
     with pytest.raises(ValueError, match=r"edge_index refers to node 1 but num_nodes=1"):
         layer(torch.randn(1, 4), edge_index)
     with pytest.raises(ValueError, match=r"GCNConv: x must be node features of shape \(N, 4\)"):
-        layer(torch.randn(2, 2, 4), edge_index)
+        layer(torch.randn(2, 2, 2, 4), edge_index)  # (B, N, F) is a static batch; 4-D is not
     with pytest.raises(ValueError, match=r"TAGConv: K must be a positive integer"):
         TAGConv(4, 2, K=0)
     with pytest.raises(ValueError, match=r"GATConv: dropout must lie in \[0, 1\)"):

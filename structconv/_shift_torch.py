@@ -154,6 +154,9 @@ def native_depthwise(x: torch.Tensor, weights: torch.Tensor, geo: Geometry) -> t
     learnable = torch.is_grad_enabled() and weights.requires_grad
     uniform = K == 1 and geo.is_full_box and not learnable and bool((weights == weights[0, 0]).all())
     pool_ok = all(d == 1 for d in dilation) and all(2 * p <= k for p, k in zip(padding, size, strict=True))
+    if geo.ndim == 3:  # avg_pool3d refuses windows smaller than the kernel and, on the CPU, bfloat16
+        pool_ok = pool_ok and all(int(w) >= k for w, k in zip(window.shape[2:], size, strict=True))
+        pool_ok = pool_ok and not (window.dtype == torch.bfloat16 and window.device.type == "cpu")
     if uniform and pool_ok:
         pooled = _AVG_POOL[geo.ndim](window, size, geo.stride, padding, count_include_pad=True)
         y = pooled * (weights[0, 0] * geo.taps)

@@ -176,23 +176,24 @@ def test_irregular_offsets_equal_a_zero_filled_box_kernel(
     d=st.integers(1, 3),
     seed=st.integers(0, 2**31),
     count_include_pad=st.booleans(),
+    ceil_mode=st.booleans(),
     data=st.data(),
 )
-def test_average_pooling_equals_torch(d: int, seed: int, count_include_pad: bool, data: Any) -> None:
+def test_average_pooling_equals_torch(d: int, seed: int, count_include_pad: bool, ceil_mode: bool, data: Any) -> None:
     kernel = tuple(data.draw(st.integers(1, 3)) for _ in range(d))
     stride = tuple(data.draw(st.integers(1, 3)) for _ in range(d))
     padding = tuple(data.draw(st.integers(0, k // 2)) for k in kernel)
     grid = tuple(data.draw(st.integers(k, k + 5)) for k in kernel)
     x = torch.from_numpy(np.random.default_rng(seed).normal(size=(2, 3, *grid)))
-    ref = POOL[d](x, kernel, stride, padding, count_include_pad=count_include_pad)
-    A = avg_pool_basis(grid, kernel, stride, padding, count_include_pad=count_include_pad, like=x)
+    ref = POOL[d](x, kernel, stride, padding, ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+    A = avg_pool_basis(grid, kernel, stride, padding, count_include_pad, like=x, ceil_mode=ceil_mode)
     for method in ("native", "shift"):
         y = apply_shifts(A, to_bmp(x), method)[:, 0]
         torch.testing.assert_close(from_bnq(y, ref.shape), ref, msg=method)
     # Through the engine with Θ = I it is the same (and so is the NumPy basis).
     eye = torch.eye(3, dtype=torch.float64)[None]
     torch.testing.assert_close(from_bnq(conv(A, to_bmp(x), eye), ref.shape), ref)
-    An = avg_pool_basis(grid, kernel, stride, padding, count_include_pad=count_include_pad)
+    An = avg_pool_basis(grid, kernel, stride, padding, count_include_pad, ceil_mode=ceil_mode)
     yn = apply_shifts(An, to_bmp(x).numpy().copy())[:, 0]
     np.testing.assert_allclose(from_bnq(yn, ref.shape).numpy(), ref.numpy(), atol=1e-12)
 
@@ -597,3 +598,23 @@ def test_an_integer_like_is_refused() -> None:
             grid_basis((4, 4), 3, like=like)
         with pytest.raises(TypeError, match="like must hold floating-point numbers"):
             avg_pool_basis((4, 4), 2, like=like)
+
+
+def test_explicit_column_scale() -> None:
+    """``scale`` is :math:`c_n`: every path, the sparse form and the value operations apply it."""
+    x = torch.randn(2, 12, 3, dtype=torch.float64)
+    A = avg_pool_basis((4, 3), 2, stride=1, padding=1, like=x, ceil_mode=True)
+    c = torch.linspace(0.5, 2.0, A.N, dtype=torch.float64)
+    g = A.geometry
+    S = GridBasis(g.grid, g.out_grid, g.offsets, g.stride, weights=A.tap_weights(), scale=c)
+    assert A.scale is None  # stride 1: no window overhangs, the plain mean
+    dense = torch.as_tensor(A.to_dense())
+    torch.testing.assert_close(torch.as_tensor(S.to_dense()), dense * c)
+    for method in ("native", "shift"):
+        torch.testing.assert_close(apply_shifts(S, x, method)[:, 0], torch.einsum("mn,bmc->bnc", dense[0] * c, x))
+    assert S.to(dtype=torch.float32).scale.dtype == torch.float32 and S[[0]].scale is c
+    assert not S.placement_free and S.nbytes() == A.nbytes() + c.numel() * 8
+    with pytest.raises(ValueError, match=r"scale must be a torch array of shape \(20,\)"):
+        GridBasis(g.grid, g.out_grid, g.offsets, g.stride, weights=A.tap_weights(), scale=c[:3])
+    with pytest.raises(ValueError, match="normalize=True or an explicit scale"):
+        GridBasis(g.grid, g.out_grid, g.offsets, g.stride, weights=A.tap_weights(), normalize=True, scale=c)

@@ -571,7 +571,9 @@ def grid_basis(
         ``"zero"`` (torch's zero padding) or ``"periodic"`` (reads wrap around the grid, like
         ``padding_mode="circular"``).
     like
-        An array whose backend, dtype and device the basis takes (default NumPy float64).
+        An array whose backend, dtype and device the basis reports (default NumPy float64).  The
+        basis holds offsets only (:attr:`GridBasis.placement_free`), so it runs on any floating
+        ``x`` whatever ``like`` says; an integer ``like`` is refused.
 
     Returns
     -------
@@ -636,6 +638,7 @@ def avg_pool_basis(
     the same kernel, stride (default: the kernel) and padding.  ``count_include_pad=False``
     divides by the in-grid entries of each window instead (a normalised basis).
 
+    ``like`` gives the backend, dtype and device of the tap weights (default NumPy float64).
     ``ceil_mode=True`` is torch's rule: along each dimension
     :math:`N_i = \lceil (S_i + p_i + p'_i - k_i)/s_i \rceil + 1`, less one if the last window
     would start past the input (at or after :math:`S_i + p_i` in padded coordinates), so every

@@ -257,9 +257,9 @@ class _GridConvNd(nn.Module):
 class GridConv1d(_GridConvNd):
     r"""``torch.nn.Conv1d`` as :math:`y = \sum_k A_k^\top x\,\Theta_k + \beta` with a 1-D shift basis.
 
-    Arguments are those of ``torch.nn.Conv1d`` (``groups=1``; ``padding_mode`` ``"zeros"`` or
-    ``"circular"``) plus ``order``, passed to :func:`structconv.conv` (``"auto"`` runs the
-    native convolution; ``"ax"`` / ``"xtheta"`` force the generic structured orders).
+    Arguments are those of ``torch.nn.Conv1d`` (every ``groups`` and ``padding_mode``; see the
+    module notes) plus ``order``, passed to :func:`structconv.conv` (``"auto"`` runs the native
+    convolution; ``"ax"`` / ``"xtheta"`` force the generic structured orders).
     """
 
     _ndim = 1

@@ -39,7 +39,7 @@ TOLERANCES = {  # (rtol, atol relative to the largest reference value)
 }
 DTYPES = list(TOLERANCES)
 ORDERS = ("auto", "ax", "xtheta")
-FEW = settings(max_examples=6, deadline=None)
+FEW = settings(max_examples=10, deadline=None)
 
 
 def case(status: str, form: str, note: str = "") -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -522,7 +522,7 @@ def test_pool_count_exclude_pad(dtype: torch.dtype, c: dict[str, Any]) -> None:
     "padded grid (an explicit column scale)",
 )
 @pytest.mark.parametrize("dtype", DTYPES)
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(c=pool_setup(ceil=True, include=None))
 def test_pool_ceil_mode(dtype: torch.dtype, c: dict[str, Any]) -> None:
     check_pool(c, dtype)

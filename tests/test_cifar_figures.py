@@ -75,7 +75,7 @@ def _hard_quadratic(alpha: float = 40.0) -> SelfAttentionNet:
     with torch.no_grad():
         for layer, centres in zip(model.attention_layers(), CENTRES, strict=True):
             layer.centres.copy_(torch.tensor(centres))
-            layer.log_alpha.fill_(math.log(alpha))
+            layer.set_alpha(alpha)
     return model
 
 
@@ -177,7 +177,7 @@ def test_head_gaussians_are_the_moments_of_the_attention(encoding: str) -> None:
     with torch.no_grad():
         layer.centres.copy_(torch.tensor([[2.0, -3.0], [-1.0, 1.5]]))
         if encoding == "quadratic":
-            layer.log_alpha.copy_(torch.log(torch.tensor([0.1, 0.25])))
+            layer.set_alpha(torch.tensor([0.1, 0.25]))
         else:
             layer.inv_sqrt_cov.copy_(torch.tensor([[[0.6, 0.2], [0.0, 0.4]], [[0.5, -0.1], [0.3, 0.7]]]))
     centres, precisions = head_gaussians(layer)

@@ -33,12 +33,13 @@ from structconv.experiments.cifar.throughput import measure, table
 from structconv.experiments.cifar.train import KILL_ENV, _optimizer, learning_rate, model_from_checkpoint, train
 
 ROOT = Path(__file__).resolve().parents[1]
+_TINY_SA = {"width": 16, "depth": 2, "ffn": 16, "heads": 4, "dropout": 0.0, "attention_dropout": 0.0}
 TINY = {
     "resnet18": {"width": 4},
-    "sa-quadratic": {"width": 16, "depth": 2, "ffn": 16, "heads": 4, "dropout": 0.0},
-    "sa-gaussian": {"width": 16, "depth": 2, "ffn": 16, "heads": 4, "dropout": 0.0},
-    "sa-learned": {"width": 16, "depth": 2, "ffn": 16, "heads": 4, "dropout": 0.0},
-    "sa-learned-content": {"width": 16, "depth": 2, "ffn": 16, "heads": 4, "dropout": 0.0},
+    "sa-quadratic": _TINY_SA,
+    "sa-gaussian": _TINY_SA,
+    "sa-learned": _TINY_SA,
+    "sa-learned-content": _TINY_SA,
 }
 
 
@@ -169,7 +170,7 @@ def test_space_to_depth_is_invertible_and_the_model_reads_16x16_tokens_of_12_cha
 
 def test_gradcheck_through_the_attention_model_in_float64() -> None:
     torch.manual_seed(0)
-    model = build_model("sa-gaussian", width=4, depth=1, ffn=4, heads=2, dropout=0.0).double()
+    model = build_model("sa-gaussian", width=4, depth=1, ffn=4, heads=2, dropout=0.0, attention_dropout=0.0).double()
     x = torch.randn(1, 3, 32, 32, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: model(t), (x,), atol=1e-6)
 
@@ -187,7 +188,7 @@ def test_centres_and_widths_are_exempt_from_weight_decay() -> None:
     model = build_model("sa-quadratic", **TINY["sa-quadratic"])
     exempt = {id(p) for p in no_decay_parameters(model)}
     layers = model.attention_layers() if isinstance(model, SelfAttentionNet) else []
-    assert exempt == {id(p) for layer in layers for p in (layer.centres, layer.log_alpha)}
+    assert exempt == {id(p) for layer in layers for p in (layer.centres, layer.spread)}
     groups = _optimizer(model, config_for("paper", "sa-quadratic")).param_groups
     assert [g["weight_decay"] for g in groups] == [1e-4, 0.0]
     assert {id(p) for p in groups[1]["params"]} == exempt

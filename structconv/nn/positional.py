@@ -7,10 +7,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F  # noqa: N812
 
 from ..attention import BiAffine, Mechanism, attention_basis
 from ..basis import Basis
 from ..contract import conv
+from ..dense import DenseBasis
 from ..factor import LowRank
 from ..grid import BOUNDARIES
 from ..positional import (
@@ -23,6 +25,7 @@ from ..positional import (
 )
 
 ENCODINGS = ("quadratic", "gaussian", "learned")
+WIDTHS = ("exp", "spread")
 
 
 def _positive_int(layer: str, name: str, value: Any) -> int:
@@ -37,25 +40,35 @@ class PositionalAttention(nn.Module):
     The heads :math:`A_h` come from a relative-position encoding (:mod:`structconv.positional`):
 
     * ``"quadratic"``: isotropic Gaussians :math:`-\alpha_h\lVert\delta - \Delta_h\rVert^2`
-      (learnable centres, initialised :math:`\mathcal N(0, \mathrm{centre\_var}\,I)`, and widths
-      :math:`\alpha_h = e^{\log\alpha_h}`);
-    * ``"gaussian"``: non-isotropic Gaussians with :math:`\Sigma_h^{-1} = S_h^\top S_h`
-      (initialised isotropic, :math:`S_h = \sqrt{2\alpha}\,I`);
-    * ``"learned"``: learned per-axis relative embeddings (:math:`D_p` = ``positional_dim``,
-      default ``embed_dim``) scored by one vector per head.
+      (learnable centres, initialised :math:`\mathcal N(0, \mathrm{centre\_var}\,I)`, and widths:
+      ``width="exp"`` learns :math:`\log\alpha_h`, started at ``alpha``; ``width="spread"``
+      learns :math:`s_h` with :math:`\alpha_h = s_h^2/2`, started at :math:`\sqrt{2\alpha}` plus
+      :math:`\mathcal N(0, \mathrm{width\_noise}^2)`, as Cordonnier et al.'s code does);
+    * ``"gaussian"``: non-isotropic Gaussians :math:`-\tfrac12\lVert S_h(\delta - \Delta_h)\rVert^2`,
+      :math:`\Sigma_h^{-1} = S_h^\top S_h`, started at :math:`S_h = \sqrt{2\alpha}\,I` plus
+      :math:`\mathcal N(0, \mathrm{width\_noise}^2)` per entry;
+    * ``"learned"``: learned per-axis relative embeddings (:math:`D_p` = ``positional_dim`` in all,
+      split evenly over the axes; default ``embed_dim``) scored by one vector per head and axis.
 
-    ``content=True`` adds content-based attention: for ``"learned"`` all four terms of Eq. 5
-    (:class:`~structconv.positional.RelativeAttention`), for the Gaussians a scaled dot-product
-    term added to the positional scores.  Without content the heads do not depend on the
-    input, so they are built once per forward for the whole batch, as truncated renormalised
-    shift bases when that is cheaper (``threshold``, see
-    :meth:`~structconv.positional.PositionalMechanism.basis`; ``None`` keeps the exact dense
-    softmax).
+    ``content=True`` adds content-based attention.  With ``relative_terms=True`` (``"learned"``
+    only) these are the four terms of Eq. 5 (:class:`~structconv.positional.RelativeAttention`);
+    otherwise a scaled dot product :math:`(x W^q_h + b^q_h)\cdot(x W^k_h + b^k_h)/\sqrt{D}`
+    (``key_dim`` :math:`= D`, biases when ``content_bias``) added to the positional scores, as in
+    the paper's code.  Without content the heads do not depend on the input, so they are built
+    once per forward for the whole batch, as truncated renormalised shift bases when that is
+    cheaper (``threshold``, see :meth:`~structconv.positional.PositionalMechanism.basis`;
+    ``None`` keeps the exact dense softmax).
 
     The parameter is :math:`\Theta_h` of shape ``(H, E, E)`` when ``head_dim`` is ``None`` (the
-    paper's :math:`D_h = D_{\mathrm{out}}`: the heads' outputs concatenated, then one linear
-    map), otherwise :math:`\Theta_h = W^v_h W^{o\top}_h` of rank ``head_dim``
-    (:class:`~structconv.LowRank`).
+    paper's :math:`D_h = D_{\mathrm{out}}`: every head averages the raw input, then one linear
+    map of the concatenated heads), otherwise :math:`\Theta_h = W^v_h W^{o\top}_h` of rank
+    ``head_dim`` (:class:`~structconv.LowRank`).
+
+    ``attention_dropout`` drops attention weights in training, after the softmax (scaled by
+    :math:`1/(1-p)`), independently for every instance of the batch as the paper's code does:
+    the shared heads then become one ``(B, H, M, M)`` basis per batch, which costs the sharing.
+    ``dropout_shared=True`` draws one mask for the whole batch instead and keeps the heads shared
+    (a different regulariser; not the paper's).
 
     Input is ``(B, *grid, E)`` or the flattened ``(B, M, E)``; ``grid`` is fixed at construction.
     """
@@ -75,6 +88,12 @@ class PositionalAttention(nn.Module):
         alpha: float = 1.0,
         centre_var: float = 2.0,
         bias: bool = True,
+        width: str = "exp",
+        width_noise: float = 0.0,
+        relative_terms: bool = True,
+        content_bias: bool = False,
+        attention_dropout: float = 0.0,
+        dropout_shared: bool = False,
     ) -> None:
         super().__init__()
         name = type(self).__name__
@@ -86,10 +105,19 @@ class PositionalAttention(nn.Module):
             raise ValueError(f"{name}: alpha must be positive, got {alpha!r}")
         if threshold is not None and not 0.0 < threshold < 1.0:
             raise ValueError(f"{name}: threshold must lie in (0, 1) or be None, got {threshold!r}")
+        if width not in WIDTHS:
+            raise ValueError(f"{name}: width must be one of {WIDTHS}, got {width!r}")
+        if not 0.0 <= attention_dropout < 1.0:
+            raise ValueError(f"{name}: attention_dropout must lie in [0, 1), got {attention_dropout!r}")
+        if not width_noise >= 0.0 or not centre_var >= 0.0:
+            raise ValueError(f"{name}: width_noise and centre_var must be >= 0, got {width_noise!r}, {centre_var!r}")
         self.grid = tuple(_positive_int(name, "grid", int(s)) for s in grid)
         E = self.embed_dim = _positive_int(name, "embed_dim", embed_dim)
         H = self.num_heads = _positive_int(name, "num_heads", num_heads)
         self.encoding, self.content, self.boundary, self.threshold = encoding, bool(content), boundary, threshold
+        self.width = width
+        self.relative_terms = bool(relative_terms) and encoding == "learned"
+        self.attention_dropout, self.dropout_shared = float(attention_dropout), bool(dropout_shared)
         d = len(self.grid)
         D = self.key_dim = _positive_int(name, "key_dim", key_dim or max(1, E // H))
         self.head_dim = None if head_dim is None else _positive_int(name, "head_dim", head_dim)
@@ -98,13 +126,17 @@ class PositionalAttention(nn.Module):
         else:
             self.value = nn.Parameter(torch.empty(H, E, self.head_dim))
             self.out = nn.Parameter(torch.empty(H, E, self.head_dim))
-        self.bias = nn.Parameter(torch.zeros(E)) if bias else None
+        self.bias = nn.Parameter(torch.empty(E)) if bias else None
         if encoding in ("quadratic", "gaussian"):
             self.centres = nn.Parameter(torch.randn(H, d) * math.sqrt(centre_var))
-            if encoding == "quadratic":
+            start = math.sqrt(2 * alpha)
+            if encoding == "gaussian":
+                noise = torch.randn(H, d, d) * width_noise
+                self.inv_sqrt_cov = nn.Parameter(torch.eye(d).repeat(H, 1, 1) * start + noise)
+            elif width == "exp":
                 self.log_alpha = nn.Parameter(torch.full((H,), math.log(alpha)))
             else:
-                self.inv_sqrt_cov = nn.Parameter(torch.eye(d).repeat(H, 1, 1) * math.sqrt(2 * alpha))
+                self.spread = nn.Parameter(start + torch.randn(H) * width_noise)
         else:
             Dp = self.positional_dim = _positive_int(name, "positional_dim", positional_dim or E)
             if Dp < d:
@@ -114,17 +146,22 @@ class PositionalAttention(nn.Module):
             self.tables = nn.ParameterList(
                 nn.Parameter(torch.randn(n, w)) for n, w in zip(lengths, widths, strict=True)
             )
-            if content:
+            if content and self.relative_terms:
                 self.rel_key = nn.Parameter(torch.randn(H, Dp, D) / math.sqrt(Dp))
                 self.u = nn.Parameter(torch.zeros(H, D))
                 self.v = nn.Parameter(torch.zeros(H, D))
-            else:
-                self.weight = nn.Parameter(torch.randn(H, Dp) / math.sqrt(Dp))
+            else:  # one key per head and axis, as a linear map of that axis' row (torch.nn.Linear's init)
+                bound = 1.0 / math.sqrt(max(widths))
+                self.weight = nn.Parameter(torch.empty(H, Dp).uniform_(-bound, bound))
         if content:
             self.key = nn.Parameter(torch.empty(H, E, D))
             self.query = nn.Parameter(torch.empty(H, E, D))
+            bound = 1.0 / math.sqrt(E)  # torch.nn.Linear(E, H * D)'s initialisation
             for w in (self.key, self.query):
-                nn.init.xavier_uniform_(w.view(H * E, D))
+                nn.init.uniform_(w, -bound, bound)
+            if content_bias and not self.relative_terms:
+                self.key_bias = nn.Parameter(torch.empty(H, D).uniform_(-bound, bound))
+                self.query_bias = nn.Parameter(torch.empty(H, D).uniform_(-bound, bound))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -136,33 +173,54 @@ class PositionalAttention(nn.Module):
             H, E, Dh = self.num_heads, self.embed_dim, self.head_dim
             nn.init.xavier_uniform_(self.value.view(H * E, Dh))
             nn.init.xavier_uniform_(self.out.view(H * E, Dh))
+            bound = 1.0 / math.sqrt(H * Dh)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
 
     def positional_parameters(self) -> list[nn.Parameter]:
         """The centres and widths of Gaussian heads (kept out of weight decay in the CIFAR study)."""
-        names = ("centres", "log_alpha", "inv_sqrt_cov")
+        names = ("centres", "log_alpha", "spread", "inv_sqrt_cov")
         return [p for n, p in self.named_parameters(recurse=False) if n in names]
+
+    def alpha(self) -> torch.Tensor:
+        r""":math:`\alpha_h` of the quadratic heads (``(H,)``): :math:`e^{\log\alpha_h}` or :math:`s_h^2/2`."""
+        if self.encoding != "quadratic":
+            raise ValueError(f"{type(self).__name__}: alpha() belongs to the quadratic encoding, not {self.encoding!r}")
+        return self.log_alpha.exp() if self.width == "exp" else 0.5 * self.spread * self.spread
+
+    @torch.no_grad()
+    def set_alpha(self, alpha: float | torch.Tensor) -> None:
+        r"""Set :math:`\alpha_h` (a number or ``(H,)`` values, all positive) in the layer's width parametrisation."""
+        values = torch.as_tensor(alpha, dtype=self.centres.dtype, device=self.centres.device).expand(self.num_heads)
+        if self.encoding != "quadratic" or not bool((values > 0).all()):
+            raise ValueError(f"{type(self).__name__}: set_alpha needs the quadratic encoding and positive values")
+        if self.width == "exp":
+            self.log_alpha.copy_(values.log())
+        else:
+            self.spread.copy_((2 * values).sqrt())
 
     def mechanism(self) -> Mechanism:
         """The heads' mechanism (position-only, or content and position)."""
+        position: PositionalMechanism
         if self.encoding == "learned":
             tables = tuple(self.tables)
-            if not self.content:
-                return LearnedPosition(self.grid, tables, self.weight, self.boundary)
-            return RelativeAttention(
-                self.grid, tables, self.key, self.query, self.rel_key, self.u, self.v, self.boundary,
-                scale=1.0 / math.sqrt(self.key_dim),
-            )  # fmt: skip
-        position: PositionalMechanism
-        if self.encoding == "quadratic":
-            position = QuadraticPosition(self.grid, self.centres, self.log_alpha.exp(), self.boundary, positive=True)
+            if self.content and self.relative_terms:
+                return RelativeAttention(
+                    self.grid, tables, self.key, self.query, self.rel_key, self.u, self.v, self.boundary,
+                    scale=1.0 / math.sqrt(self.key_dim),
+                )  # fmt: skip
+            position = LearnedPosition(self.grid, tables, self.weight, self.boundary)
+        elif self.encoding == "quadratic":
+            position = QuadraticPosition(self.grid, self.centres, self.alpha(), self.boundary, positive=True)
         else:
             position = GaussianPosition(self.grid, self.centres, self.inv_sqrt_cov, self.boundary)
         if not self.content:
             return position
-        return BiAffine(key=self.key, query=self.query, scale=1.0 / math.sqrt(self.key_dim)) + position
+        biases = {"key_bias": getattr(self, "key_bias", None), "query_bias": getattr(self, "query_bias", None)}
+        return BiAffine(key=self.key, query=self.query, scale=1.0 / math.sqrt(self.key_dim), **biases) + position
 
     def parameter(self) -> torch.Tensor | LowRank:
-        """:math:`\\Theta`: ``(H, E, E)``, or ``LowRank(value, out)`` when ``head_dim`` is set."""
+        r""":math:`\Theta`: ``(H, E, E)``, or ``LowRank(value, out)`` when ``head_dim`` is set."""
         return self.theta if self.head_dim is None else LowRank(self.value, self.out)
 
     def theta_device(self) -> torch.device:
@@ -194,10 +252,20 @@ class PositionalAttention(nn.Module):
             raise ValueError(f"{type(self).__name__}: content attention needs x to build its heads")
         return attention_basis(self._flat(x), mechanism=mech)
 
+    def dropped(self, basis: Basis, batch: int) -> Basis:
+        """``basis`` with :attr:`attention_dropout` applied (in training; ``basis`` itself otherwise)."""
+        if not self.training or self.attention_dropout == 0.0:
+            return basis
+        weights = basis.to_dense()
+        if weights.ndim == 3 and not self.dropout_shared:
+            weights = weights.expand(batch, *weights.shape)
+        return DenseBasis(F.dropout(weights, self.attention_dropout, training=True))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attend over the grid positions of ``x``."""
         flat = self._flat(x)
-        y: torch.Tensor = conv(self.basis(flat), flat, self.parameter())
+        basis = self.dropped(self.basis(flat), int(flat.shape[0]))
+        y: torch.Tensor = conv(basis, flat, self.parameter())
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(x.shape)

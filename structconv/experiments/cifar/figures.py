@@ -267,7 +267,7 @@ def head_gaussians(layer: PositionalAttention) -> tuple[np.ndarray, np.ndarray]:
         )
     d = centres.shape[1]
     if layer.encoding == "quadratic":
-        alpha = np.exp(_numpy(layer.log_alpha))
+        alpha = _numpy(layer.alpha())
         precisions = 2.0 * alpha[:, None, None] * np.eye(d)[None]
     else:
         S = _numpy(layer.inv_sqrt_cov)

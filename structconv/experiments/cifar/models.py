@@ -5,31 +5,35 @@ r"""The models of Cordonnier, Loukas & Jaggi's CIFAR-10 study, built from struct
     64-128-256-512 channels): every convolution is a :class:`~structconv.nn.GridConv2d`, a
     shift basis plus :math:`\Theta`.
 ``sa-quadratic``, ``sa-gaussian``, ``sa-learned``, ``sa-learned-content``
-    The fully attentional network: 2x2 space-to-depth (32x32x3 to 16x16x12, invertible), a
-    linear embedding to width 400, six post-norm blocks of multi-head self-attention
-    (:class:`~structconv.nn.PositionalAttention`) and a GELU feed-forward layer of width 512,
-    each sublayer followed by dropout, the residual sum and LayerNorm; then the mean over the
-    256 positions and a linear classifier.  The attention is
+    The fully attentional network of the paper's code: 2x2 space-to-depth (32x32x3 to 16x16x12,
+    invertible), a linear embedding to width 400, six post-norm blocks of multi-head
+    self-attention (:class:`~structconv.nn.PositionalAttention`, then a 400x400 output
+    projection) and a GELU feed-forward layer of width 512, each sublayer followed by dropout,
+    the residual sum and LayerNorm (eps 1e-12); then the mean over the 256 positions and a
+    linear classifier.  The attention is
 
     ====================== ====================================================================
     ``sa-quadratic``       isotropic Gaussian heads :math:`-\alpha_h\lVert\delta-\Delta_h\rVert^2`,
-                           centres initialised :math:`\mathcal N(0, 2I)`, learnable widths
+                           centres initialised :math:`\mathcal N(0, 2^2 I)`, widths
+                           :math:`\alpha_h = s_h^2/2` with :math:`s_h` started near 1
     ``sa-gaussian``        non-isotropic Gaussian heads (a learnable precision per head)
-    ``sa-learned``         learned relative embeddings :math:`r_\delta` (:math:`D_p = 400`), no content
-    ``sa-learned-content`` the same plus content-content and content-position terms (Eq. 5)
+    ``sa-learned``         learned relative embeddings, a table of width 400 per axis, no content
+    ``sa-learned-content`` the same plus content attention: full-width (400 per head) queries and
+                           keys with biases, their scaled dot product added to the positional scores
     ====================== ====================================================================
 
-    with 9 heads (``heads=16`` as in the paper's appendix) and the paper's head width
-    :math:`D_h = D_{\mathrm{out}}`: the parameter of head :math:`h` is one :math:`400\times400`
-    matrix :math:`\Theta_h = W^{val}_h W^{out}_h` (the value and output maps merged, as in
-    Lemma 1 and as the formula :math:`y = \sum_h A_h^\top x\,\Theta_h` has it).  Position-only
-    heads are exact dense softmaxes by default (``threshold=None``): on a GPU that is one GEMM
-    and needs no host synchronisation; a ``threshold`` in (0, 1) lets the layers truncate
-    concentrated heads to shift bases (see :meth:`structconv.nn.PositionalAttention.basis`).
+    with 9 heads and the paper's head width :math:`D_h = D_{\mathrm{out}}`: each head averages
+    the raw input and the heads' outputs are mixed by one :math:`3600\times400` map, i.e.
+    :math:`\Theta_h` of :math:`400\times400` per head (the formula's parameter), then the output
+    projection.  Dropout 0.1 acts on the sublayer outputs and on the attention probabilities of
+    every image.  ``projection=False`` gives Lemma 1's merged form (the output projection absorbed
+    into the :math:`\Theta_h`); ``attention_dropout=0`` keeps position-only heads one basis shared
+    by the batch.  Position-only heads are exact dense softmaxes by default (``threshold=None``);
+    a ``threshold`` in (0, 1) lets the layers truncate concentrated heads to shift bases (see
+    :meth:`structconv.nn.PositionalAttention.basis`).
 
-Deviation from the paper's code, stated: dropout is applied to the sublayers' outputs, not to
-the attention probabilities, because position-only heads are one basis shared by the whole
-batch (DESIGN.md §3) and per-image dropout on them would undo that sharing.
+Every difference from the paper's code that remains is listed, with its reason, in the "paper
+code vs structconv" table of docs/cifar.rst.
 
 Pointwise maps (the embedding, the feed-forward layers, the classifier) are ``torch.nn.Linear``:
 a one-member identity basis, for which the engine's contraction *is* the GEMM ``x Θ``.
@@ -112,27 +116,57 @@ class SpaceToDepth(nn.Module):
 
 
 class AttentionBlock(nn.Module):
-    r"""Post-norm Transformer block: :math:`h = \mathrm{LN}(x + \mathrm{drop}(\mathrm{MHSA}(x)))`,
-    :math:`y = \mathrm{LN}(h + \mathrm{drop}(W_2\,\mathrm{GELU}(W_1 h)))`."""
+    r"""Post-norm Transformer block: :math:`h = \mathrm{LN}(x + \mathrm{drop}(W_o\,\mathrm{MHSA}(x)))`,
+    :math:`y = \mathrm{LN}(h + \mathrm{drop}(W_2\,\mathrm{GELU}(W_1 h)))`.
 
-    def __init__(self, attention: PositionalAttention, ffn: int, dropout: float) -> None:
+    :math:`W_o` is the paper's output projection (``projection=True``); without it the block
+    has Lemma 1's merged form, where :math:`W_o` is absorbed into every :math:`\Theta_h` (the
+    same functions, fewer parameters, another optimisation path).
+    """
+
+    def __init__(
+        self, attention: PositionalAttention, ffn: int, dropout: float, projection: bool = True, eps: float = 1e-12
+    ) -> None:
         super().__init__()
         E = attention.embed_dim
         self.attention = attention
-        self.norm1 = nn.LayerNorm(E)
+        self.projection = nn.Linear(E, E) if projection else None
+        self.norm1 = nn.LayerNorm(E, eps=eps)
         self.ff1 = nn.Linear(E, ffn)
         self.ff2 = nn.Linear(ffn, E)
-        self.norm2 = nn.LayerNorm(E)
+        self.norm2 = nn.LayerNorm(E, eps=eps)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm1(x + self.drop(self.attention(x)))
+        a = self.attention(x)
+        if self.projection is not None:
+            a = self.projection(a)
+        h = self.norm1(x + self.drop(a))
         out: torch.Tensor = self.norm2(h + self.drop(self.ff2(F.gelu(self.ff1(h)))))
         return out
 
 
+#: The attention layer's settings in Cordonnier et al.'s code (see docs/cifar.rst, "paper code vs
+#: structconv"): centres N(0, 2^2 I); width alpha = s^2/2 with s started at 1 + N(0, 0.01^2);
+#: Gaussian precision A A^T with A = I + N(0, 0.01^2); learned tables of the full width per axis;
+#: content by full-width biased queries and keys added to the positional scores.
+PAPER_ATTENTION: dict[str, Any] = {
+    "centre_var": 4.0,
+    "alpha": 0.5,
+    "width": "spread",
+    "width_noise": 0.01,
+    "relative_terms": False,
+    "content_bias": True,
+}
+
+
 class SelfAttentionNet(nn.Module):
-    """The paper's fully attentional CIFAR model (see the module docstring); input ``(B, 3, 32, 32)``."""
+    """The paper's fully attentional CIFAR model (see the module docstring); input ``(B, 3, 32, 32)``.
+
+    ``attention`` overrides :data:`PAPER_ATTENTION` (keyword arguments of
+    :class:`~structconv.nn.PositionalAttention`); ``key_dim`` and ``positional_dim`` default to the
+    paper's full widths (``width`` per head, ``width`` per axis).
+    """
 
     def __init__(
         self,
@@ -143,13 +177,18 @@ class SelfAttentionNet(nn.Module):
         depth: int = 6,
         ffn: int = 512,
         dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        projection: bool = True,
+        eps: float = 1e-12,
         classes: int = 10,
         image: int = 32,
         channels: int = 3,
         block: int = 2,
         head_dim: int | None = None,
+        key_dim: int | None = None,
         positional_dim: int | None = None,
         threshold: float | None = None,
+        attention: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if image % block:
@@ -157,14 +196,18 @@ class SelfAttentionNet(nn.Module):
         self.grid = (image // block, image // block)
         self.to_tokens = SpaceToDepth(block)
         self.embed = nn.Linear(channels * block * block, width)
+        settings = {**PAPER_ATTENTION, **(attention or {})}
         self.blocks = nn.ModuleList(
             AttentionBlock(
                 PositionalAttention(
                     self.grid, width, heads, encoding=encoding, content=content, head_dim=head_dim,
-                    positional_dim=positional_dim, threshold=threshold,
+                    key_dim=key_dim or width, positional_dim=positional_dim or len(self.grid) * width,
+                    threshold=threshold, attention_dropout=attention_dropout, **settings,
                 ),
                 ffn,
                 dropout,
+                projection,
+                eps,
             )
             for _ in range(depth)
         )  # fmt: skip

@@ -93,7 +93,7 @@ def family(model: str) -> str:
     return "resnet" if model.startswith("resnet") else "sa"
 
 
-_TINY_SA = {"width": 16, "depth": 1, "ffn": 16, "heads": 4, "dropout": 0.0}
+_TINY_SA = {"width": 16, "depth": 1, "ffn": 16, "heads": 4, "dropout": 0.0, "attention_dropout": 0.0}
 
 # preset -> settings for every model, then per family, then per model (later ones win)
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {

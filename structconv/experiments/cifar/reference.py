@@ -18,6 +18,7 @@ import copy
 
 import torch
 from torch import nn
+from torch.nn import functional as F  # noqa: N812
 
 from ...nn import PositionalAttention
 from .models import SelfAttentionNet
@@ -26,7 +27,7 @@ __all__ = ["PaperDenseAttention", "dense_twin", "paper_dense"]
 
 
 def paper_dense(layer: PositionalAttention, x: torch.Tensor) -> torch.Tensor:
-    """The paper's dense computation: per-image scores and softmax, value einsum, output projection."""
+    """The paper's dense computation: per-image scores, softmax and dropout, value einsum, output map."""
     if layer.encoding != "quadratic" or layer.content or len(layer.grid) != 2:
         raise ValueError("paper_dense implements the 2-D quadratic encoding without content only")
     B, M, E = x.shape
@@ -37,10 +38,12 @@ def paper_dense(layer: PositionalAttention, x: torch.Tensor) -> torch.Tensor:
     )
     delta = (pos.reshape(-1, 1, 2) - pos.reshape(1, -1, 2)).to(x.dtype)  # (M keys, N queries, 2)
     r = torch.cat([(delta**2).sum(-1, keepdim=True), delta], -1)  # the quadratic encoding, D_p = 3
-    alpha = layer.log_alpha.exp()
+    alpha = layer.alpha()
     v = -alpha[:, None] * torch.cat([torch.ones_like(alpha)[:, None], -2 * layer.centres], 1)  # (H, 3)
     scores = torch.einsum("hc,mnc->hnm", v.to(x.dtype), r)[None].expand(B, H, M, M)  # every image: [query, key]
     probs = torch.softmax(scores, dim=-1)
+    if layer.training and layer.attention_dropout > 0:
+        probs = F.dropout(probs, layer.attention_dropout, training=True)  # per image, as the paper's code
     if layer.head_dim is None:  # D_h = D_out: each head averages the raw input, then one linear map
         per_head = torch.einsum("bhnm,bme->bnhe", probs, x).reshape(B, M, H * E)
         y = per_head @ layer.theta.reshape(H * E, E)

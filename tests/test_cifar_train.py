@@ -223,6 +223,116 @@ def test_learning_rate_warms_up_linearly_then_decays() -> None:
     )
 
 
+def _paper_code_lr(epoch: int, sa: bool) -> float:
+    """The paper code's learning rate for an epoch, written from its scheduler's definition (batch 100)."""
+    if not sa:  # MultiStepLR([80, 150, 250], 0.1), stepped once at the start of every epoch
+        return 0.1 * 0.1 ** sum(epoch + 1 >= m for m in (80, 150, 250))
+    total = 300 * (50_000 // 100 + 1)  # it counts one more step per epoch than it takes
+    warm, step = int(total * 0.05), epoch * 500  # its global step at the start of the epoch
+    if step < warm:
+        return 0.1 * step / warm
+    return 0.1 * 0.5 * (1 + np.cos(np.pi * (step - warm) / (total - warm)))
+
+
+@pytest.mark.parametrize("model", ["sa-quadratic", "resnet18"])
+def test_paper_preset_learning_rate_is_the_paper_codes_for_every_epoch(model: str) -> None:
+    config = config_for("paper", model)
+    sa = model.startswith("sa")
+    for epoch in range(300):
+        for step in (epoch * 500, epoch * 500 + 499):  # constant within the epoch
+            assert learning_rate(config, step, 500) == pytest.approx(_paper_code_lr(epoch, sa), abs=1e-12), epoch
+    assert config.normalization == "paper-code" and config.lr_per_epoch
+
+
+def test_paper_preset_normalises_with_the_paper_codes_statistics() -> None:
+    from structconv.data.augment import NORMALIZATIONS
+    from structconv.experiments.cifar.train import Dist, _batches
+
+    data = (_fake(32, 0), _fake(16, 1))
+    config = config_for("paper", "sa-quadratic", train_subset=32, test_subset=16, batch_size=8)
+    train_batches, test_batches = _batches(data, config, "cpu", Dist())
+    assert NORMALIZATIONS["paper-code"][1] == (0.2023, 0.1994, 0.2010)
+    for b in (train_batches, test_batches):
+        assert (b.mean, b.std) == NORMALIZATIONS["paper-code"]
+    with pytest.raises(ValueError, match=r"normalization must be one of"):
+        config_for("paper", "resnet18", normalization="imagenet")
+
+
+#: Parameter counts of the paper code's models (epfml/attention-cnn, counted layer by layer) and of
+#: the CIFAR ResNet18 it trains; Table 1 prints 12.1M (quadratic) and 29.5M (learned + content).
+PAPER_CODE_PARAMETERS = {
+    "resnet18": 11_173_962,
+    "sa-quadratic": 12_086_844,
+    "sa-gaussian": 12_087_006,
+    "sa-learned": 12_278_682,
+    "sa-learned-content": 29_601_882,
+}
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_parameter_counts_are_the_paper_codes(name: str) -> None:
+    count = sum(p.numel() for p in build_model(name).parameters())
+    assert count == PAPER_CODE_PARAMETERS[name]
+    table1 = {"sa-quadratic": 12.1e6, "sa-learned-content": 29.5e6}
+    if name in table1:
+        assert abs(count - table1[name]) / table1[name] < 0.01
+
+
+def test_attention_initialisation_is_the_paper_codes() -> None:
+    torch.manual_seed(0)
+    layers = [b.attention for b in build_model("sa-quadratic", heads=400, depth=2, width=8, ffn=8).blocks]
+    centres = torch.cat([layer.centres.detach() for layer in layers])
+    spreads = torch.cat([layer.spread.detach() for layer in layers])
+    assert centres.std().item() == pytest.approx(2.0, rel=0.08)  # N(0, 2^2), a standard deviation of 2
+    assert spreads.mean().item() == pytest.approx(1.0, abs=2e-3) and spreads.std().item() < 0.02
+    torch.testing.assert_close(layers[0].alpha(), 0.5 * layers[0].spread.detach() ** 2)
+    gauss = build_model("sa-gaussian", depth=1, width=8, ffn=8, heads=200).blocks[0].attention
+    S = gauss.inv_sqrt_cov.detach()
+    torch.testing.assert_close(S.mean(0), torch.eye(2), atol=3e-3, rtol=0)
+    content = build_model("sa-learned-content", depth=1).blocks[0].attention
+    assert content.key.shape == content.query.shape == (9, 400, 400)  # full width per head
+    assert content.key_bias.shape == (9, 400) and not content.relative_terms
+    assert [t.shape for t in content.tables] == [(31, 400), (31, 400)]
+    block = build_model("sa-quadratic", depth=1).blocks[0]
+    assert block.norm1.eps == block.norm2.eps == 1e-12
+    assert block.projection is not None and block.projection.weight.shape == (400, 400)
+
+
+def test_merged_form_computes_what_the_projected_form_does() -> None:
+    """Lemma 1: (sum_h A_h^T x Theta_h + beta) W_o^T + b_o is sum_h A_h^T x (Theta_h W_o^T) + (W_o beta + b_o)."""
+    torch.manual_seed(0)
+    opts = {**_TINY_SA, "depth": 1}
+    projected = build_model("sa-quadratic", **opts).double().eval()
+    merged = build_model("sa-quadratic", projection=False, **opts).double().eval()
+    state = {k: v for k, v in projected.state_dict().items() if "projection" not in k}
+    W, b = projected.blocks[0].projection.weight.detach(), projected.blocks[0].projection.bias.detach()
+    state["blocks.0.attention.theta"] = state["blocks.0.attention.theta"] @ W.T
+    state["blocks.0.attention.bias"] = W @ state["blocks.0.attention.bias"] + b
+    merged.load_state_dict(state)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    torch.testing.assert_close(merged(x), projected(x))
+    assert sum(p.numel() for p in projected.parameters()) - sum(p.numel() for p in merged.parameters()) == 16 * 17
+
+
+def test_attention_dropout_acts_per_image_and_keeps_the_mean() -> None:
+    from structconv.nn import PositionalAttention
+
+    torch.manual_seed(0)
+    layer = PositionalAttention((3, 3), 2, 2, attention_dropout=0.5, threshold=None).double()
+    x = torch.randn(1, 9, 2, dtype=torch.float64).expand(4000, 9, 2)
+    layer.train()
+    y = layer(x)
+    assert not torch.equal(y[0], y[1])  # every image draws its own mask
+    layer.eval()
+    expected = layer(x[:1])[0]
+    torch.testing.assert_close(layer(x[:2])[1], expected)  # no dropout in evaluation
+    torch.testing.assert_close(y.mean(0), expected, atol=0.05, rtol=0)  # E[dropout(A)] = A
+    layer.train()
+    layer.dropout_shared = True
+    y = layer(x[:3])
+    assert torch.equal(y[0], y[1]) and torch.equal(y[1], y[2])  # one mask for the batch
+
+
 # --- checkpoints --------------------------------------------------------------------------------
 def _train_tiny(
     out: Path, model: str = "sa-quadratic", time_limit: float | None = None, **overrides: object

@@ -123,18 +123,23 @@ def _ensure_archive(data_dir: str) -> None:
 def _eval(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ...data.augment import Batches
+    from ...data.augment import NORMALIZATIONS, Batches
     from ...data.cifar import load_cifar10
     from .train import evaluate, model_from_checkpoint
 
     device = _device(args.device)
     test = load_cifar10(_data_dir(args.data), "test", args.cache)
-    batches = Batches.from_arrays(test.images, np.asarray(test.labels), 500, False, device)
+    batches: dict[str, Batches] = {}  # per normalisation: built once for every run that uses it
     for run in args.runs:
         path = Path(run)
         ckpt = path / "checkpoint.pt" if path.is_dir() else path
         model, config, state = model_from_checkpoint(ckpt, device)
-        loss, acc = evaluate(model, batches, config, device)
+        if config.normalization not in batches:
+            mean, std = NORMALIZATIONS[config.normalization]
+            batches[config.normalization] = Batches.from_arrays(
+                test.images, np.asarray(test.labels), 500, False, device, mean=mean, std=std
+            )
+        loss, acc = evaluate(model, batches[config.normalization], config, device)
         print(f"{ckpt}: {config.model} after epoch {state['epoch']}: test loss {loss:.4f}, accuracy {100 * acc:.2f} %")
     return 0
 

@@ -38,7 +38,7 @@ from torch.nn import functional as F  # noqa: N812
 from ... import __version__
 from ..._atomic import atomic_write
 from ...data import Cifar10, load_cifar10
-from ...data.augment import Batches
+from ...data.augment import NORMALIZATIONS, Batches
 from .checkpoint import RESUMABLE_CHANGES, load_checkpoint, save_checkpoint
 from .models import build_model, no_decay_parameters
 from .presets import TrainConfig, family
@@ -111,16 +111,22 @@ def _subset(data: Cifar10, size: int | None) -> tuple[np.ndarray, np.ndarray]:
 def learning_rate(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
     r"""The learning rate of global step ``step``: linear warm-up, then cosine decay to 0 or steps.
 
-    With :math:`e` the fractional epoch and :math:`w` the warm-up length: :math:`\eta\,(s+1)/(w S)`
-    during warm-up, then :math:`\tfrac{\eta}{2}(1 + \cos\pi\tfrac{e - w}{E - w})` (cosine) or
-    :math:`\eta\,\gamma^{\#\{m \le e\}}` (step decay at the milestones).
+    With :math:`e` the fractional epoch, :math:`w` the warm-up length and :math:`T` the horizon
+    (``horizon_epochs``, else the number of epochs): :math:`\eta\,(s+1)/(w S)` during warm-up,
+    then :math:`\tfrac{\eta}{2}(1 + \cos\pi\tfrac{e - w}{T - w})` (cosine) or
+    :math:`\eta\,\gamma^{\#\{m \le e\}}` (step decay at the milestones).  With
+    ``lr_per_epoch`` the rate is set once at the start of every epoch, as schedulers stepped per
+    epoch do: :math:`e` is the whole epoch and the warm-up is :math:`\eta\,e/w` (0 in the first
+    epoch).
     """
-    epoch = step / steps_per_epoch
+    per_epoch = config.lr_per_epoch
+    epoch = float(step // steps_per_epoch) if per_epoch else step / steps_per_epoch
     warm = config.warmup_epochs
     if warm > 0 and epoch < warm:
-        return config.lr * (step + 1) / (warm * steps_per_epoch)
+        return config.lr * (epoch / warm if per_epoch else (step + 1) / (warm * steps_per_epoch))
     if config.schedule == "cosine":
-        t = (epoch - warm) / max(config.epochs - warm, 1e-12)
+        horizon = config.horizon_epochs if config.horizon_epochs is not None else config.epochs
+        t = (epoch - warm) / max(horizon - warm, 1e-12)
         return config.lr * 0.5 * (1.0 + math.cos(math.pi * min(t, 1.0)))
     return config.lr * config.gamma ** sum(epoch >= m for m in config.milestones)
 
@@ -225,7 +231,8 @@ def _kill_step() -> int | None:
 def _batches(data: tuple[Cifar10, Cifar10], config: TrainConfig, device: str, dist: Dist) -> tuple[Batches, Batches]:
     train_x, train_y = _subset(data[0], config.train_subset)
     test_x, test_y = _subset(data[1], config.test_subset)
-    kw = {"rank": dist.rank, "world": dist.world}
+    mean, std = NORMALIZATIONS[config.normalization]
+    kw = {"rank": dist.rank, "world": dist.world, "mean": mean, "std": std}
     return (
         Batches.from_arrays(train_x, train_y, config.batch_size, True, device, **kw),
         Batches.from_arrays(test_x, test_y, max(config.batch_size, 500 * dist.world), False, device, **kw),

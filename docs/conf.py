@@ -14,6 +14,6 @@ autodoc_typehints = "none"
 napoleon_numpy_docstring = True
 napoleon_google_docstring = False
 napoleon_use_rtype = False
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "peers/*"]  # fragments, included by peers.rst
 html_theme = "alabaster"
 nitpicky = False

@@ -4,7 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-echo "== ruff"; ruff check structconv tests benchmarks examples && ruff format --check structconv tests benchmarks examples
-echo "== mypy"; mypy
-echo "== docs"; sphinx-build -W -q -b html docs docs/_build/html && sphinx-build -W -q -b doctest docs docs/_build/doctest
+# One command per line: under `set -e` a failure on the left of `&&` would not stop the script.
+echo "== ruff"
+ruff check structconv tests benchmarks examples
+ruff format --check structconv tests benchmarks examples
+echo "== mypy"
+mypy
+echo "== docs"
+sphinx-build -W -q -b html docs docs/_build/html
+sphinx-build -W -q -b doctest docs docs/_build/doctest
 echo "== pytest"; python -m pytest -q -p no:cacheprovider

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from typing import Any
@@ -424,3 +425,42 @@ def test_kronecker_basis_hooks_equal_its_dense_form(seed: int, shape: list[int])
     torch_basis = KroneckerBasis([torch.from_numpy(f) for f in factors])
     got = conv(torch_basis, torch.from_numpy(x), torch.from_numpy(theta))
     torch.testing.assert_close(got, torch.from_numpy(conv(dense, x, theta)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"encoding": "quadratic"},
+        {"encoding": "quadratic", "width": "spread", "threshold": 1e-3},
+        {"encoding": "gaussian", "content": True},
+        {"encoding": "learned"},
+        {"encoding": "learned", "content": True},
+        {"encoding": "learned", "content": True, "relative_terms": False, "content_bias": True},
+        {"encoding": "quadratic", "head_dim": 3},
+    ],
+)
+def test_positional_attention_in_low_precision_follows_float64(dtype: torch.dtype, options: dict[str, Any]) -> None:
+    """Every positional path in float32 and bfloat16 (weights and under autocast) against float64: finite, close."""
+    from structconv.nn import PositionalAttention
+
+    torch.manual_seed(0)
+    layer = PositionalAttention((5, 4), 8, 3, **options).double()
+    x = torch.randn(2, 20, 8, dtype=D64)
+    with torch.no_grad():
+        expected = layer(x)
+    scale = float(expected.abs().max())
+    tol = {torch.float32: 1e-5, torch.bfloat16: 0.1}[dtype]
+    low = copy.deepcopy(layer).to(dtype)
+    xl = x.to(dtype).requires_grad_()
+    y = low(xl)
+    assert y.dtype == dtype and bool(torch.isfinite(y).all())
+    assert float((y.double() - expected).abs().max()) <= tol * scale
+    y.float().sum().backward()
+    assert all(bool(torch.isfinite(p.grad).all()) for p in low.parameters() if p.grad is not None)
+    if dtype == torch.bfloat16:  # autocast: float32 parameters, bf16 compute
+        f32 = copy.deepcopy(layer).float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ya = f32(x.float())
+        assert bool(torch.isfinite(ya).all())
+        assert float((ya.double() - expected).abs().max()) <= tol * scale

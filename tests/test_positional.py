@@ -460,7 +460,7 @@ def test_positional_attention_in_low_precision_follows_float64(dtype: torch.dtyp
     assert all(bool(torch.isfinite(p.grad).all()) for p in low.parameters() if p.grad is not None)
     if dtype == torch.bfloat16:  # autocast: float32 parameters, bf16 compute
         f32 = copy.deepcopy(layer).float()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             ya = f32(x.float())
         assert bool(torch.isfinite(ya).all())
         assert float((ya.double() - expected).abs().max()) <= tol * scale

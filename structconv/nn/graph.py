@@ -333,7 +333,7 @@ class ChebConv(_GraphLayer):
         lam: Any = lambda_max if lambda_max is not None else self.lambda_max
         if lam is None:
             lam = 2.0 * w.max()  # PyG's default (differentiable, as PyG's)
-            if float(lam) <= 0:
+            if float(lam.detach()) <= 0:
                 raise ValueError(
                     "ChebConv: the default lambda_max, twice the largest entry of L, is 0 (normalization=None "
                     "on a graph without edges); pass lambda_max"

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks.harness import Report, Row, publish
-from structconv.experiments.cifar.throughput import GOAL_DENSE, GOAL_RESNET, measure, table
+from structconv.experiments.cifar.throughput import GOALS, measure, table
 
 
 def plot(rows: list[Row], path: Path) -> None:
@@ -32,7 +32,8 @@ def plot(rows: list[Row], path: Path) -> None:
     )
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("training images / s")
-    ax.set_title(f"{row.case} (goals: {GOAL_DENSE:g}x the dense twin, {GOAL_RESNET:g}x ResNet18)", fontsize=9)
+    goal = GOALS["resnet18 / resnet18 torch"]
+    ax.set_title(f"{row.case} (goal: ResNet18 of GridConv2d >= {goal:g}x nn.Conv2d)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -54,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{result.device}, batch {batch}, {result.precision}", {"batch": batch}, times, "sa-quadratic paper-dense"
     )
     report = Report(f"cifar_{args.device.split(':')[0]}", [row])
-    report.summary = {"speedup_over_dense": result.speedup_over_dense, "ratio_to_resnet": result.ratio_to_resnet}
+    report.summary = {
+        "sa_over_dense": result.ratio("sa-quadratic", "sa-quadratic paper-dense"),
+        "grid_resnet_over_torch_resnet": result.ratio("resnet18", "resnet18 torch"),
+        "gflop_per_image": {n: f / 1e9 for n, f in result.flops_per_image.items()},
+    }
     publish(report, args.out, table(result), plot)
     return 0
 

@@ -476,12 +476,25 @@ def test_download_verifies_the_checksum_and_leaves_nothing_on_failure(tmp_path: 
 
 
 # --- throughput and command line ----------------------------------------------------------------
-def test_throughput_reports_every_variant_and_the_goal_ratios() -> None:
-    result = measure("cpu", batch=2, steps=1, rounds=1, sa_options={"width": 16, "depth": 1, "ffn": 16})
-    assert set(result.images_per_second) == {"sa-quadratic", "sa-quadratic paper-dense", "resnet18", "resnet18 torch"}
+def test_throughput_reports_every_variant_its_flops_and_the_goal_ratios() -> None:
+    from structconv.experiments.cifar.throughput import SA_VARIANTS
+
+    result = measure(
+        "cpu", batch=2, steps=1, rounds=1, sa_options={"width": 16, "depth": 1, "ffn": 16}, peak_tflops=1.0
+    )
+    assert set(result.images_per_second) == {*SA_VARIANTS, "sa-quadratic paper-dense", "resnet18", "resnet18 torch"}
     assert all(v > 0 for v in result.images_per_second.values())
+    # The twin computes the same function the dense way: at least the structconv model's FLOPs.
+    flops = result.flops_per_image
+    assert flops["sa-quadratic paper-dense"] >= flops["sa-quadratic"] > 0
+    assert flops["resnet18"] == pytest.approx(flops["resnet18 torch"], rel=0.05)
+    assert flops["resnet18 torch"] == pytest.approx(3 * 0.556e9 * 2, rel=0.1)  # ~0.56 GMAC forward, x3 with backward
     text = table(result)
-    assert "sa-quadratic / paper-dense" in text and "goal >= 3x" in text and "goal >= 0.5x" in text
+    assert "resnet18 / resnet18 torch" in text and "goal >= 0.9x" in text and "MFU" in text
+    only = measure("cpu", batch=2, steps=1, rounds=1, only=("resnet18",))
+    assert set(only.images_per_second) == {"resnet18"}
+    with pytest.raises(ValueError, match=r"unknown variants \['vgg'\]"):
+        measure("cpu", batch=2, steps=1, rounds=1, only=("vgg",))
 
 
 def test_cli_reports_bad_input_clearly(tmp_path: Path) -> None:

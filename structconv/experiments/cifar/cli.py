@@ -177,7 +177,7 @@ def _bench(args: argparse.Namespace) -> int:
     only = tuple(s.strip() for s in args.only.split(",") if s.strip())
     result = measure(
         device, batch=args.batch, steps=args.steps, rounds=args.rounds, only=only,
-        log=lambda s: print(s, file=sys.stderr, flush=True),
+        log=lambda s: print(s, file=sys.stderr, flush=True), peak_tflops=args.peak_tflops,
     )  # fmt: skip
     text = table(result)
     print(text)
@@ -252,12 +252,15 @@ def add_parser(sub: Any) -> None:
     plot.add_argument("--out", default=None, help="figure directory (default <runs>/figures)")
     _data_arguments(plot)
     plot.set_defaults(func=_plot)
-    bench = verbs.add_parser("bench", help="training throughput: SA quadratic vs paper-dense vs ResNet18")
+    bench = verbs.add_parser("bench", help="training throughput, FLOPs and utilisation of every model and peer")
     bench.add_argument("--device", default="auto")
     bench.add_argument("--batch", type=int, default=100)
     bench.add_argument("--steps", type=int, default=5, help="training steps per timed round")
     bench.add_argument("--rounds", type=int, default=5)
     bench.add_argument("--only", default="", help="comma-separated variants to run")
+    bench.add_argument(
+        "--peak-tflops", type=float, default=None, help="the device's peak TFLOP/s in this precision, for MFU"
+    )
     bench.add_argument("--out", default="benchmarks/results", help="where to write the table and JSON")
     bench.set_defaults(func=_bench)
     demo = verbs.add_parser("demo", help="CPU demonstration: demo preset for three models, figures, results table")

@@ -326,7 +326,7 @@ def train(
             if bar is not None:
                 bar.update(1)
                 if i % 20 == 0:
-                    bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.4f}")
+                    bar.set_postfix(loss=f"{float(loss.detach()):.3f}", lr=f"{lr:.4f}")
         if bar is not None:
             bar.close()
         if cuda:

@@ -144,12 +144,93 @@ def test_truncated_archive_names_the_file(tmp_path: Path, fmt: str, fraction: fl
         load_cifar10(cut, "test", cache_dir=tmp_path / "cache")
 
 
-def test_unwritable_cache_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _snapshot(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.stat().st_mtime_ns for p in sorted(directory.rglob("*"))}
 
+
+def test_loading_leaves_the_data_directory_unchanged_and_caches_in_structconv_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, cache = tmp_path / "data", tmp_path / "cache"
+    data.mkdir()
+    _folder(data)
+    before = _snapshot(data)
+    monkeypatch.setenv("STRUCTCONV_CACHE", str(cache))
+    first = load_cifar10(data, "test")
+    again = load_cifar10(data, "test")  # read back from the cache
+    np.testing.assert_array_equal(first.images, again.images)
+    assert _snapshot(data) == before  # no file added, none rewritten
+    cached = sorted(p.name for p in cache.iterdir())
+    assert len(cached) == 1 and cached[0].startswith("cifar10-jpeg.tar.gz.test.") and cached[0].endswith(".npz")
+    explicit = tmp_path / "explicit"
+    load_cifar10(data, "test", cache_dir=explicit)  # an explicit cache_dir wins over the variable
+    assert len(list(explicit.glob("*.npz"))) == 1 and len(list(cache.iterdir())) == 1
+
+
+def test_default_cache_is_the_platforms_user_cache_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from structconv.data.cifar import user_cache_dir
+
+    monkeypatch.delenv("STRUCTCONV_CACHE", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert user_cache_dir() == tmp_path / "xdg" / "structconv"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/path")  # the XDG spec says to ignore a relative one
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert user_cache_dir() == tmp_path / "home" / ".cache" / "structconv"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert user_cache_dir() == tmp_path / "home" / ".cache" / "structconv"
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert user_cache_dir() == tmp_path / "home" / "Library" / "Caches" / "structconv"
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "local"))
+    assert user_cache_dir() == tmp_path / "local" / "structconv" / "Cache"
+    monkeypatch.setenv("STRUCTCONV_CACHE", str(tmp_path / "mine"))
+    assert user_cache_dir() == tmp_path / "mine"
+    # Loading with no cache_dir and no STRUCTCONV_CACHE writes under XDG_CACHE_HOME.
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.delenv("STRUCTCONV_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    data = tmp_path / "data"
+    data.mkdir()
+    _folder(data)
+    load_cifar10(data, "test")
+    assert len(list((tmp_path / "xdg" / "structconv").glob("cifar10-jpeg.tar.gz.test.*.npz"))) == 1
+    assert sorted(p.name for p in data.iterdir()) == ["cifar10-jpeg.tar.gz"]
+
+
+def test_two_different_archives_never_share_a_cache_entry(tmp_path: Path) -> None:
+    a, b, cache = tmp_path / "a", tmp_path / "b", tmp_path / "cache"
+    a.mkdir()
+    b.mkdir()
+    made_a, made_b = _folder(a, seed=1), _folder(b, seed=2)  # same name, same layout, other pixels
+    stamp = (a / "cifar10-jpeg.tar.gz").stat().st_mtime_ns
+    os.utime(b / "cifar10-jpeg.tar.gz", ns=(stamp, stamp))  # even the modification time agrees
+    first = load_cifar10(a, "test", cache_dir=cache)
+    second = load_cifar10(b, "test", cache_dir=cache)
+    assert len(list(cache.glob("*.npz"))) == 2
+    np.testing.assert_array_equal(first.images[0], sorted(made_a["test"], key=lambda t: t[1])[0][0])
+    np.testing.assert_array_equal(second.images[0], sorted(made_b["test"], key=lambda t: t[1])[0][0])
+    _folder(a, seed=3)  # the archive replaced in place: a new entry, not the stale one
+    third = load_cifar10(a, "test", cache_dir=cache)
+    assert len(list(cache.glob("*.npz"))) == 3 and not np.array_equal(third.images, first.images)
+
+
+def test_unwritable_cache_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _folder(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(PermissionError, match=r"cannot create the cache directory .*a-file/sub .*pass cache_dir="):
+        load_cifar10(tmp_path, "test", cache_dir=blocker / "sub")
+    monkeypatch.setenv("STRUCTCONV_CACHE", str(tmp_path / "env"))
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # as if no directory were writable
-    with pytest.raises(PermissionError, match=r"cannot cache the decoded cifar10-jpeg.tar.gz"):
-        load_cifar10(tmp_path, "test", cache_dir=tmp_path / "sub")
+    with pytest.raises(
+        PermissionError,
+        match=r"cannot cache the decoded cifar10-jpeg.tar.gz: the cache directory .*env \(from \$STRUCTCONV_CACHE\) "
+        r"is not writable; set STRUCTCONV_CACHE",
+    ):
+        load_cifar10(tmp_path, "test")
     assert not list(tmp_path.rglob("*.npz"))
 
 

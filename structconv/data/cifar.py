@@ -4,10 +4,12 @@
   batches.meta}``: pickles of ``{b"data": uint8 (N, 3072), b"labels": [...]}``), read with a
   restricted unpickler that resolves only the numpy globals an array needs;
 * an image-folder archive such as ``cifar10-jpeg.tar.gz`` (``cifar10/{train,test}/<class>/*.jpg``),
-  decoded with Pillow once and cached as a ``.npz`` next to it (or in ``cache_dir``).
+  decoded with Pillow once and cached as a ``.npz`` in ``cache_dir``, else ``$STRUCTCONV_CACHE``,
+  else the user's cache directory (:func:`user_cache_dir`) -- never beside the archive.
 
-The data directory is an argument, or the ``STRUCTCONV_DATA`` environment variable.  Loading
-never touches the network: a missing archive is an error that says which file to put where.
+The data directory is an argument, or the ``STRUCTCONV_DATA`` environment variable; it is only
+read (only :func:`download_cifar10`, when asked, writes there).  Loading never touches the
+network: a missing archive is an error that says which file to put where.
 :func:`download_cifar10` fetches the official archive where the network allows (its URL and MD5
 are :data:`OFFICIAL_URL` and :data:`OFFICIAL_MD5`), verifies the checksum and writes the file
 atomically; ``structconv cifar train --download`` calls it when no archive is present.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import sys
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -29,7 +32,18 @@ import numpy as np
 from .._atomic import atomic_write
 from .planetoid import _CORRUPT_PICKLE, _numpy_reconstruct, _RefusedGlobalError, _RestrictedUnpickler
 
-__all__ = ["CLASSES", "OFFICIAL_MD5", "OFFICIAL_URL", "Cifar10", "download_cifar10", "load_cifar10", "verify_md5"]
+__all__ = [
+    "CACHE_ENV",
+    "CLASSES",
+    "OFFICIAL_MD5",
+    "OFFICIAL_URL",
+    "Cifar10",
+    "cache_key",
+    "download_cifar10",
+    "load_cifar10",
+    "user_cache_dir",
+    "verify_md5",
+]
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 OFFICIAL = "cifar-10-python.tar.gz"
@@ -37,6 +51,7 @@ FOLDER = "cifar10-jpeg.tar.gz"
 OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 OFFICIAL_MD5 = "c58f30108f718f92721af3b95e74349a"
 ENV = "STRUCTCONV_DATA"
+CACHE_ENV = "STRUCTCONV_CACHE"
 
 _ADMITTED = {
     ("numpy", "ndarray"): np.ndarray,
@@ -122,8 +137,9 @@ def load_cifar10(
     """Load a CIFAR-10 split (``"train"``: 50,000 images, ``"test"``: 10,000) from ``root``.
 
     The official archive is preferred when both are present.  The image-folder archive is
-    decoded once; the arrays are cached in ``cache_dir`` (default: ``root``, else a
-    ``structconv`` folder in the user's cache) and written atomically.
+    decoded once; the arrays are cached in ``cache_dir`` (default: :func:`user_cache_dir`, that is
+    ``$STRUCTCONV_CACHE`` or the platform's user cache directory, never ``root``, which is only
+    read), keyed by :func:`cache_key` and written atomically.
 
     Raises
     ------
@@ -134,7 +150,8 @@ def load_cifar10(
     pickle.UnpicklingError
         If a pickle names anything but the numpy globals an array needs (nothing it names is run).
     PermissionError
-        If no cache directory is writable for the decoded image folder.
+        If the cache directory for the decoded image folder cannot be created or written; the
+        message names it and says how to choose another.
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -204,29 +221,70 @@ def _checked(images: np.ndarray, labels: np.ndarray, source: str) -> Cifar10:
     return Cifar10(np.ascontiguousarray(images), labels, CLASSES, source)
 
 
-def _cache_path(archive: Path, split: str, cache_dir: str | os.PathLike[str] | None) -> Path:
+_KEY_BYTES = 1 << 20  # the archive's first MiB enters the cache key
+
+
+def user_cache_dir() -> Path:
+    """The directory decoded archives are cached in unless a ``cache_dir`` is given.
+
+    ``$STRUCTCONV_CACHE`` if set, else the platform's per-user cache directory with a
+    ``structconv`` folder: ``$XDG_CACHE_HOME/structconv`` (``~/.cache/structconv`` without it)
+    on Linux and other POSIX systems, ``~/Library/Caches/structconv`` on macOS and
+    ``%LOCALAPPDATA%\\structconv\\Cache`` on Windows (``~/AppData/Local`` without it) -- the
+    locations ``platformdirs`` would give.  The directory is not created here.
+    """
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "win32":
+        local = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
+        return Path(local) / "structconv" / "Cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "structconv"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"  # XDG: relative is invalid
+    return base / "structconv"
+
+
+def cache_key(archive: Path) -> str:
+    """A key that two different archives never share: SHA-256 of size, mtime and the first MiB.
+
+    The size and the modification time (in nanoseconds) change when the file is replaced or
+    rewritten; the content hash of the first MiB tells apart archives that happen to share
+    both.  Reading 1 MiB keeps the key cheap for the 140 MB archive.
+    """
     stat = archive.stat()
-    name = f"{archive.name}.{split}.{stat.st_size}.{int(stat.st_mtime)}.npz"
-    candidates = [Path(cache_dir)] if cache_dir is not None else [archive.parent, _user_cache()]
-    for directory in candidates:
-        if (directory / name).is_file():
-            return directory / name
-    for directory in candidates:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(directory, os.W_OK):
-            return directory / name
-    raise PermissionError(
-        f"cannot cache the decoded {archive.name}: none of {[str(c) for c in candidates]} is writable; "
-        "pass cache_dir=... pointing at a writable directory"
+    digest = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}:".encode())
+    with archive.open("rb") as f:
+        digest.update(f.read(_KEY_BYTES))
+    return digest.hexdigest()[:16]
+
+
+def _cache_path(archive: Path, split: str, cache_dir: str | os.PathLike[str] | None) -> Path:
+    """Where the decoded ``split`` of ``archive`` is cached; never ``archive``'s own directory."""
+    directory = Path(cache_dir).expanduser() if cache_dir is not None else user_cache_dir()
+    path = directory / f"{archive.name}.{split}.{cache_key(archive)}.npz"
+    if path.is_file():
+        return path
+    origin = (
+        "cache_dir (--cache)"
+        if cache_dir is not None
+        else (f"${CACHE_ENV}" if os.environ.get(CACHE_ENV) else "the user cache directory")
     )
-
-
-def _user_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "structconv"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise PermissionError(
+            f"cannot cache the decoded {archive.name}: cannot create the cache directory {directory} "
+            f"(from {origin}): {err.strerror or err}; set {CACHE_ENV} or pass cache_dir=... (--cache) "
+            "to a writable directory"
+        ) from err
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"cannot cache the decoded {archive.name}: the cache directory {directory} (from {origin}) is not "
+            f"writable; set {CACHE_ENV} or pass cache_dir=... (--cache) to a writable directory"
+        )
+    return path
 
 
 def _read_folder_cached(archive: Path, split: str, cache_dir: str | os.PathLike[str] | None) -> Cifar10:

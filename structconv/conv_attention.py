@@ -86,7 +86,7 @@ def conv_to_attention(
     the hard one-hot heads), and :math:`\Theta_h = W_{:,:,h}^\top`, so that
     ``conv(basis, x, theta) + bias`` is the convolution.
 
-    Borders (DESIGN.md §2) are an explicit choice:
+    Borders (see :doc:`/attention`) are an explicit choice:
 
     * ``"periodic"``: the grid is a torus (circular padding), exact for hard and soft heads;
     * ``"padded"``: the image is surrounded by zero tokens that the heads may attend to but

@@ -1,4 +1,4 @@
-r"""Relative-position attention on grids (Cordonnier et al. §3–4, their Eq. 5; DESIGN.md §3).
+r"""Relative-position attention on grids (Cordonnier et al. §3–4, their Eq. 5).
 
 On a grid of ``M`` positions the score of a relative-position head depends on the offset
 :math:`\delta = \mathrm{pos}(m) - \mathrm{pos}(n)` from the output (query) :math:`n` to the
@@ -202,7 +202,7 @@ class PositionalMechanism(Mechanism):
         ``threshold=None`` gives the exact column-wise softmax as a dense basis.  With a
         ``threshold`` in ``(0, 1)``, head :math:`h` keeps the offsets whose score is at least
         :math:`\min_n \max_m a_{hmn} + \ln(\mathrm{threshold})` and runs as one renormalised
-        weighted :class:`~structconv.GridBasis` (DESIGN.md §3); every dropped weight is then
+        weighted :class:`~structconv.GridBasis` (a Gaussian shift kernel); every dropped weight is then
         below ``threshold`` times the largest weight of its own column, so each column moves by
         at most ``threshold`` times the number of dropped offsets (relative L1).  The shift form
         is used only when its taps number fewer than 1/16 of the dense entries (a tap is a pass

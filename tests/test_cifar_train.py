@@ -7,7 +7,6 @@ import io
 import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import tarfile
@@ -20,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F  # noqa: N812
 
+from structconv import _atomic as atomic_module
 from structconv.data.augment import CIFAR10_MEAN, CIFAR10_STD, Batches, augment, normalize
 from structconv.data.cifar import CLASSES, ENV, Cifar10, download_cifar10
 from structconv.experiments.cifar import checkpoint as ckpt_module
@@ -30,7 +30,7 @@ from structconv.experiments.cifar.names import DATA_ENV, MODEL_NAMES, PRESET_NAM
 from structconv.experiments.cifar.presets import PRESETS, TrainConfig, config_for
 from structconv.experiments.cifar.reference import dense_twin
 from structconv.experiments.cifar.throughput import measure, table
-from structconv.experiments.cifar.train import KILL_ENV, _optimizer, learning_rate, model_from_checkpoint, train
+from structconv.experiments.cifar.train import _optimizer, learning_rate, model_from_checkpoint, train
 
 ROOT = Path(__file__).resolve().parents[1]
 _TINY_SA = {"width": 16, "depth": 2, "ffn": 16, "heads": 4, "dropout": 0.0, "attention_dropout": 0.0}
@@ -395,10 +395,10 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path: Path, monkeypat
     path = tmp_path / "c.pt"
     save_checkpoint(path, {"epoch": 1})
 
-    def fail(tmp: str) -> None:
+    def fail(src: str, dst: str) -> None:
         raise KeyboardInterrupt  # as if the process were interrupted between write and rename
 
-    monkeypatch.setattr(ckpt_module, "_before_replace", fail)
+    monkeypatch.setattr(atomic_module.os, "replace", fail)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(path, {"epoch": 2})
     assert load_checkpoint(path)["epoch"] == 1
@@ -410,22 +410,32 @@ def _comparable(history: list[dict[str, object]]) -> list[dict[str, object]]:
     return [{k: v for k, v in row.items() if k not in timing} for row in history]
 
 
-def test_a_run_killed_mid_epoch_resumes_to_the_same_parameters(tmp_path: Path) -> None:
-    _official_archive(tmp_path)
-    args = ["train", "--preset", "smoke", "--model", "sa-quadratic", "--epochs", "3", "--no-progress",
-            "--data", str(tmp_path), "--device", "cpu", "--train-subset", "32"]  # fmt: skip
-    steps_per_epoch = 32 // 8
-    killed = _cli(*args, "--out", str(tmp_path / "a"), env={KILL_ENV: str(steps_per_epoch + 2)})
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    run_a = tmp_path / "a" / "sa-quadratic-smoke"
-    assert torch.load(run_a / "checkpoint.pt", weights_only=True)["epoch"] == 1  # the finished epoch survived
-    resumed = _cli(*args, "--out", str(tmp_path / "a"))
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resumed" in resumed.stdout
-    straight = _cli(*args, "--out", str(tmp_path / "b"))
-    assert straight.returncode == 0, straight.stderr
-    a = torch.load(run_a / "checkpoint.pt", weights_only=True)
-    b = torch.load(tmp_path / "b" / "sa-quadratic-smoke" / "checkpoint.pt", weights_only=True)
+def test_a_run_interrupted_mid_epoch_resumes_to_the_same_parameters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted in its second epoch (after epoch 1's checkpoint), resumed, equal to a run never stopped."""
+    data = (_fake(32, 0), _fake(16, 1))
+    config = config_for("smoke", "sa-quadratic", epochs=3, train_subset=32)
+    steps_per_epoch = 32 // config.batch_size
+    real_step, calls = torch.optim.SGD.step, [0]
+
+    def step(self: torch.optim.SGD, *args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        if calls[0] == steps_per_epoch + 2:
+            raise KeyboardInterrupt  # the process dies here: nothing after it is written
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tmp_path / "a", data, progress=False, log=lambda s: None)
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)["epoch"] == 1  # epoch 1 survived
+    messages: list[str] = []
+    train(config, tmp_path / "a", data, progress=False, log=messages.append)
+    assert any(m.startswith("resumed") for m in messages)
+    train(config, tmp_path / "b", data, progress=False, log=lambda s: None)
+    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
+    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
     assert a["epoch"] == b["epoch"] == 3
     for key in b["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key

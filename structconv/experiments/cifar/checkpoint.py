@@ -34,11 +34,6 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     payload = {"format": FORMAT, "version": VERSION, **state}
     with atomic_write(path, sync=True) as f:
         torch.save(payload, f)
-        _before_replace(f.name)
-
-
-def _before_replace(tmp: str) -> None:
-    """A hook between writing and renaming (tests inject a failure here)."""
 
 
 def load_checkpoint(path: Path, expect: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -22,7 +22,6 @@ import contextlib
 import json
 import math
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -54,8 +53,6 @@ __all__ = [
     "train",
 ]
 
-#: Test hook: a training process sends itself SIGKILL before the global step named here.
-KILL_ENV = "STRUCTCONV_TEST_KILL_AT_STEP"
 CHECKPOINT = "checkpoint.pt"
 
 
@@ -223,11 +220,6 @@ def _out_of_time(start: float, epoch_times: list[float], limit: float, dist: Dis
     return bool(dist.all_sum(torch.tensor([float(late)], device=device)).item() > 0)
 
 
-def _kill_step() -> int | None:
-    value = os.environ.get(KILL_ENV)
-    return int(value) if value else None
-
-
 def _batches(data: tuple[Cifar10, Cifar10], config: TrainConfig, device: str, dist: Dist) -> tuple[Batches, Batches]:
     train_x, train_y = _subset(data[0], config.train_subset)
     test_x, test_y = _subset(data[1], config.test_subset)
@@ -297,7 +289,6 @@ def train(
     train_batches, test_batches = _batches(data, config, device, dist)
     steps = len(train_batches)
     environment = _environment(device, dist, compile)
-    kill_at = _kill_step()
     epoch_times: list[float] = []
     for epoch in range(first, config.epochs):
         if time_limit is not None and _out_of_time(start, epoch_times, time_limit, dist, device):
@@ -311,8 +302,6 @@ def train(
         bar = _progress(steps, f"{config.model} epoch {epoch + 1}/{config.epochs}", progress and dist.main)
         for i, (x, y) in enumerate(train_batches.epoch(config.seed, epoch)):
             step = epoch * steps + i
-            if kill_at is not None and step == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
             lr = learning_rate(config, step, steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr

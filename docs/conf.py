@@ -7,6 +7,8 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
+    # Ships MathJax 3 and points mathjax_path at the copy in _static/: math renders offline.
+    "sphinx-mathjax-offline",
     "sphinx.ext.doctest",
 ]
 autodoc_member_order = "bysource"

@@ -15,10 +15,8 @@ Hypothesis.  The fragment is generated from :data:`CASES`::
 from __future__ import annotations
 
 import sys
-import textwrap
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +25,7 @@ import scipy.sparse
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from peer_table import EQUAL, NA, REFUSED, PeerTable
 
 from structconv import nn as snn
 
@@ -37,22 +36,35 @@ from torch_geometric.utils import to_torch_coo_tensor, to_torch_csc_tensor  # no
 
 warnings.filterwarnings("ignore", message=".*[Ss]parse CSR.*")
 
-EQUAL, REFUSED, NA = "equal", "refused", "n.a."
-CASES: dict[str, tuple[str, str, str, str]] = {}  # test name -> (layer, status, option / call form, note)
 TOL = {torch.float64: (1e-7, 1e-9), torch.float32: (1e-4, 1e-5)}
 DTYPES = [torch.float64, torch.float32]
 FEW = settings(max_examples=6, deadline=None)
-FRAGMENT = Path(__file__).resolve().parents[2] / "docs" / "peers" / "graph.rst"
+
+
+INTRO = (
+    "Each row is an option or call form from PyTorch Geometric {version}'s own tests of the layer, run "
+    "on PyG's layer and on ours loaded with its parameters (tests/peers/test_pyg_graph.py).  *equal*: "
+    "outputs and the gradients of the inputs and of every parameter agree, in float64 (rtol 1e-7) and "
+    "float32 (rtol 1e-4), on directed weighted multigraphs with self-loops drawn by Hypothesis where "
+    "the row allows; bfloat16 autocast within 8 % of the largest value.  *refused*: our layer raises a "
+    "ValueError or TypeError naming the argument (the note says what PyG does).  *n.a.*: PyG-internal "
+    "machinery or an input PyG itself rejects; the note says what we do, which is tested.  A sparse "
+    "adjacency is PyG's adj_t (row = target) in every layer."
+)
+
+TABLE = PeerTable(
+    "graph",
+    "test_pyg_graph",
+    "Graph layers against PyTorch Geometric 2.8",
+    INTRO,
+    ("layer", "option / call form", "result", "note"),
+    (12, 40, 10, 38),
+)
 
 
 def case(layer: str, status: str, form: str, note: str = "") -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register a test as one row of the fragment."""
-
-    def register(fn: Callable[..., None]) -> Callable[..., None]:
-        CASES[fn.__name__] = (layer, status, form, note)
-        return fn
-
-    return register
+    return TABLE.case(layer, form, status, note)
 
 
 # --- graphs ------------------------------------------------------------------------------------------
@@ -733,49 +745,15 @@ def test_pyg_internals() -> None:
 
 
 # --- the fragment --------------------------------------------------------------------------------------
-INTRO = (
-    "Each row is an option or call form from PyTorch Geometric {version}'s own tests of the layer, run "
-    "on PyG's layer and on ours loaded with its parameters (tests/peers/test_pyg_graph.py).  *equal*: "
-    "outputs and the gradients of the inputs and of every parameter agree, in float64 (rtol 1e-7) and "
-    "float32 (rtol 1e-4), on directed weighted multigraphs with self-loops drawn by Hypothesis where "
-    "the row allows; bfloat16 autocast within 8 % of the largest value.  *refused*: our layer raises a "
-    "ValueError or TypeError naming the argument (the note says what PyG does).  *n.a.*: PyG-internal "
-    "machinery or an input PyG itself rejects; the note says what we do, which is tested.  A sparse "
-    "adjacency is PyG's adj_t (row = target) in every layer."
-)
 
 
 def render() -> str:
     """``docs/peers/graph.rst``: one row per case, and the counts."""
-    counts = {s: sum(1 for c in CASES.values() if c[1] == s) for s in (EQUAL, REFUSED, NA)}
-    version = torch_geometric.__version__
-    lines = [
-        "Graph layers against PyTorch Geometric 2.8",
-        "==========================================",
-        "",
-        *textwrap.wrap(INTRO.format(version=version), 96),
-        "",
-        f"Counts: {counts[EQUAL]} equal, {counts[REFUSED]} refused, {counts[NA]} n.a.  Produced by::",
-        "",
-        "    .venv/bin/python -m pytest -q tests/peers/test_pyg_graph.py",
-        "    .venv/bin/python tests/peers/test_pyg_graph.py > docs/peers/graph.rst",
-        "",
-        ".. list-table::",
-        "   :header-rows: 1",
-        "   :widths: 12 40 10 38",
-        "",
-        "   * - layer",
-        "     - option / call form",
-        "     - result",
-        "     - note",
-    ]
-    for layer, status, form, note in CASES.values():
-        lines += [f"   * - {layer}", f"     - {form}", f"     - {status}", f"     - {note}" if note else "     -"]
-    return "\n".join(lines) + "\n"
+    return TABLE.render(torch_geometric.__version__)
 
 
 def test_fragment_is_current() -> None:
-    assert FRAGMENT.read_text() == render(), "regenerate: .venv/bin/python tests/peers/test_pyg_graph.py"
+    assert TABLE.fragment.read_text() == render(), "regenerate: .venv/bin/python tests/peers/test_pyg_graph.py"
 
 
 if __name__ == "__main__":

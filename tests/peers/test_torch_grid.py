@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import copy
 import sys
-import textwrap
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from peer_table import EQUAL, NA, REFUSED, PeerTable
 from torch.nn import functional as F  # noqa: N812
 
 from structconv import nn as snn
 
-EQUAL, REFUSED, NA = "equal", "refused", "n.a."
-CASES: dict[str, tuple[str, str, str]] = {}  # test name -> (status, option, note)
 TOLERANCES = {  # (rtol, atol relative to the largest reference value)
     torch.float64: (1e-7, 1e-9),
     torch.float32: (1e-4, 2e-5),
@@ -42,14 +39,26 @@ ORDERS = ("auto", "ax", "xtheta")
 FEW = settings(max_examples=10, deadline=None)
 
 
+INTRO = (
+    ":class:`structconv.nn.GridConv1d`, ``2d``, ``3d`` loaded with the ``state_dict`` of "
+    "``torch.nn.Conv{{1,2,3}}d``, and :class:`structconv.nn.AvgPool1d`, ``2d``, ``3d`` against "
+    "``torch.nn.AvgPool{{1,2,3}}d`` (torch {version}), option by option, in 1, 2 and 3 dimensions.  "
+    "*equal*: the same output and gradients (input and every parameter) through every order of the "
+    "engine (``auto``, i.e. native, ``ax`` and ``xtheta``; pooling: native and slicing), in float64 and "
+    "float32 (relative 1e-7 and 1e-4), and in bfloat16 within twice torch's own bfloat16 error from the "
+    "float64 result plus 5 % of the largest value, on shapes and options drawn by Hypothesis.  "
+    "*refused*: both layers raise (ours names the argument).  *n.a.*: the comparison does not apply; "
+    "the note says what we do instead, which is tested."
+)
+
+TABLE = PeerTable(
+    "torch_grid", "test_torch_grid", "Grid layers against torch.nn", INTRO, ("option", "result", "note"), (45, 10, 45)
+)
+
+
 def case(status: str, form: str, note: str = "") -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register a test as one row of the fragment."""
-
-    def register(fn: Callable[..., None]) -> Callable[..., None]:
-        CASES[fn.__name__] = (status, form, note)
-        return fn
-
-    return register
+    return TABLE.case(form, status, note)
 
 
 # --- running both layers and comparing them ---------------------------------------------------------
@@ -641,50 +650,15 @@ def test_pool3d_input_smaller_than_kernel(data: Any, seed: int, ceil: bool, incl
 
 
 # --- the fragment -----------------------------------------------------------------------------------
-FRAGMENT = Path(__file__).resolve().parents[2] / "docs" / "peers" / "torch_grid.rst"
-
-INTRO = (
-    ":class:`structconv.nn.GridConv1d`, ``2d``, ``3d`` loaded with the ``state_dict`` of "
-    "``torch.nn.Conv{{1,2,3}}d``, and :class:`structconv.nn.AvgPool1d`, ``2d``, ``3d`` against "
-    "``torch.nn.AvgPool{{1,2,3}}d`` (torch {version}), option by option, in 1, 2 and 3 dimensions.  "
-    "*equal*: the same output and gradients (input and every parameter) through every order of the "
-    "engine (``auto``, i.e. native, ``ax`` and ``xtheta``; pooling: native and slicing), in float64 and "
-    "float32 (relative 1e-7 and 1e-4), and in bfloat16 within twice torch's own bfloat16 error from the "
-    "float64 result plus 5 % of the largest value, on shapes and options drawn by Hypothesis.  "
-    "*refused*: both layers raise (ours names the argument).  *n.a.*: the comparison does not apply; "
-    "the note says what we do instead, which is tested."
-)
 
 
 def render() -> str:
     """``docs/peers/torch_grid.rst``: one row per case, and the counts."""
-    counts = {s: sum(1 for c in CASES.values() if c[0] == s) for s in (EQUAL, REFUSED, NA)}
-    lines = [
-        "Grid layers against torch.nn",
-        "============================",
-        "",
-        *textwrap.wrap(INTRO.format(version=torch.__version__.split("+")[0]), 96),
-        "",
-        f"Counts: {counts[EQUAL]} equal, {counts[REFUSED]} refused, {counts[NA]} n.a.  Produced by::",
-        "",
-        "    .venv/bin/python -m pytest -q tests/peers/test_torch_grid.py",
-        "    .venv/bin/python tests/peers/test_torch_grid.py > docs/peers/torch_grid.rst",
-        "",
-        ".. list-table::",
-        "   :header-rows: 1",
-        "   :widths: 45 10 45",
-        "",
-        "   * - option",
-        "     - result",
-        "     - note",
-    ]
-    for status, form, note in CASES.values():
-        lines += [f"   * - {form}", f"     - {status}", f"     - {note}" if note else "     -"]
-    return "\n".join(lines) + "\n"
+    return TABLE.render(torch.__version__.split("+")[0])
 
 
 def test_fragment_is_current() -> None:
-    assert FRAGMENT.read_text() == render(), "regenerate: .venv/bin/python tests/peers/test_torch_grid.py"
+    assert TABLE.fragment.read_text() == render(), "regenerate: .venv/bin/python tests/peers/test_torch_grid.py"
 
 
 if __name__ == "__main__":

@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import copy
 import sys
-import textwrap
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from peer_table import EQUAL, NA, REFUSED, PeerTable
 
 from structconv.nn import MultiHeadSelfAttention
 
-EQUAL, REFUSED, NA = "equal", "refused", "n.a."
-CASES: dict[str, tuple[str, str, str]] = {}  # test name -> (status, option / call form, note)
 TOLERANCES = {  # (rtol, atol relative to the largest reference value)
     torch.float64: (1e-7, 1e-9),
     torch.float32: (1e-4, 2e-5),
@@ -38,14 +35,29 @@ DTYPES = list(TOLERANCES)
 FEW = settings(max_examples=8, deadline=None)
 
 
+INTRO = (
+    ":class:`structconv.nn.MultiHeadSelfAttention` loaded with the ``state_dict`` of "
+    "``torch.nn.MultiheadAttention`` (torch {version}), option by option.  *equal*: the same output, "
+    "attention weights and gradients (inputs and every parameter) in float64 and float32 (relative "
+    "1e-7 and 1e-4), and in bfloat16 within twice torch's own bfloat16 error from the float64 result "
+    "plus 8 % of the largest value plus 2^-6 of the largest gradient or parameter, on shapes, masks "
+    "and parameters drawn by Hypothesis.  *refused*: both layers raise (ours names the argument).  "
+    "*n.a.*: the comparison does not apply; the note says what we do instead, which is tested."
+)
+
+TABLE = PeerTable(
+    "torch_mha",
+    "test_torch_mha",
+    "MultiheadAttention against torch.nn",
+    INTRO,
+    ("option / call form", "result", "note"),
+    (45, 10, 45),
+)
+
+
 def case(status: str, form: str, note: str = "") -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register a test as one row of the fragment."""
-
-    def register(fn: Callable[..., None]) -> Callable[..., None]:
-        CASES[fn.__name__] = (status, form, note)
-        return fn
-
-    return register
+    return TABLE.case(form, status, note)
 
 
 # --- building both layers and comparing them -------------------------------------------------
@@ -529,50 +541,15 @@ def test_static_kv_not_in_the_module() -> None:
 
 
 # --- the fragment -----------------------------------------------------------------------------------
-FRAGMENT = Path(__file__).resolve().parents[2] / "docs" / "peers" / "torch_mha.rst"
-
-
-INTRO = (
-    ":class:`structconv.nn.MultiHeadSelfAttention` loaded with the ``state_dict`` of "
-    "``torch.nn.MultiheadAttention`` (torch {version}), option by option.  *equal*: the same output, "
-    "attention weights and gradients (inputs and every parameter) in float64 and float32 (relative "
-    "1e-7 and 1e-4), and in bfloat16 within twice torch's own bfloat16 error from the float64 result "
-    "plus 8 % of the largest value plus 2^-6 of the largest gradient or parameter, on shapes, masks "
-    "and parameters drawn by Hypothesis.  *refused*: both layers raise (ours names the argument).  "
-    "*n.a.*: the comparison does not apply; the note says what we do instead, which is tested."
-)
 
 
 def render() -> str:
     """``docs/peers/torch_mha.rst``: one row per case, and the counts."""
-    counts = {s: sum(1 for c in CASES.values() if c[0] == s) for s in (EQUAL, REFUSED, NA)}
-    rows = [(status, form, note) for status, form, note in CASES.values()]
-    lines = [
-        "MultiheadAttention against torch.nn",
-        "===================================",
-        "",
-        *textwrap.wrap(INTRO.format(version=torch.__version__.split("+")[0]), 96),
-        "",
-        f"Counts: {counts[EQUAL]} equal, {counts[REFUSED]} refused, {counts[NA]} n.a.  Produced by::",
-        "",
-        "    .venv/bin/python -m pytest -q tests/peers/test_torch_mha.py",
-        "    .venv/bin/python tests/peers/test_torch_mha.py > docs/peers/torch_mha.rst",
-        "",
-        ".. list-table::",
-        "   :header-rows: 1",
-        "   :widths: 45 10 45",
-        "",
-        "   * - option / call form",
-        "     - result",
-        "     - note",
-    ]
-    for status, form, note in rows:
-        lines += [f"   * - {form}", f"     - {status}", f"     - {note}" if note else "     -"]
-    return "\n".join(lines) + "\n"
+    return TABLE.render(torch.__version__.split("+")[0])
 
 
 def test_fragment_is_current() -> None:
-    assert FRAGMENT.read_text() == render(), "regenerate: .venv/bin/python tests/peers/test_torch_mha.py"
+    assert TABLE.fragment.read_text() == render(), "regenerate: .venv/bin/python tests/peers/test_torch_mha.py"
 
 
 if __name__ == "__main__":

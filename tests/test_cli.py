@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+import io
+import pickle
 import subprocess
 import sys
+import tarfile
+from pathlib import Path
 
-from structconv.cli import main
+import numpy as np
+import pytest
+
+import structconv
+from structconv.cli import EXIT_STATUS, PLANETOID_MODELS, PLANETOID_NAMES, ArgumentParser, build_parser, main
 from structconv.selfcheck import CheckResult, format_results
 
 
@@ -34,3 +43,196 @@ def test_console_script_numpy_only_runs_without_importing_torch():
         "assert 'torch' not in sys.modules; sys.exit(rc)"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+# --- command-line conventions (issue 16) ----------------------------------------------------------
+COMMANDS = [[], ["check"], ["planetoid"], ["cifar"]] + [
+    ["cifar", v] for v in ("train", "eval", "plot", "bench", "demo")
+]
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The error line of a usage error (which must exit with status 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ")
+    return err.strip().splitlines()[-1]
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                found += _parsers(child)
+    return found
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "structconv")
+def test_help_states_defaults_and_exit_statuses(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "exit status:\n  0  success\n  1  runtime failure" in out and "2  usage error" in out
+    expected = {
+        "check": ["random cases per identity (default: 12)", "(default: 0)"],
+        "planetoid": ["(default: 10)", "(default: cora)", "(default: the paper's for each model)"],
+        "cifar train": ["(default: fast)", "(default: resnet18)", "(default: runs/cifar)", "(default: the preset's)"],
+        "cifar eval": ["(default: auto)", "(default: $STRUCTCONV_DATA"],
+        "cifar plot": ["(default: <runs>/figures)"],
+        "cifar bench": ["(default: 100)", "(default: 5)", "(default: benchmarks/results)"],
+        "cifar demo": ["(default: cpu)", "(default: runs/cifar-demo)"],
+    }.get(" ".join(command), [])
+    flat = " ".join(out.split())  # help wraps lines
+    for text in expected:
+        assert text in flat, text
+    if command and command[0] == "cifar" and len(command) == 2 and command[1] != "bench":
+        assert "--cache" in flat and "$STRUCTCONV_CACHE" in flat and "never the data directory" in flat
+        assert "beside" not in flat
+
+
+def test_every_option_with_a_default_states_it() -> None:
+    for parser in _parsers(build_parser()):
+        assert isinstance(parser, ArgumentParser) and parser.epilog == EXIT_STATUS
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if action.option_strings and action.help != argparse.SUPPRESS and action.dest not in ("help", "version"):
+                text = formatter._get_help_string(action) or ""
+                if action.default not in (None, False, [], ""):
+                    assert "default" in text, (parser.prog, action.option_strings)
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"structconv {structconv.__version__}\n"
+    done = subprocess.run([sys.executable, "-m", "structconv.cli", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == f"structconv {structconv.__version__}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["cifar", "train", "--epochs", "0"], "--epochs must be a positive integer, got 0"),
+        (["cifar", "demo", "--batch-size", "-8"], "--batch-size must be a positive integer, got -8"),
+        (["cifar", "train", "--seed", "-1"], "--seed must be an integer >= 0, got -1"),
+        (["cifar", "train", "--lr", "0"], "--lr must be a positive number, got 0"),
+        (["cifar", "train", "--test-subset", "0"], "--test-subset must be a positive integer, got 0"),
+        (["cifar", "train", "--train-subset", "1.5"], "--train-subset must be a positive integer, got 1.5"),
+        (["cifar", "train", "--time-limit", "-1"], "--time-limit must be a number >= 0, got -1"),
+        (["cifar", "train", "--time-limit", "nan"], "--time-limit must be a number >= 0, got nan"),
+        (["cifar", "bench", "--steps", "0"], "--steps must be a positive integer, got 0"),
+        (["cifar", "bench", "--rounds", "x"], "--rounds must be a positive integer, got x"),
+        (["cifar", "bench", "--batch", "0"], "--batch must be a positive integer, got 0"),
+        (["cifar", "bench", "--peak-tflops", "inf"], "--peak-tflops must be a positive number, got inf"),
+        (["planetoid", "--seeds", "0"], "--seeds must be a positive integer, got 0"),
+        (["planetoid", "--epochs", "0"], "--epochs must be a positive integer, got 0"),
+        (["check", "--cases", "0"], "--cases must be a positive integer, got 0"),
+    ],
+)
+def test_a_bad_number_is_a_usage_error_naming_the_option(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prog = " ".join(["structconv", *argv[: 2 if argv[0] == "cifar" else 1]])
+    assert _fails(argv, capsys) == f"{prog}: error: {message}"
+
+
+def test_a_time_limit_of_zero_and_a_seed_of_zero_are_accepted() -> None:
+    args = build_parser().parse_args(["cifar", "train", "--time-limit", "0", "--seed", "0"])
+    assert args.time_limit == 0.0 and args.seed == 0 and not hasattr(args, "_structconv_parser")
+
+
+UNRECOGNIZED = "error: unrecognized arguments:"
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["cifar", "train", "--epoks", "3"], f"{UNRECOGNIZED} --epoks 3; did you mean --epochs?"),
+        (["cifar", "train", "--batchsize=3"], f"{UNRECOGNIZED} --batchsize=3; did you mean --batch-size?"),
+        (
+            ["check", "--sed", "1", "--casse", "2"],
+            f"{UNRECOGNIZED} --sed 1 --casse 2; did you mean --seed (for --sed), --cases (for --casse)?",
+        ),
+        (["cifar", "eval", "run", "--devise", "cpu"], f"{UNRECOGNIZED} --devise cpu; did you mean --device?"),
+        (["cifar", "train", "--frobnicate"], f"{UNRECOGNIZED} --frobnicate; see 'structconv cifar train --help'"),
+        (["chek"], "error: unknown command 'chek'; did you mean check?"),
+        (["cifar", "trian"], "error: unknown command 'trian'; did you mean train?"),
+        (["cifar", "train", "--preset", "fats"], "error: --preset: unknown preset 'fats'; did you mean fast?"),
+        (["planetoid", "--name", "core"], "error: --name: unknown name 'core'; did you mean cora?"),
+    ],
+)
+def test_a_misspelling_gets_the_near_names(argv: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The near names only: not every option of the command."""
+    known = [w for w in argv if w in ("check", "planetoid", "cifar", "train", "eval")]
+    assert _fails(argv, capsys) == " ".join(["structconv", *known]) + ": " + line
+
+
+def test_a_missing_command_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _fails([], capsys).endswith("required: {check,planetoid,cifar}")
+    assert _fails(["cifar"], capsys).endswith("required: {train,eval,plot,bench,demo}")
+
+
+def test_planetoid_names_are_the_readers() -> None:
+    from structconv.data.planetoid import NAMES
+    from structconv.experiments.planetoid import MODELS
+
+    assert PLANETOID_NAMES == NAMES and PLANETOID_MODELS == MODELS
+    from structconv.data.cifar import CACHE_ENV as DATA_CACHE_ENV
+    from structconv.experiments.cifar.cli import CACHE_ENV
+
+    assert CACHE_ENV == DATA_CACHE_ENV
+
+
+def _official_archive(root: Path, per_batch: int) -> None:
+    rng = np.random.default_rng(0)
+    with tarfile.open(root / "cifar-10-python.tar.gz", "w:gz") as tar:
+        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+            data = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
+            blob = pickle.dumps({b"data": data, b"labels": [int(v) for v in rng.integers(0, 10, per_batch)]})
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+
+
+def test_usage_errors_exit_2_and_runtime_failures_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cifar", "eval", str(tmp_path / "run"), "--data", str(tmp_path / "absent")]) == 2
+    assert f"structconv cifar eval: data directory {tmp_path / 'absent'} does not exist" in capsys.readouterr().err
+    assert main(["cifar", "train", "--set", "warmup=2", "--data", str(tmp_path)]) == 2
+    assert "--set got unknown setting 'warmup'; did you mean warmup_epochs?" in capsys.readouterr().err
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"not a tar")  # a corrupt archive: a runtime failure
+    assert main(["cifar", "eval", str(tmp_path / "run"), "--data", str(tmp_path)]) == 1
+    assert "not a readable tar archive" in capsys.readouterr().err
+
+
+def test_eval_and_results_md_state_how_many_test_images(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    _official_archive(data, per_batch=20)  # 100 training and 20 test images
+    out = tmp_path / "runs"
+    common = ["--preset", "smoke", "--model", "resnet18", "--data", str(data), "--device", "cpu", "--no-progress"]
+    assert main(["cifar", "train", *common, "--out", str(out)]) == 0  # smoke: test_subset 16
+    results = (out / "results.md").read_text()
+    assert "| test images |" in results.splitlines()[0]
+    assert "| resnet18 | smoke | 1/1 |" in results and "% | 16 | CPU" in results
+    assert "number of test images in its *test images* column (of a test split of 20;" in results
+    assert main(["cifar", "train", *common, "--out", str(out), "--test-subset", "12", "--restart"]) == 0
+    assert "% | 12 | CPU" in (out / "results.md").read_text()
+    capsys.readouterr()
+    assert main(["cifar", "eval", str(out / "resnet18-smoke"), "--data", str(data), "--device", "cpu"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith(f"{out / 'resnet18-smoke' / 'checkpoint.pt'}: resnet18 after epoch 1: test loss ")
+    assert line.endswith(" % on 20 test images")
+
+
+def test_results_table_counts_test_images_from_the_config(tmp_path: Path) -> None:
+    from structconv.experiments.cifar.cli import count_test_images
+
+    assert count_test_images({"test_subset": None}, []) == 10_000
+    assert count_test_images({"test_subset": 1000}, []) == 1000
+    assert count_test_images({"test_subset": 50_000}, []) == 10_000
+    assert count_test_images({"test_subset": 1000}, [{"test_images": 999}]) == 999

@@ -5,14 +5,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from ...cli import (
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+)
 from .names import DATA_ENV as ENV
 
 DEFAULT_DATA = "../shared/data"
+CIFAR10_TEST_IMAGES = 10_000  # the size of CIFAR-10's test split
+CACHE_ENV = "STRUCTCONV_CACHE"  # the same as structconv.data.cifar.CACHE_ENV (tested)
+
+
+class UsageError(ValueError):
+    """Bad command-line input found after parsing (an unknown model, a malformed key=value, ...): exit 2."""
 
 
 def _device(name: str) -> str:
@@ -21,7 +36,7 @@ def _device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+        raise UsageError(f"--device {name}: CUDA is not available on this machine")
     return name
 
 
@@ -41,7 +56,7 @@ def _options(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--option expects key=value (e.g. heads=16), got {pair!r}")
+            raise UsageError(f"--option expects key=value (e.g. heads=16), got {pair!r}")
         out[key] = _value(value)
     return out
 
@@ -52,15 +67,43 @@ def _models(arg: str) -> list[str]:
     names = list(MODELS) if arg == "all" else [m.strip() for m in arg.split(",") if m.strip()]
     unknown = [m for m in names if m not in MODELS]
     if unknown or not names:
-        raise ValueError(f"--model got {unknown or arg!r}; expected 'all' or comma-separated names of {sorted(MODELS)}")
+        raise UsageError(f"--model got {unknown or arg!r}; expected 'all' or comma-separated names of {sorted(MODELS)}")
     return names
 
 
-def results_table(runs: list[Path]) -> str:
-    """Markdown table of each run's final and best test accuracy, device, epochs and wall time."""
+def count_test_images(
+    config: dict[str, Any], history: list[dict[str, Any]], test_split: int = CIFAR10_TEST_IMAGES
+) -> int:
+    """How many test images a run's accuracies were measured on.
+
+    Parameters
+    ----------
+    config : dict
+        The run's configuration (``metrics.json``'s ``config``).
+    history : list of dict
+        Its per-epoch rows; a ``test_images`` entry in the last, where present, is the count.
+    test_split : int, default 10,000
+        The size of the test split the run read (CIFAR-10's is 10,000).
+
+    Returns
+    -------
+    int
+        ``test_images`` of the last row, else the config's ``test_subset`` (at most
+        ``test_split``), else ``test_split``.
+    """
+    if history and "test_images" in history[-1]:
+        return int(history[-1]["test_images"])
+    subset = config.get("test_subset")
+    return test_split if subset is None else min(int(subset), test_split)
+
+
+def results_table(runs: list[Path], test_split: int = CIFAR10_TEST_IMAGES) -> str:
+    """Markdown table of each run's final and best test accuracy, how many test images they were
+    measured on (:func:`count_test_images`; ``test_split`` is the size of the test split read), device,
+    epochs and wall time, and a note on the test images below it."""
     lines = [
-        "| model | preset | epochs | final test acc | best test acc | device | wall time |",
-        "|---|---|---|---|---|---|---|",
+        "| model | preset | epochs | final test acc | best test acc | test images | device | wall time |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         meta = json.loads((run / "metrics.json").read_text())
@@ -71,8 +114,13 @@ def results_table(runs: list[Path]) -> str:
         lines.append(
             f"| {cfg['model']} | {cfg['preset']} | {hist[-1]['epoch']}/{cfg['epochs']} | "
             f"{100 * hist[-1]['test_acc']:.2f} % | {100 * max(r['test_acc'] for r in hist):.2f} % | "
-            f"{env['device']} | {wall / 60:.1f} min |"
+            f"{count_test_images(cfg, hist, test_split):,} | {env['device']} | {wall / 60:.1f} min |"
         )
+    lines.append("")
+    lines.append(
+        f"Each accuracy is measured on the number of test images in its *test images* column (of a test "
+        f"split of {test_split:,}; a preset's test_subset takes a fixed subset)."
+    )
     return "\n".join(lines)
 
 
@@ -88,7 +136,11 @@ def _train(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value
-    configs = [config_for(args.preset, m, model_options=options, **overrides) for m in models]
+    _check_settings(overrides)
+    try:
+        configs = [config_for(args.preset, m, model_options=options, **overrides) for m in models]
+    except (TypeError, ValueError) as err:  # a --set or --option value the config refuses
+        raise UsageError(str(err)) from err
     data_dir = _data_dir(args.data)
     if getattr(args, "download", False):
         _ensure_archive(data_dir)
@@ -104,11 +156,26 @@ def _train(args: argparse.Namespace) -> int:
         if history:
             runs.append(run)
     if runs and int(os.environ.get("RANK", "0")) == 0:
-        text = results_table(runs)
+        text = results_table(runs, test_split=len(data[1]))
         (root / "results.md").write_text(text + "\n")
         print(text)
         print(f"wrote {root / 'results.md'}")
     return 0
+
+
+def _check_settings(overrides: dict[str, Any]) -> None:
+    """Refuse ``--set`` keys that are not training settings, naming the near ones."""
+    import dataclasses
+    import difflib
+
+    from .presets import TrainConfig
+
+    known = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("model", "preset", "model_options")]
+    for key in overrides:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(close)}?" if close else f"expected one of {', '.join(known)}"
+            raise UsageError(f"--set got unknown setting {key!r}; {hint}")
 
 
 def _ensure_archive(data_dir: str) -> None:
@@ -140,7 +207,10 @@ def _eval(args: argparse.Namespace) -> int:
                 test.images, np.asarray(test.labels), 500, False, device, mean=mean, std=std
             )
         loss, acc = evaluate(model, batches[config.normalization], config, device)
-        print(f"{ckpt}: {config.model} after epoch {state['epoch']}: test loss {loss:.4f}, accuracy {100 * acc:.2f} %")
+        print(
+            f"{ckpt}: {config.model} after epoch {state['epoch']}: test loss {loss:.4f}, "
+            f"accuracy {100 * acc:.2f} % on {len(test):,} test images"
+        )
     return 0
 
 
@@ -151,7 +221,7 @@ def _sample_images(data: str | None, cache: str | None, count: int) -> Any:
         from ...data.cifar import load_cifar10
 
         test = load_cifar10(_data_dir(data), "test", cache)
-    except (FileNotFoundError, ValueError):
+    except (FileNotFoundError, PermissionError, ValueError):  # the figures simply go without
         return None
     import torch
 
@@ -212,69 +282,136 @@ def _demo(args: argparse.Namespace) -> int:
 def _train_arguments(p: argparse.ArgumentParser, demo: bool = False) -> None:
     _data_arguments(p)
     p.add_argument("--out", default="runs/cifar" if not demo else "runs/cifar-demo", help="root of the run directories")
-    p.add_argument("--device", default="auto" if not demo else "cpu", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--device", default="auto" if not demo else "cpu", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--time-limit", type=float, default=None, help="stop at the epoch boundary before this many s")
-    for name, kind in (("epochs", int), ("batch-size", int), ("lr", float), ("seed", int)):
-        p.add_argument(f"--{name}", type=kind, default=None, help=f"override the preset's {name}")
-    p.add_argument("--train-subset", type=int, default=None, help="train on this many images only")
-    p.add_argument("--test-subset", type=int, default=None, help="test on this many images only")
-    p.add_argument("--option", action="append", default=[], help="model option key=value (e.g. heads=16)")
-    p.add_argument("--set", action="append", default=[], help="training setting key=value (e.g. warmup_epochs=2)")
+    p.add_argument(
+        "--time-limit",
+        type=nonnegative_float,
+        default=None,
+        metavar="SECONDS",
+        help="stop at the epoch boundary before this many seconds; resume later (default: no limit)",
+    )
+    for name, kind, what in (
+        ("epochs", positive_int, "epochs"),
+        ("batch-size", positive_int, "batch size"),
+        ("lr", positive_float, "peak learning rate"),
+        ("seed", nonnegative_int, "random seed"),
+    ):
+        p.add_argument(f"--{name}", type=kind, default=None, help=f"the {what} (default: the preset's)")
+    p.add_argument(
+        "--train-subset", type=positive_int, default=None, help="train on this many images only (default: the preset's)"
+    )
+    p.add_argument(
+        "--test-subset",
+        type=positive_int,
+        default=None,
+        help="test on this many images only (default: the preset's, else all 10,000)",
+    )
+    p.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable (e.g. heads=16)"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="training setting, repeatable (e.g. warmup_epochs=2)",
+    )
 
 
 def _data_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default=None, help=f"data directory (default ${ENV}, else {DEFAULT_DATA})")
-    p.add_argument("--cache", default=None, help="where to cache decoded JPEG archives (default: beside them)")
+    p.add_argument("--data", default=None, help=f"data directory, only read (default: ${ENV}, else {DEFAULT_DATA})")
+    p.add_argument(
+        "--cache",
+        default=None,
+        help=f"where to cache decoded JPEG archives (default: ${CACHE_ENV}, else the user cache directory, "
+        "~/.cache/structconv on Linux; never the data directory)",
+    )
 
 
 def add_parser(sub: Any) -> None:
     """Register ``structconv cifar ...`` on the top-level subparsers ``sub``."""
     from .names import MODEL_NAMES, PRESET_NAMES
 
-    cifar = sub.add_parser("cifar", help="the CIFAR-10 study of Cordonnier et al. (train, eval, plot, bench, demo)")
-    verbs = cifar.add_subparsers(dest="verb", required=True)
-    train = verbs.add_parser("train", help="train models with a preset; resumes from checkpoints")
+    cifar = sub.add_parser(
+        "cifar",
+        help="the CIFAR-10 study of Cordonnier et al. (train, eval, plot, bench, demo)",
+        description="The CIFAR-10 study of Cordonnier et al.: train, evaluate, plot, benchmark, demonstrate.",
+    )
+    verbs = cifar.add_subparsers(dest="verb", required=True, title="commands")
+    train = verbs.add_parser(
+        "train",
+        help="train models with a preset; resumes from checkpoints",
+        description="Train models with a preset; a run resumes from its checkpoint unless --restart.",
+    )
     train.add_argument("--model", default="resnet18", help=f"'all' or comma-separated of {', '.join(MODEL_NAMES)}")
-    train.add_argument("--preset", default="fast", help=f"one of {', '.join(PRESET_NAMES)}")
+    train.add_argument(
+        "--preset", default="fast", choices=PRESET_NAMES, metavar="PRESET", help=f"one of {', '.join(PRESET_NAMES)}"
+    )
     train.add_argument("--restart", action="store_true", help="ignore existing checkpoints")
     train.add_argument("--download", action="store_true", help="fetch the official archive if none is present")
     _train_arguments(train)
     train.set_defaults(func=_train)
-    ev = verbs.add_parser("eval", help="test accuracy of trained checkpoints")
+    ev = verbs.add_parser(
+        "eval",
+        help="test accuracy of trained checkpoints",
+        description="Test loss and accuracy of trained checkpoints on the full CIFAR-10 test split.",
+    )
     ev.add_argument("runs", nargs="+", help="run directories or checkpoint files")
-    ev.add_argument("--device", default="auto")
+    ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     _data_arguments(ev)
     ev.set_defaults(func=_eval)
-    plot = verbs.add_parser("plot", help="figures of the runs under a directory")
+    plot = verbs.add_parser(
+        "plot", help="figures of the runs under a directory", description="Figures of the runs under a directory."
+    )
     plot.add_argument("runs", help="directory holding run directories")
-    plot.add_argument("--out", default=None, help="figure directory (default <runs>/figures)")
+    plot.add_argument("--out", default=None, help="figure directory (default: <runs>/figures)")
     _data_arguments(plot)
     plot.set_defaults(func=_plot)
-    bench = verbs.add_parser("bench", help="training throughput, FLOPs and utilisation of every model and peer")
-    bench.add_argument("--device", default="auto")
-    bench.add_argument("--batch", type=int, default=100)
-    bench.add_argument("--steps", type=int, default=5, help="training steps per timed round")
-    bench.add_argument("--rounds", type=int, default=5)
-    bench.add_argument("--only", default="", help="comma-separated variants to run")
+    bench = verbs.add_parser(
+        "bench",
+        help="training throughput, FLOPs and utilisation of every model and peer",
+        description="Training throughput, FLOPs per image and utilisation of every model and its peers.",
+    )
+    bench.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    bench.add_argument("--batch", type=positive_int, default=100, help="images per training step")
+    bench.add_argument("--steps", type=positive_int, default=5, help="training steps per timed round")
+    bench.add_argument("--rounds", type=positive_int, default=5, help="timed rounds (the median is reported)")
+    bench.add_argument("--only", default="", help="comma-separated variants to run (default: all)")
     bench.add_argument(
-        "--peak-tflops", type=float, default=None, help="the device's peak TFLOP/s in this precision, for MFU"
+        "--peak-tflops",
+        type=positive_float,
+        default=None,
+        help="the device's peak TFLOP/s in this precision, for MFU (default: no MFU column)",
     )
     bench.add_argument("--out", default="benchmarks/results", help="where to write the table and JSON")
     bench.set_defaults(func=_bench)
-    demo = verbs.add_parser("demo", help="CPU demonstration: demo preset for three models, figures, results table")
+    demo = verbs.add_parser(
+        "demo",
+        help="CPU demonstration: demo preset for three models, figures, results table",
+        description=f"CPU demonstration: the demo preset for {DEMO_MODELS}, then figures and the results table.",
+    )
     _train_arguments(demo, demo=True)
     demo.set_defaults(func=_demo)
+    verbs.metavar = "{" + ",".join(verbs.choices) + "}"  # named so in "the following arguments are required"
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed ``cifar`` command, turning bad input into a message and exit status 2."""
+    """Run a parsed ``cifar`` command; report a failure in one line and return its exit status.
+
+    Usage errors (an unknown model, a malformed key=value, a missing data directory, archive or
+    checkpoint) return 2; runtime failures (a corrupt or refused archive or checkpoint, a failed
+    download, an unwritable cache) return 1.
+    """
     from .checkpoint import CheckpointError
 
     try:
         status: int = args.func(args)
-    except (FileNotFoundError, PermissionError, ConnectionError, CheckpointError, ValueError) as err:
+    except (UsageError, FileNotFoundError) as err:
         print(f"structconv cifar {args.verb}: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except (PermissionError, ConnectionError, CheckpointError, ValueError, pickle.UnpicklingError) as err:
+        print(f"structconv cifar {args.verb}: {err}", file=sys.stderr)
+        return EXIT_RUNTIME
     return status

@@ -328,6 +328,7 @@ def train(
             "epoch": epoch + 1, "lr": round(learning_rate(config, (epoch + 1) * steps - 1, steps), 8),
             "train_loss": round(loss_sum / count, 6), "train_acc": round(correct / count, 6),
             "test_loss": round(test_loss, 6), "test_acc": round(test_acc, 6),
+            "test_images": len(test_batches.labels),
             "epoch_seconds": round(epoch_times[-1], 3), "train_images_per_second": round(count / train_time, 1),
         }  # fmt: skip
         history.append(row)

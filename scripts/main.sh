@@ -4,7 +4,7 @@
 # The data directory is $STRUCTCONV_DATA, else ../shared/data; extra arguments go to the demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh cifar  # the main job needs the package and the study's extras only
 . .venv/bin/activate
 structconv check
 structconv cifar demo --data "${STRUCTCONV_DATA:-../shared/data}" "$@"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install structconv with its test, docs and bench extras. Idempotent.
+# Create .venv and install structconv with the extras named in $1 (default: all of them:
+# test, docs, bench, cifar). Idempotent; a later call with more extras adds them.
 # torch is installed first at an exact CPU version (TORCH_SPEC overrides it), so that the
 # package's lower-bounded requirement (torch>=2.1) is already met and pip fetches no CUDA build.
 set -euo pipefail
@@ -10,6 +11,16 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-pip install -q "$TORCH_SPEC" 2>&1 | grep -v "is ignored: it is neither" || true
-pip install -q -e '.[test,docs,bench,cifar]' 2>&1 | grep -v "is ignored: it is neither" || true
+# pip's output without one harmless notice; a failing install stops the script with pip's message.
+quiet_pip() {
+  local out
+  if ! out=$(pip install -q "$@" 2>&1); then
+    printf '%s\n' "$out" >&2
+    return 1
+  fi
+  printf '%s\n' "$out" | grep -v -e "is ignored: it is neither" -e '^$' || true
+}
+quiet_pip "$TORCH_SPEC"
+EXTRAS="${1:-test,docs,bench,cifar}"
+quiet_pip -e ".[${EXTRAS}]"
 python -c "import torch, structconv; print('structconv', structconv.__version__, '| torch', torch.__version__)"

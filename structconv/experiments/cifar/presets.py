@@ -11,7 +11,7 @@ preset     what it is
 ``fast``   short GPU schedules chosen for accuracy per GPU-minute: ResNet18 30 epochs (batch
            512), self-attention 40 epochs (batch 256); warm-up then cosine, bf16 autocast on CUDA.
 ``demo``   a CPU demonstration in about a minute per model: reduced widths (ResNet width 16;
-           attention width 64, 2 blocks, feed-forward 128, no attention dropout), 2,500 training
+           attention width 64, 2 blocks, feed-forward 128, no attention dropout), 2,000 training
            and 1,000 test images, 3 epochs.  Numbers from it show the pipeline works, not what
            the models reach.
 ``smoke``  the tests' preset: tiny models, a few batches, one epoch.
@@ -150,7 +150,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "weight_decay": 5e-4,
             "schedule": "cosine",
             "warmup_epochs": 0.5,
-            "train_subset": 2500,
+            "train_subset": 2000,
             "test_subset": 1000,
         },
         "resnet": {"model_options": {"width": 16}},

@@ -134,15 +134,15 @@ def table(rows: list[Row]) -> str:
     content = [r.ratio("structconv") for r in rows if r.case.startswith("content")]
     positional = [1 / r.ratio("structconv") for r in rows if r.case.startswith("positional")]
     if content:
-        lines.append(f"content: worst ratio {max(content):.2f} (goal <= {GOAL_CONTENT})")
+        lines.append(f"content: worst ratio {max(content):.2f} (target <= {GOAL_CONTENT})")
     if positional:
-        lines.append(f"positional: smallest speed-up {min(positional):.2f}x (goal >= {GOAL_POSITIONAL}x)")
+        lines.append(f"positional: smallest speed-up {min(positional):.2f}x (target >= {GOAL_POSITIONAL}x)")
     for r in rows:
         if "ratio_to_conv3x3" in r.extra:
             goal = GOAL_CONV3X3[r.params["head_dim"] == "D_out"]
             lines.append(
                 f"{r.case}: {r.extra['ratio_to_conv3x3']:.2f}x the time of a 3x3 conv of the same channels "
-                f"(FLOP ratio {r.extra['flop_ratio_to_conv3x3']:.2f}; goal <= {goal})"
+                f"(FLOP ratio {r.extra['flop_ratio_to_conv3x3']:.2f}; target <= {goal})"
             )
     return "\n".join(lines)
 
@@ -158,13 +158,13 @@ def plot(rows: list[Row], path: Path) -> None:
     colours = ["tab:blue" if r.case.startswith("content") else "tab:green" for r in rows]
     ax.bar(range(len(rows)), [r.ratio("structconv") for r in rows], color=colours)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.axhline(GOAL_CONTENT, color="tab:blue", linestyle="--", linewidth=0.8, label=f"content goal {GOAL_CONTENT}x")
+    ax.axhline(GOAL_CONTENT, color="tab:blue", linestyle="--", linewidth=0.8, label=f"content target {GOAL_CONTENT}x")
     ax.axhline(
         1 / GOAL_POSITIONAL,
         color="tab:green",
         linestyle="--",
         linewidth=0.8,
-        label=f"positional goal 1/{GOAL_POSITIONAL:g}",
+        label=f"positional target 1/{GOAL_POSITIONAL:g}",
     )
     ax.set_xticks(range(len(rows)), [r.case for r in rows], rotation=35, ha="right", fontsize=7)
     ax.set_ylabel("time / time of the peer")

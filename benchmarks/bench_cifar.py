@@ -33,7 +33,7 @@ def plot(rows: list[Row], path: Path) -> None:
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("training images / s")
     goal = GOALS["resnet18 / resnet18 torch"]
-    ax.set_title(f"{row.case} (goal: ResNet18 of GridConv2d >= {goal:g}x nn.Conv2d)", fontsize=9)
+    ax.set_title(f"{row.case} (target: ResNet18 of GridConv2d >= {goal:g}x nn.Conv2d)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -95,8 +95,8 @@ def table(rows: list[Row]) -> str:
         lines.append(f"{r.case:<28}{cells}{r.extra['basis_bytes']:>13}{r.extra['dense_basis_bytes']:>14.3g}")
     worst_default = max(r.ratio("default") for r in rows)
     worst_generic = max(min(r.ratio(n) for n in GENERIC) for r in rows)
-    lines.append(f"worst default ratio {worst_default:.2f} (goal <= {GOAL_DEFAULT})")
-    lines.append(f"worst best-generic ratio {worst_generic:.2f} (goal <= {GOAL_GENERIC})")
+    lines.append(f"worst default ratio {worst_default:.2f} (target <= {GOAL_DEFAULT})")
+    lines.append(f"worst best-generic ratio {worst_generic:.2f} (target <= {GOAL_GENERIC})")
     return "\n".join(lines)
 
 
@@ -114,8 +114,8 @@ def plot(rows: list[Row], path: Path) -> None:
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
         ax.bar(xs, [r.ratio(name) for r in rows], width, label=name)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.axhline(GOAL_DEFAULT, color="tab:blue", linestyle="--", linewidth=0.8, label=f"goal default {GOAL_DEFAULT}x")
-    ax.axhline(GOAL_GENERIC, color="tab:orange", linestyle="--", linewidth=0.8, label=f"goal generic {GOAL_GENERIC}x")
+    ax.axhline(GOAL_DEFAULT, color="tab:blue", linestyle="--", linewidth=0.8, label=f"target default {GOAL_DEFAULT}x")
+    ax.axhline(GOAL_GENERIC, color="tab:orange", linestyle="--", linewidth=0.8, label=f"target generic {GOAL_GENERIC}x")
     ax.set_xticks(range(len(rows)), [r.case for r in rows], rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("time / time of F.conv2d")
     ax.set_title(f"Grid convolution through structconv, batch {rows[0].params['B']} (median of runs)")

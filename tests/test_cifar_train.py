@@ -500,7 +500,7 @@ def test_throughput_reports_every_variant_its_flops_and_the_goal_ratios() -> Non
     assert flops["resnet18"] == pytest.approx(flops["resnet18 torch"], rel=0.05)
     assert flops["resnet18 torch"] == pytest.approx(3 * 0.556e9 * 2, rel=0.1)  # ~0.56 GMAC forward, x3 with backward
     text = table(result)
-    assert "resnet18 / resnet18 torch" in text and "goal >= 0.9x" in text and "MFU" in text
+    assert "resnet18 / resnet18 torch" in text and "target >= 0.9x" in text and "MFU" in text
     only = measure("cpu", batch=2, steps=1, rounds=1, only=("resnet18",))
     assert set(only.images_per_second) == {"resnet18"}
     with pytest.raises(ValueError, match=r"unknown variants \['vgg'\]"):

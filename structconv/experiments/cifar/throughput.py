@@ -172,7 +172,7 @@ def measure(
 
 
 def table(result: Throughput) -> str:
-    """The measurements as a text table with FLOPs, utilisation and the goal ratios."""
+    """The measurements as a text table with FLOPs, utilisation and the target ratios."""
     ips = result.images_per_second
     peak = result.peak_tflops
     lines = [
@@ -195,8 +195,8 @@ def table(result: Throughput) -> str:
         r = result.ratio(a, b)
         if r is not None:
             goal = GOALS.get(f"{a} / {b}")
-            lines.append(f"{a} / {b}: {r:.2f}x" + (f" (goal >= {goal:g}x)" if goal else ""))
+            lines.append(f"{a} / {b}: {r:.2f}x" + (f" (target >= {goal:g}x)" if goal else ""))
     if "sa-quadratic" in ips and result.device.startswith("NVIDIA") and result.batch == 100:
         goal = GOALS["sa-quadratic images/s"]
-        lines.append(f"sa-quadratic: {ips['sa-quadratic']:.0f} img/s (goal >= {goal:,.0f} on one H100/H200)")
+        lines.append(f"sa-quadratic: {ips['sa-quadratic']:.0f} img/s (target >= {goal:,.0f} on one H100/H200)")
     return "\n".join(lines)

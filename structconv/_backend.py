@@ -82,10 +82,21 @@ def shape_str(shape: tuple[int, ...]) -> str:
     return str(tuple(int(s) for s in shape))
 
 
-@lru_cache(maxsize=1024)
+_EXPRESSIONS: dict[tuple[Any, ...], Any] = {}
+_EXPRESSIONS_SIZE = 1024
+
+
 def _expression(eq: str, shapes: tuple[tuple[int, ...], ...], path: tuple[tuple[int, ...], ...] | None) -> Any:
-    optimize: Any = "optimal" if path is None else list(path)
-    return opt_einsum.contract_expression(eq, *shapes, optimize=optimize)
+    # A plain dictionary, not functools.lru_cache: torch.compile honours a dictionary lookup (and
+    # guards on it) but traces through an lru_cache into opt_einsum's planner.
+    key = (eq, shapes, path)
+    expression = _EXPRESSIONS.get(key)
+    if expression is None:
+        if len(_EXPRESSIONS) >= _EXPRESSIONS_SIZE:
+            _EXPRESSIONS.pop(next(iter(_EXPRESSIONS)))  # the oldest plan
+        optimize: Any = "optimal" if path is None else list(path)
+        expression = _EXPRESSIONS[key] = opt_einsum.contract_expression(eq, *shapes, optimize=optimize)
+    return expression
 
 
 def autocast_dtype(a: Array) -> Any:

@@ -318,8 +318,10 @@ def _dense_gemms(a: Array, x: Array, prm: _Param, order: str) -> Array | None:
     ``(B, N, Q)`` view of an ``(N, B, Q)`` array.  Returns ``None`` where the einsum path
     applies (NumPy, per-instance bases, separable parameters, the other orders).
     """
-    if a.ndim != 3 or not is_torch(a) or order not in ("ax", "xtheta") or prm.kind == "separable":
+    if not is_torch(a) or order not in ("ax", "xtheta") or prm.kind == "separable":
         return None
+    if a.ndim == 4:
+        return _instance_gemms(a, x, prm) if prm.kind == "full" and order == "xtheta" else None
     K, M, N = (int(s) for s in a.shape)
     B, P, Q = int(x.shape[0]), prm.P, prm.Q
     if prm.kind == "lowrank":
@@ -347,6 +349,27 @@ def _dense_gemms(a: Array, x: Array, prm: _Param, order: str) -> Array | None:
         for k in range(1, K):
             y = y.addmm((members[k].T @ xm).reshape(N * B, P), thetas[k])
     return y.reshape(N, B, Q).transpose(0, 1)
+
+
+def _instance_gemms(a: Array, x: Array, prm: _Param) -> Array:
+    r"""A per-instance dense basis ``(B, K, M, N)`` with a full :math:`\Theta` on torch, x·Θ first, as two GEMMs.
+
+    :math:`S_b = x_b [\Theta_1 \cdots \Theta_K]` is one GEMM over the whole batch, laid out as
+    :math:`(B, M K, Q)`; then :math:`y_b = A_b'^\top S_b` is one batched GEMM, with
+    :math:`A'_b` the basis of instance :math:`b` read as :math:`(M K, N)`.  That reading is a view
+    when the basis is stored in ``(B, M, K, N)`` memory order (as
+    :class:`~structconv.nn.PositionalAttention` builds its dropped-out heads) and one copy of the
+    basis otherwise.  Measured on CPU (batch 25, 9 heads, 256 positions, width 400, forward and
+    backward): 554 ms against 663 ms for opt_einsum's ``tensordot`` path, which permutes both the
+    basis and the :math:`K`-fold intermediate.  (A per-head batched GEMM for ``"ax"`` measured
+    slower than opt_einsum, 846 against 623 ms, so that order keeps the einsum path.)
+    """
+    (theta,) = prm.operands
+    B, K, M, N = (int(s) for s in a.shape)
+    P, Q = prm.P, prm.Q
+    s = (x.reshape(B * M, P) @ theta.permute(1, 0, 2).reshape(P, K * Q)).reshape(B, M * K, Q)
+    stacked = a.permute(0, 2, 1, 3).reshape(B, M * K, N)  # a view for (B, M, K, N) memory, else one copy
+    return stacked.transpose(1, 2) @ s
 
 
 def _plan(basis: Basis, x: Array, prm: _Param, order: str) -> Plan:

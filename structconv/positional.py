@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -88,11 +87,34 @@ class RelativeOffsets:
     axis_index: np.ndarray = field(repr=False)
     lows: tuple[int, ...]
     lengths: tuple[int, ...]
+    _placed: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def index_like(self, like: Array) -> Any:
+        """:attr:`index` as an integer array on the backend and device of ``like`` (made once per device)."""
+        if not is_torch(like):
+            return self.index
+        key = ("index", str(like.device))
+        placed = self._placed.get(key)
+        if placed is None:
+            placed = self._placed[key] = _as_index(self.index, like)
+        return placed
 
 
-@lru_cache(maxsize=64)
+_RELATIVE: dict[tuple[tuple[int, ...], str], RelativeOffsets] = {}
+
+
 def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeOffsets:
-    """The :class:`RelativeOffsets` of ``grid`` under ``boundary`` (cached)."""
+    """The :class:`RelativeOffsets` of ``grid`` under ``boundary`` (cached by value)."""
+    # A plain dictionary, not functools.lru_cache: torch.compile honours a dictionary lookup (and
+    # guards on it) but traces through an lru_cache into the NumPy construction below.
+    key = (tuple(grid), boundary)
+    cached = _RELATIVE.get(key)
+    if cached is None:
+        cached = _RELATIVE[key] = _relative_offsets(*key)
+    return cached
+
+
+def _relative_offsets(grid: tuple[int, ...], boundary: str) -> RelativeOffsets:
     g = _grid(grid)
     if boundary not in BOUNDARIES:
         raise ValueError(f"boundary must be one of {BOUNDARIES}, got {boundary!r}")
@@ -186,7 +208,7 @@ class PositionalMechanism(Mechanism):
     def dense_scores(self) -> Array:
         """Scores ``(K, M, N)``: :meth:`offset_scores` gathered for every pair."""
         s = self.offset_scores()
-        return s[:, _as_index(self.relative.index, s)]
+        return s[:, self.relative.index_like(s)]
 
     def scores(self, x: Array, z: Array) -> Array:
         if int(x.shape[1]) != self.relative.index.shape[0] or int(z.shape[1]) != self.relative.index.shape[1]:
@@ -226,7 +248,7 @@ class PositionalMechanism(Mechanism):
                 raise ValueError(f"{type(self).__name__} heads are not separable by axis; use form='shifts' or 'dense'")
         scores = self.offset_scores()
         rel = self.relative
-        dense = scores[:, _as_index(rel.index, scores)]
+        dense = scores[:, rel.index_like(scores)]
         if threshold is None and form == "shifts":
             raise ValueError("the shift form needs a threshold in (0, 1)")
         if threshold is None or form == "dense":
@@ -571,7 +593,7 @@ class RelativeAttention(Mechanism):
         if position:
             per_axis = [einsum("kld,kd->kl", t, self.v) for t in projected]
             offset_scores = _axis_sum(per_axis, rel.lengths)
-            total = total + offset_scores[:, _as_index(rel.index, offset_scores)][None]
+            total = total + offset_scores[:, rel.index_like(offset_scores)][None]
         return total * self.scale if self.scale != 1.0 else total
 
 

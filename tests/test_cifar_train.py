@@ -525,3 +525,18 @@ def test_a_time_limit_stops_at_an_epoch_boundary_and_the_run_resumes(tmp_path: P
     assert [row["epoch"] for row in first] == [1]  # the first epoch always runs; then the limit holds
     rest = _train_tiny(tmp_path, epochs=3)
     assert [row["epoch"] for row in rest] == [1, 2, 3] and rest[0] == first[0]
+
+
+@pytest.mark.parametrize("name", ["resnet18", "sa-quadratic", "sa-learned"])
+def test_a_training_forward_is_one_graph_for_torch_compile(name: str) -> None:
+    """After its first call (plans, caches), the model traces without graph breaks, attention dropout included."""
+    import torch._dynamo as dynamo
+
+    options = {"width": 4} if name == "resnet18" else {"width": 16, "depth": 2, "ffn": 16, "heads": 4}
+    model = build_model(name, **options).train()
+    x = torch.randn(2, 3, 32, 32)
+    model(x)
+    dynamo.reset()
+    explanation = dynamo.explain(model)(x)
+    assert explanation.graph_break_count == 0, [str(b.reason)[:200] for b in explanation.break_reasons]
+    assert explanation.graph_count == 1

@@ -50,10 +50,12 @@ def test_factorised_parameters_equal_their_full_form(problem, representation, ba
 
 @pytest.mark.parametrize("order", ("ax", "xtheta"))
 @pytest.mark.parametrize("factored", (False, True))
-def test_shared_dense_gemm_paths_gradcheck(order, factored):
-    """The shared dense basis' GEMM layouts (full and LowRank parameters) differentiate like the einsum."""
+@pytest.mark.parametrize("instance", (False, True))
+def test_dense_gemm_paths_gradcheck(order, factored, instance):
+    """Dense bases' GEMM layouts (shared or per instance; full and LowRank parameters) differentiate like the einsum."""
     g = torch.Generator().manual_seed(3)
-    A = torch.randn(3, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    shape = (2, 3, 5, 4) if instance else (3, 5, 4)
+    A = torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
     x = torch.randn(2, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
     v = torch.randn(3, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
     o = torch.randn(3, 4, 2, generator=g, dtype=torch.float64, requires_grad=True)
@@ -64,8 +66,11 @@ def test_shared_dense_gemm_paths_gradcheck(order, factored):
 
     torch.autograd.gradcheck(f, (A, x, v, o))
     torch.autograd.gradgradcheck(f, (A, x, v, o))
-    expected = torch.einsum("kmn,bmp,kpd,kqd->bnq", A, x, v, o)
+    expected = torch.einsum(("bkmn" if instance else "kmn") + ",bmp,kpd,kqd->bnq", A, x, v, o)
     torch.testing.assert_close(f(A, x, v, o), expected)
+    if instance:  # the (B, M, K, N) memory order the engine reads without a copy gives the same
+        mkn = A.detach().permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3).requires_grad_()
+        torch.testing.assert_close(f(mkn, x, v, o), expected)
 
 
 @given(problem=problems())

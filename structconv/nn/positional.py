@@ -257,15 +257,30 @@ class PositionalAttention(nn.Module):
         if not self.training or self.attention_dropout == 0.0:
             return basis
         weights = basis.to_dense()
+        kind = weights.device.type
+        if torch.is_autocast_enabled(kind) and weights.dtype == torch.float32:
+            weights = weights.to(torch.get_autocast_dtype(kind))  # drop in the dtype the products run in
+        p = self.attention_dropout
         if weights.ndim == 3 and not self.dropout_shared:
-            weights = weights.expand(batch, *weights.shape)
-        return DenseBasis(F.dropout(weights, self.attention_dropout, training=True))
+            # Every image its own mask, drawn in (B, M, H, N) memory order: the engine then reads the
+            # heads of an image as one (M H, N) matrix without copying the largest tensor again.
+            weights = weights.permute(1, 0, 2)[None].expand(batch, -1, -1, -1).contiguous()
+            weights = F.dropout(weights, p, training=True).permute(0, 2, 1, 3)
+        else:
+            weights = F.dropout(weights, p, training=True)
+        # Weights the layer just computed (a softmax, then dropout): finite by construction, so the
+        # finiteness check, a host synchronisation per layer and step on a GPU, is skipped.
+        return DenseBasis.of_weights(weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attend over the grid positions of ``x``."""
         flat = self._flat(x)
-        basis = self.dropped(self.basis(flat), int(flat.shape[0]))
-        y: torch.Tensor = conv(basis, flat, self.parameter())
+        heads = self.basis(flat)
+        basis = self.dropped(heads, int(flat.shape[0]))
+        # Heads dropped out per image are stored for the x-Theta-first order's batched GEMM, which
+        # reads them in place (see structconv.contract._instance_gemms); otherwise the engine plans.
+        per_image = basis is not heads and basis.batch is not None and self.head_dim is None
+        y: torch.Tensor = conv(basis, flat, self.parameter(), order="xtheta" if per_image else "auto")
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(x.shape)

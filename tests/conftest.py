@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
+import tarfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,3 +67,17 @@ def make_basis(A: Any, representation: str) -> Any:
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def official_archive(root: Path, per_batch: int = 8) -> Path:
+    """A tiny official-format archive (random images) in ``root``."""
+    rng = np.random.default_rng(0)
+    path = root / "cifar-10-python.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+            data = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
+            blob = pickle.dumps({b"data": data, b"labels": [int(v) for v in rng.integers(0, 10, per_batch)]})
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    return path

@@ -3,18 +3,16 @@ resume after a kill, distributed equality, download, throughput and the command 
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import official_archive
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F  # noqa: N812
@@ -46,20 +44,6 @@ TINY = {
 def _fake(n: int, seed: int) -> Cifar10:
     rng = np.random.default_rng(seed)
     return Cifar10(rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, n), CLASSES, "fake")
-
-
-def _official_archive(root: Path, per_batch: int = 8) -> Path:
-    """A tiny official-format archive (random images) in ``root``."""
-    rng = np.random.default_rng(0)
-    path = root / "cifar-10-python.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-            data = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
-            blob = pickle.dumps({b"data": data, b"labels": [int(v) for v in rng.integers(0, 10, per_batch)]})
-            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
-            info.size = len(blob)
-            tar.addfile(info, io.BytesIO(blob))
-    return path
 
 
 def _cli(
@@ -443,7 +427,7 @@ def test_a_run_interrupted_mid_epoch_resumes_to_the_same_parameters(
 
 
 def test_two_process_ddp_equals_one_process_on_the_same_global_batch(tmp_path: Path) -> None:
-    _official_archive(tmp_path)
+    official_archive(tmp_path)
     args = ["train", "--preset", "smoke", "--model", "sa-quadratic", "--epochs", "1", "--no-progress",
             "--data", str(tmp_path), "--device", "cpu", "--train-subset", "32"]  # fmt: skip
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
@@ -471,7 +455,7 @@ def test_download_verifies_the_checksum_and_leaves_nothing_on_failure(tmp_path: 
 
     source = tmp_path / "src"
     source.mkdir()
-    archive = _official_archive(source)
+    archive = official_archive(source)
     md5 = hashlib.md5(archive.read_bytes(), usedforsecurity=False).hexdigest()
     dest = tmp_path / "dest"
     got = download_cifar10(dest, url=archive.as_uri(), md5=md5)

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import io
-import pickle
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
-import numpy as np
 import pytest
+from conftest import official_archive
 
 import structconv
 from structconv.cli import EXIT_STATUS, PLANETOID_MODELS, PLANETOID_NAMES, ArgumentParser, build_parser, main
@@ -188,17 +185,6 @@ def test_planetoid_names_are_the_readers() -> None:
     assert CACHE_ENV == DATA_CACHE_ENV
 
 
-def _official_archive(root: Path, per_batch: int) -> None:
-    rng = np.random.default_rng(0)
-    with tarfile.open(root / "cifar-10-python.tar.gz", "w:gz") as tar:
-        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-            data = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
-            blob = pickle.dumps({b"data": data, b"labels": [int(v) for v in rng.integers(0, 10, per_batch)]})
-            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
-            info.size = len(blob)
-            tar.addfile(info, io.BytesIO(blob))
-
-
 def test_usage_errors_exit_2_and_runtime_failures_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cifar", "eval", str(tmp_path / "run"), "--data", str(tmp_path / "absent")]) == 2
     assert f"structconv cifar eval: data directory {tmp_path / 'absent'} does not exist" in capsys.readouterr().err
@@ -212,7 +198,7 @@ def test_usage_errors_exit_2_and_runtime_failures_exit_1(tmp_path: Path, capsys:
 def test_eval_and_results_md_state_how_many_test_images(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    _official_archive(data, per_batch=20)  # 100 training and 20 test images
+    official_archive(data, per_batch=20)  # 100 training and 20 test images
     out = tmp_path / "runs"
     common = ["--preset", "smoke", "--model", "resnet18", "--data", str(data), "--device", "cpu", "--no-progress"]
     assert main(["cifar", "train", *common, "--out", str(out)]) == 0  # smoke: test_subset 16

@@ -147,31 +147,37 @@ def _train(args: argparse.Namespace) -> int:
     data = load_data(data_dir, args.cache)
     root = Path(args.out)
     runs = []
-    try:
-        for config in configs:
-            run = root / f"{config.model}-{config.preset}"
-            history = train(
-                config, run, data, device=device, resume=not args.restart, time_limit=args.time_limit,
-                progress=not args.no_progress, compile=args.compile,
-            )  # fmt: skip
-            if history:
-                runs.append(run)
-    finally:
-        _leave_process_group()
+    for config in configs:
+        run = root / f"{config.model}-{config.preset}"
+        history = train(
+            config, run, data, device=device, resume=not args.restart, time_limit=args.time_limit,
+            progress=not args.no_progress, compile=args.compile,
+        )  # fmt: skip
+        if history:
+            runs.append(run)
     if runs and int(os.environ.get("RANK", "0")) == 0:
         text = results_table(runs, test_split=len(data[1]))
         (root / "results.md").write_text(text + "\n")
         print(text)
         print(f"wrote {root / 'results.md'}")
+    _leave_process_group()  # only after success: a failing rank must not wait for the others
     return 0
 
 
 def _leave_process_group() -> None:
-    """End a torchrun process group (left to interpreter exit, gloo's threads can abort the process)."""
+    """End a torchrun process group once every rank is done.
+
+    A rank that tears its group down (or exits) while another still works makes gloo abort the
+    process ("terminate called without an active exception"), so all ranks meet at a barrier
+    after the last write, then leave together.
+    """
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def _check_settings(overrides: dict[str, Any]) -> None:

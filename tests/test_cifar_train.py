@@ -431,11 +431,17 @@ def test_two_process_ddp_equals_one_process_on_the_same_global_batch(tmp_path: P
     args = ["train", "--preset", "smoke", "--model", "sa-quadratic", "--epochs", "1", "--no-progress",
             "--data", str(tmp_path), "--device", "cpu", "--train-subset", "32"]  # fmt: skip
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
-    two = _cli(*args, "--out", str(tmp_path / "ddp"), launcher=launcher)
+    ddp = tmp_path / "ddp"
+    two = _cli(*args, "--out", str(ddp), launcher=launcher)
+    if two.returncode != 0 and "terminate called without an active exception" in two.stderr:
+        # A rare abort inside torch's gloo CPU backend while the two processes connect (seen in about
+        # 1 of 40 runs on a loaded 2-core machine, within 5 s of the start); try once more.
+        ddp = tmp_path / "ddp-again"
+        two = _cli(*args, "--out", str(ddp), launcher=launcher)
     assert two.returncode == 0, two.stderr[-3000:]
     one = _cli(*args, "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
-    a = torch.load(tmp_path / "ddp" / "sa-quadratic-smoke" / "checkpoint.pt", weights_only=True)
+    a = torch.load(ddp / "sa-quadratic-smoke" / "checkpoint.pt", weights_only=True)
     b = torch.load(tmp_path / "one" / "sa-quadratic-smoke" / "checkpoint.pt", weights_only=True)
     moved = 0.0
     init = build_model("sa-quadratic", **config_for("smoke", "sa-quadratic").model_options).state_dict()
@@ -443,10 +449,7 @@ def test_two_process_ddp_equals_one_process_on_the_same_global_batch(tmp_path: P
         torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-5, atol=1e-6, msg=key)
         moved += float((b["model"][key].float() - init[key].float()).abs().sum())
     assert moved > 0  # the parameters did train
-    assert (
-        json.loads((tmp_path / "ddp" / "sa-quadratic-smoke" / "metrics.json").read_text())["environment"]["processes"]
-        == 2
-    )
+    assert json.loads((ddp / "sa-quadratic-smoke" / "metrics.json").read_text())["environment"]["processes"] == 2
 
 
 # --- data download ---------------------------------------------------------------------------------

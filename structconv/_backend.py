@@ -126,6 +126,10 @@ def einsum(eq: str, *operands: Array, path: tuple[tuple[int, ...], ...] | None =
     dtype = autocast_dtype(operands[0])
     if dtype is not None:
         operands = tuple(autocast_to(op, dtype) for op in operands)
+    if len(operands) == 2 and is_torch(operands[0]):
+        # Two operands leave no order to plan; torch's own einsum is the same contraction, and
+        # torch.compile traces it (opt_einsum's thread-local sharing state breaks the graph).
+        return _torch().einsum(eq, *operands)
     shapes = tuple(tuple(int(s) for s in op.shape) for op in operands)
     return _expression(eq, shapes, path)(*operands)
 

@@ -514,7 +514,7 @@ def test_a_time_limit_stops_at_an_epoch_boundary_and_the_run_resumes(tmp_path: P
     assert [row["epoch"] for row in rest] == [1, 2, 3] and rest[0] == first[0]
 
 
-@pytest.mark.parametrize("name", ["resnet18", "sa-quadratic", "sa-learned"])
+@pytest.mark.parametrize("name", MODEL_NAMES)
 def test_a_training_forward_is_one_graph_for_torch_compile(name: str) -> None:
     """After its first call (plans, caches), the model traces without graph breaks, attention dropout included."""
     import torch._dynamo as dynamo

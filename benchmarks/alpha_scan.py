@@ -1,4 +1,4 @@
-"""How large must alpha be for soft quadratic attention to reproduce a convolution? (issue 5)
+"""How large must alpha be for soft quadratic attention to reproduce a convolution?
 
 Builds ``conv_to_attention`` heads for a random 3x3 kernel (8 -> 16 channels) on a 12x12
 periodic grid and prints, for float32 and float64, the relative error against ``F.conv2d``

@@ -1,4 +1,4 @@
-"""Attention through the engine against its peers (issue 5), forward and forward+backward.
+"""Attention through the engine against its peers, forward and forward+backward.
 
 Content attention: ``structconv.nn.MultiHeadSelfAttention`` (the engine's ``"sdpa"`` order)
 against ``torch.nn.MultiheadAttention`` with the same weights (eval mode, so that its native

@@ -1,4 +1,4 @@
-"""Training throughput of the CIFAR study's models (issue 6): JSON, table and PNG in benchmarks/results.
+"""Training throughput of the CIFAR study's models: JSON, table and PNG in benchmarks/results.
 
 ``sa-quadratic`` through structconv against the same model computed the paper's way (per-image
 dense softmax), and against ResNet18 of GridConv2d and of ``torch.nn.Conv2d`` layers; goals:

@@ -1,4 +1,4 @@
-"""Grid convolution through the engine against ``F.conv2d`` on CIFAR-like shapes (issue 3).
+"""Grid convolution through the engine against ``F.conv2d`` on CIFAR-like shapes.
 
 For each shape (batch 128; 32x32 with 64 channels, 16x16 with 128 and with 400 channels;
 3x3 and 5x5 kernels, "same" padding) and for forward and forward+backward, it times in one run:

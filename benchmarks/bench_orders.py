@@ -2,7 +2,7 @@
 
 For random (B, K, M, N, P, Q, density, representation) configurations, time each order
 (``ax``, ``xtheta``, ``atheta``) and ``auto``; the peer is the fastest order measured in the same
-run.  The goal (issue 2): auto within 1.2x of the best order in at least 95 % of configurations.
+run.  The target: auto within 1.2x of the best order in at least 95 % of configurations.
 
     python -m benchmarks.bench_orders --configs 60 --seed 0
 """

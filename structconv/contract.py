@@ -183,7 +183,7 @@ def _placed(a: Basis | Array, x: Array) -> Basis | Array:
     """A basis that holds no arrays (a weightless grid basis: offsets only) takes the placement of ``x``.
 
     Such a basis has no backend, dtype or device of its own to mismatch, so it is applied to
-    whatever float array ``x`` is (issue 14); every other basis is returned as it is and checked
+    whatever float array ``x`` is; every other basis is returned as it is and checked
     by :func:`_prepare`.  The hook is duck-typed (``placed_like``) to keep the engine unaware of grids.
     """
     place = getattr(a, "placed_like", None)

@@ -33,8 +33,8 @@ from benchmarks.harness import Report, Row, interleaved_times, progress
 from structconv import gcn_basis
 from structconv.data import load_planetoid
 from structconv.experiments.planetoid import SparseInput
-from structconv.graph import PolynomialBasis, as_edges, gcn_normalize, scaled_laplacian
 from structconv.nn import ChebConv, GATConv, GCNConv, TAGConv
+from structconv.structures.graph import PolynomialBasis, as_edges, gcn_normalize, scaled_laplacian
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid"
 

@@ -5,18 +5,21 @@ and a parameter :math:`\Theta` (one ``P x Q`` channel map per basis member), con
 engine, :func:`conv`.
 """
 
-from .attention import AttentionBasis, BiAffine, Mechanism, attention_basis, masked_softmax
-from .basis import Basis, Cost, as_basis
-from .composite import ComposedBasis, ConcatBasis, SelectBasis, concat
-from .contract import Candidate, Plan, conv, explain
-from .dense import DenseBasis
-from .edges import EdgeBasis
-from .factor import LowRank, Separable
-from .graph import PolynomialBasis, gcn_basis, graph_basis
-from .grid import GridBasis, apply_shifts, avg_pool_basis, grid_basis, shift_matrix
-from .positional import GaussianPosition, LearnedPosition, QuadraticPosition, RelativeAttention
-from .sparse import SparseBasis
-from .theory import combine, compose, decompose
+import sys
+
+from . import _deprecated
+from .bases.base import Basis, Cost, as_basis
+from .bases.composite import ComposedBasis, ConcatBasis, SelectBasis, concat
+from .bases.dense import DenseBasis
+from .bases.edges import EdgeBasis
+from .bases.factor import LowRank, Separable
+from .bases.sparse import SparseBasis
+from .engine.contract import Candidate, Plan, conv, explain
+from .structures.attention import AttentionBasis, BiAffine, Mechanism, attention_basis, masked_softmax
+from .structures.graph import PolynomialBasis, gcn_basis, graph_basis
+from .structures.grid import GridBasis, apply_shifts, avg_pool_basis, grid_basis, shift_matrix
+from .structures.positional import GaussianPosition, LearnedPosition, QuadraticPosition, RelativeAttention
+from .theory.algebra import combine, compose, decompose
 
 __all__ = [
     "AttentionBasis",
@@ -58,3 +61,5 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+_deprecated.install(sys.modules[__name__])

@@ -190,7 +190,7 @@ def _is_number(text: str) -> bool:
 
 # --- subcommands ----------------------------------------------------------------------------------
 def _check(args: argparse.Namespace) -> int:
-    from .selfcheck import format_results, run_checks
+    from .theory.selfcheck import format_results, run_checks
 
     backends = tuple(args.backends.split(","))
     unknown = set(backends) - {"numpy", "torch"}

@@ -54,7 +54,7 @@ def as_numpy(a: Any) -> np.ndarray:
 def make_basis(A: Any, representation: str) -> Any:
     """Represent ``A`` (array of either backend) in a given representation."""
     from structconv import ComposedBasis, DenseBasis, SparseBasis
-    from structconv.selfcheck import build_basis
+    from structconv.theory.selfcheck import build_basis
 
     if representation != "composed":
         return build_basis(A, representation)

@@ -223,7 +223,7 @@ def test_hard_quadratic_attention_is_the_grid_convolution(boundary: str, data: A
     from torch.nn import functional as F  # noqa: N812
 
     from structconv import conv, grid_basis
-    from structconv.positional import positional_basis
+    from structconv.structures.positional import positional_basis
 
     k = data.draw(st.sampled_from([1, 3, 5]))
     grid = (data.draw(st.integers(k, k + 4)), data.draw(st.integers(k, k + 4)))
@@ -244,7 +244,7 @@ def test_hard_quadratic_attention_is_the_grid_convolution(boundary: str, data: A
 
 
 def test_soft_quadratic_attention_tends_to_the_hard_one() -> None:
-    from structconv.positional import positional_basis
+    from structconv.structures.positional import positional_basis
 
     centres = torch.tensor([[-1.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
     hard = positional_basis((6, 6), centres, boundary="periodic").to_dense()
@@ -258,7 +258,7 @@ def test_soft_quadratic_attention_tends_to_the_hard_one() -> None:
     ]
     assert errors == sorted(errors, reverse=True) and errors[-1] < 1e-12
     # The scores follow the quadratic encoding v_h . r_delta up to a per-column constant.
-    from structconv.positional import QuadraticPosition
+    from structconv.structures.positional import QuadraticPosition
 
     alpha = torch.tensor([0.5, 2.0], dtype=torch.float64)
     s = QuadraticPosition((6, 6), centres, alpha).dense_scores()
@@ -308,7 +308,7 @@ def test_alpha_bound_values_and_errors() -> None:
 @given(data=st.data())
 def test_truncated_shift_heads_equal_the_dense_softmax(boundary: str, data: Any) -> None:
     from structconv import conv
-    from structconv.positional import QuadraticPosition, positional_basis
+    from structconv.structures.positional import QuadraticPosition, positional_basis
 
     grid = (data.draw(st.integers(2, 7)), data.draw(st.integers(2, 7)))
     H = data.draw(st.integers(1, 3))
@@ -328,7 +328,7 @@ def test_truncated_shift_heads_equal_the_dense_softmax(boundary: str, data: Any)
 
 def test_truncated_shift_heads_gradcheck() -> None:
     from structconv import conv
-    from structconv.positional import QuadraticPosition
+    from structconv.structures.positional import QuadraticPosition
 
     x = torch.randn(1, 20, 2, dtype=torch.float64)
     theta = torch.randn(2, 2, 2, dtype=torch.float64)

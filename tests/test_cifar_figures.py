@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from structconv.conv_attention import nearest_convolution
 from structconv.data.cifar import CLASSES, Cifar10
 from structconv.experiments.cifar import figures
 from structconv.experiments.cifar.figures import (
@@ -33,6 +32,7 @@ from structconv.experiments.cifar.models import SelfAttentionNet, build_model
 from structconv.experiments.cifar.presets import config_for
 from structconv.experiments.cifar.train import train
 from structconv.nn import PositionalAttention
+from structconv.theory.conv_attention import nearest_convolution
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

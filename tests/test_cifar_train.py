@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F  # noqa: N812
 
-from structconv import _atomic as atomic_module
+from structconv.data import atomic as atomic_module
 from structconv.data.augment import CIFAR10_MEAN, CIFAR10_STD, Batches, augment, normalize
 from structconv.data.cifar import CLASSES, ENV, Cifar10, download_cifar10
 from structconv.experiments.cifar import checkpoint as ckpt_module

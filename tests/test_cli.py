@@ -12,7 +12,7 @@ from conftest import official_archive
 
 import structconv
 from structconv.cli import EXIT_STATUS, PLANETOID_MODELS, PLANETOID_NAMES, ArgumentParser, build_parser, main
-from structconv.selfcheck import CheckResult, format_results
+from structconv.theory.selfcheck import CheckResult, format_results
 
 
 def test_check_passes_and_prints_a_table(capsys):

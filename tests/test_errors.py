@@ -235,7 +235,7 @@ def test_grid_errors_found_in_review():
     ],
 )
 def test_graph_errors(call, error, message):
-    import structconv.graph as g
+    import structconv.structures.graph as g
 
     with pytest.raises(error, match=message):
         call(g)

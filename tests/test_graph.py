@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from structconv import PolynomialBasis, conv, explain, gcn_basis, graph_basis
 from structconv import nn as snn
-from structconv.graph import as_edges
+from structconv.structures.graph import as_edges
 
 pyg = pytest.importorskip("torch_geometric.nn")
 

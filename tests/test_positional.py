@@ -24,7 +24,7 @@ from structconv import (
     conv,
     grid_basis,
 )
-from structconv.positional import positional_basis, relative_offsets
+from structconv.structures.positional import positional_basis, relative_offsets
 
 D64 = torch.float64
 
@@ -406,7 +406,7 @@ def test_theorem_channel_bound_padded_tokens_and_errors() -> None:
 
 @given(seed=st.integers(0, 2**31), shape=st.lists(st.integers(1, 4), min_size=1, max_size=3))
 def test_kronecker_basis_hooks_equal_its_dense_form(seed: int, shape: list[int]) -> None:
-    from structconv.kronecker import KroneckerBasis
+    from structconv.bases.kronecker import KroneckerBasis
 
     rng = np.random.default_rng(seed)
     outs = [int(v) for v in rng.integers(1, 4, size=len(shape))]

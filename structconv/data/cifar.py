@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .._atomic import atomic_write
+from .atomic import atomic_write
 from .planetoid import _CORRUPT_PICKLE, _numpy_reconstruct, _RefusedGlobalError, _RestrictedUnpickler
 
 __all__ = [

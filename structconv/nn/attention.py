@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from ..attention import AttentionBasis, BiAffine, Mechanism, ScoreBias, attention_basis
-from ..contract import conv
-from ..dense import DenseBasis
-from ..factor import LowRank
+from ..bases.dense import DenseBasis
+from ..bases.factor import LowRank
+from ..engine.contract import conv
+from ..structures.attention import AttentionBasis, BiAffine, Mechanism, ScoreBias, attention_basis
 
 _NAME = "MultiHeadSelfAttention"
 
@@ -50,7 +50,7 @@ class MultiHeadSelfAttention(nn.Module):
     bilinear term :math:`\Lambda_h = W^{k}_h W^{q\top}_h/\sqrt D` (Eq. 12) and the biases of
     the key and query projections; torch's ``attn_mask`` and ``key_padding_mask`` become the
     basis's boolean mask (their :math:`-\infty`/``True`` entries) plus a
-    :class:`~structconv.attention.ScoreBias` (their finite float entries).  The parameter is
+    :class:`~structconv.structures.attention.ScoreBias` (their finite float entries).  The parameter is
     low-rank, :math:`\Theta_h = W^{v}_h W^{o\top}_h` (Eq. 13), applied to the value input
     :math:`v`.  A column of :math:`A_h` sums to one, so the value bias becomes the constant
     :math:`\beta = b^o + \sum_h W^o_h b^v_h`.  On torch the engine runs plain scaled

@@ -10,7 +10,7 @@ instead of ``edge_index``.
 matrix graph (torch sparse COO/CSR/CSC, ``scipy.sparse`` or a dense floating matrix) is PyG's
 ``adj_t``: entry ``[i, j]`` weighs the edge :math:`j \to i` (row = target, column = source), so
 ``layer(x, adj.t())`` equals ``layer(x, edge_index)`` for ``adj`` built from ``edge_index``.
-(The basis builders of :mod:`structconv.graph` read a matrix as the adjacency itself, ``[m, n]``
+(The basis builders of :mod:`structconv.structures.graph` read a matrix as the adjacency itself, ``[m, n]``
 for :math:`m \to n`, unless given ``adj_t=True``.)  PyG's ``EdgeIndex`` is an ``edge_index``.
 
 **Self-loops.**  Where a layer adds self-loops (GCN, SG), an ``edge_index`` gets PyG's
@@ -28,11 +28,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from ..basis import Basis
-from ..contract import conv
-from ..edges import EdgeBasis
-from ..factor import LowRank, Separable
-from ..graph import (
+from ..bases.base import Basis
+from ..bases.edges import EdgeBasis
+from ..bases.factor import LowRank, Separable
+from ..engine.contract import conv
+from ..structures.graph import (
     Edges,
     PolynomialBasis,
     _largest_eigenvalue,
@@ -277,7 +277,7 @@ class SGConv(_GraphLayer):
 class ChebConv(_GraphLayer):
     r"""Chebyshev spectral convolution (Defferrard et al.): :math:`y = \sum_{k<K} T_k(\hat L)^\top x\,\Theta_k + \beta`.
 
-    :math:`\hat L = 2L/\lambda_{\max} - I` with :math:`L` of :func:`structconv.graph.laplacian`
+    :math:`\hat L = 2L/\lambda_{\max} - I` with :math:`L` of :func:`structconv.structures.graph.laplacian`
     (``normalization`` ``"sym"``, ``"rw"`` or ``None`` for :math:`D - A`).  :math:`\lambda_{\max}`
     is, first found: the ``lambda_max`` of :meth:`forward` (a number, or one value per graph of
     a ``batch``), the constructor's ``lambda_max`` (a number or ``"auto"``, computed), or PyG's
@@ -382,7 +382,7 @@ class RGCNConv(nn.Module):
        y_n = x_n\Theta_{\mathrm{root}}
        + \sum_r \frac{1}{|\mathcal N_r(n)|}\sum_{m \in \mathcal N_r(n)} x_m\Theta_r + \beta,
 
-    i.e. the basis of :func:`structconv.graph.relational_basis` with the identity appended.
+    i.e. the basis of :func:`structconv.structures.graph.relational_basis` with the identity appended.
     ``num_bases`` shares :math:`\Theta_r = \sum_b a_{rb} V_b` (a
     :class:`~structconv.Separable` parameter, contracted without forming :math:`\Theta_r`);
     ``num_blocks`` makes each :math:`\Theta_r` block-diagonal.  Arguments and initialisation as

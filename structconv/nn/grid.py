@@ -31,9 +31,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 
-from .._shift_torch import conv_image
-from ..contract import conv, explain
-from ..grid import GridBasis, Padding, Size, _ints, _padding, apply_shifts, avg_pool_basis, grid_basis
+from ..backend.shift_torch import conv_image
+from ..engine.contract import conv, explain
+from ..structures.grid import GridBasis, Padding, Size, _ints, _padding, apply_shifts, avg_pool_basis, grid_basis
 
 _T = TypeVar("_T")
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "zero", "replicate": "zero"}
@@ -222,7 +222,7 @@ class _GridConvNd(nn.Module):
 
         The engine's plan for the input's shape is made once and kept with the basis; when it
         chooses the ``"native"`` order (as it does for box kernels on torch), the layer runs that
-        order's kernel (:func:`structconv._shift_torch.conv_image`) on torch's layout directly,
+        order's kernel (:func:`structconv.backend.shift_torch.conv_image`) on torch's layout directly,
         with the bias fused, instead of re-checking and re-planning the same operands on every
         call: the per-call Python cost is then close to ``torch.nn.Conv{d}d``'s.  Other plans go
         through :func:`structconv.conv`.  Tests hold both routes to ``conv`` and to torch.

@@ -9,13 +9,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from ..attention import BiAffine, Mechanism, attention_basis
-from ..basis import Basis
-from ..contract import conv
-from ..dense import DenseBasis
-from ..factor import LowRank
-from ..grid import BOUNDARIES
-from ..positional import (
+from ..bases.base import Basis
+from ..bases.dense import DenseBasis
+from ..bases.factor import LowRank
+from ..engine.contract import conv
+from ..structures.attention import BiAffine, Mechanism, attention_basis
+from ..structures.grid import BOUNDARIES
+from ..structures.positional import (
     GaussianPosition,
     LearnedPosition,
     PositionalMechanism,
@@ -37,7 +37,7 @@ def _positive_int(layer: str, name: str, value: Any) -> int:
 class PositionalAttention(nn.Module):
     r"""Multi-head self-attention over the positions of a grid, :math:`y = \sum_h A_h^\top x\,\Theta_h + \beta`.
 
-    The heads :math:`A_h` come from a relative-position encoding (:mod:`structconv.positional`):
+    The heads :math:`A_h` come from a relative-position encoding (:mod:`structconv.structures.positional`):
 
     * ``"quadratic"``: isotropic Gaussians :math:`-\alpha_h\lVert\delta - \Delta_h\rVert^2`
       (learnable centres, initialised :math:`\mathcal N(0, \mathrm{centre\_var}\,I)`, and widths:
@@ -51,12 +51,12 @@ class PositionalAttention(nn.Module):
       split evenly over the axes; default ``embed_dim``) scored by one vector per head and axis.
 
     ``content=True`` adds content-based attention.  With ``relative_terms=True`` (``"learned"``
-    only) these are the four terms of Eq. 5 (:class:`~structconv.positional.RelativeAttention`);
+    only) these are the four terms of Eq. 5 (:class:`~structconv.structures.positional.RelativeAttention`);
     otherwise a scaled dot product :math:`(x W^q_h + b^q_h)\cdot(x W^k_h + b^k_h)/\sqrt{D}`
     (``key_dim`` :math:`= D`, biases when ``content_bias``) added to the positional scores, as in
     the paper's code.  Without content the heads do not depend on the input, so they are built
     once per forward for the whole batch, as truncated renormalised shift bases when that is
-    cheaper (``threshold``, see :meth:`~structconv.positional.PositionalMechanism.basis`;
+    cheaper (``threshold``, see :meth:`~structconv.structures.positional.PositionalMechanism.basis`;
     ``None`` keeps the exact dense softmax).
 
     The parameter is :math:`\Theta_h` of shape ``(H, E, E)`` when ``head_dim`` is ``None`` (the
@@ -278,7 +278,7 @@ class PositionalAttention(nn.Module):
         heads = self.basis(flat)
         basis = self.dropped(heads, int(flat.shape[0]))
         # Heads dropped out per image are stored for the x-Theta-first order's batched GEMM, which
-        # reads them in place (see structconv.contract._instance_gemms); otherwise the engine plans.
+        # reads them in place (see structconv.engine.contract._instance_gemms); otherwise the engine plans.
         per_image = basis is not heads and basis.batch is not None and self.head_dim is None
         y: torch.Tensor = conv(basis, flat, self.parameter(), order="xtheta" if per_image else "auto")
         if self.bias is not None:

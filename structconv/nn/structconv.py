@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..basis import Basis, as_basis
-from ..contract import conv
+from ..bases.base import Basis, as_basis
+from ..engine.contract import conv
 
 
 class StructConv(nn.Module):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..._atomic import atomic_write
+from ...data.atomic import atomic_write
 
 __all__ = ["FORMAT", "VERSION", "CheckpointError", "load_checkpoint", "save_checkpoint"]
 

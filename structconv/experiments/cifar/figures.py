@@ -13,7 +13,7 @@ r"""Figures of the CIFAR-10 study (Cordonnier, Loukas & Jaggi 2020) from run dir
 
 Conventions.  The score of a head depends on the offset :math:`\delta = \mathrm{pos}(m) -
 \mathrm{pos}(n)` from the query :math:`n` to the key :math:`m`
-(:func:`structconv.positional.relative_offsets`), so a head centred at :math:`\Delta_h` attends
+(:func:`structconv.structures.positional.relative_offsets`), so a head centred at :math:`\Delta_h` attends
 to the key at *query* :math:`+\,\Delta_h`.  Offsets are ``(row, column)`` pairs and every figure
 draws them as an image is drawn: the column offset to the right, the row offset *down*, the
 query pixel at the origin.  A "pixel" is one token of the :math:`16\times16` grid that the
@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ...conv_attention import ConvolutionFit, nearest_convolution
-from ...grid import GridBasis
 from ...nn import PositionalAttention
+from ...structures.grid import GridBasis
+from ...theory.conv_attention import ConvolutionFit, nearest_convolution
 from .models import SelfAttentionNet
 
 if TYPE_CHECKING:
@@ -547,7 +547,7 @@ def convolutionality(
     r"""Per block, each head's nearest one-hot shift and its distance from it.
 
     The offset of head :math:`h` is the one of largest mean weight (over queries, and images for
-    content attention), as :func:`~structconv.conv_attention.nearest_convolution` chooses it, and
+    content attention), as :func:`~structconv.theory.conv_attention.nearest_convolution` chooses it, and
     ``mass`` is that mean weight.  The distance is the mean total variation
     :math:`\tfrac12\lVert a_{:,n} - s_{:,n}\rVert_1` between the head's column and the shift's
     over the queries :math:`n` (and images):

@@ -35,8 +35,8 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from ... import __version__
-from ..._atomic import atomic_write
 from ...data import Cifar10, load_cifar10
+from ...data.atomic import atomic_write
 from ...data.augment import NORMALIZATIONS, Batches
 from .checkpoint import RESUMABLE_CHANGES, load_checkpoint, save_checkpoint
 from .models import build_model, no_decay_parameters

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._backend import Array, einsum, shape_str
-from ._checks import check_array, check_same_placement
+from ..backend import Array, einsum, shape_str
+from ..backend.checks import check_array, check_same_placement
 
 
 @dataclass(frozen=True, eq=False)

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, device_of, dtype_name, einsum, is_torch, shape_str, to_numpy
-from ._shift import Geometry, gather_taps, gemm_then_shift, shift_then_gemm
-from .basis import Basis, Cost
-from .sparse import SparseBasis
+from ..backend import Array, device_of, dtype_name, einsum, is_torch, shape_str, to_numpy
+from ..bases.base import Basis, Cost
+from ..bases.shift import Geometry, gather_taps, gemm_then_shift, shift_then_gemm
+from ..bases.sparse import SparseBasis
 
 Size = int | Sequence[int]
 Padding = str | int | Sequence[int] | Sequence[Sequence[int]]
@@ -175,7 +175,7 @@ class GridBasis(Basis):
             raise ValueError(f"offsets must be a non-empty integer array of shape (J, {d}), got {off.shape}")
         self.geometry = Geometry(g, out, st, off.astype(np.int64), boundary)
         if weights is not None:
-            from ._checks import check_array
+            from ..backend.checks import check_array
 
             check_array(weights, "weights", (2,), ("(K, J)",))
         self._backend, self._dtype, self._device = _placement(weights if weights is not None else like)
@@ -188,7 +188,7 @@ class GridBasis(Basis):
         if normalize and members != 1:
             raise ValueError("normalize=True needs a single member (K=1); concat single-member bases for more")
         if scale is not None:
-            from ._checks import check_array
+            from ..backend.checks import check_array
 
             if check_array(scale, "scale", (1,), ("(N,)",)) != self._backend or int(scale.shape[0]) != math.prod(out):
                 raise ValueError(
@@ -480,7 +480,7 @@ class GridBasis(Basis):
     def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
         geo = self.geometry
         if order == "native":
-            from ._shift_torch import native_conv
+            from ..backend.shift_torch import native_conv
 
             return self._scaled(native_conv(x, self._tap_thetas(theta), geo))
         if order in ("ax", "xtheta") and geo.unit_stride:
@@ -497,7 +497,7 @@ class GridBasis(Basis):
             copy = 0.0 if geo.boundary == "zero" and geo.reach[0] == geo.reach[1] else float(batch * padded * p)
             return mix + Cost(2.0 * batch * N * geo.box_volume * p * q, float(batch * N * q) + copy)
         if order in ("ax", "xtheta") and geo.unit_stride:
-            from ._shift import flat_layout
+            from ..bases.shift import flat_layout
 
             layout, _ = flat_layout(geo)
             rows = float(layout.rows(batch) + layout.lead + layout.tail)
@@ -751,7 +751,7 @@ def apply_shifts(basis: GridBasis, x: Array, method: str = "auto") -> Array:
         raise TypeError(f"basis must be a GridBasis, got {type(basis).__name__}")
     if method not in ("auto", "native", "shift"):
         raise ValueError(f"method must be 'auto', 'native' or 'shift', got {method!r}")
-    from ._checks import check_array
+    from ..backend.checks import check_array
 
     backend = check_array(x, "x", (3,), ("(B, M, C)",))
     basis = basis.placed_like(x)
@@ -770,6 +770,6 @@ def apply_shifts(basis: GridBasis, x: Array, method: str = "auto") -> Array:
         raise ValueError("method='native' needs a torch basis on a 1-, 2- or 3-D grid")
     if method == "shift" or not basis.native_available():
         return basis.apply_each(x)
-    from ._shift_torch import native_depthwise
+    from ..backend.shift_torch import native_depthwise
 
     return basis._scaled(native_depthwise(x, basis.tap_weights(), basis.geometry))

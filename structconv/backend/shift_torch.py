@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 
-from ._shift import Geometry
+from ..bases.shift import Geometry
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}

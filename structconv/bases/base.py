@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._backend import Array, einsum, is_torch, shape_str
+from ..backend import Array, einsum, is_torch, shape_str
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,8 @@ class Cost:
 
     ``flops`` are done by dense kernels (GEMM, einsum), ``irregular`` flops by sparse or gather
     kernels, which run several times slower per flop, and ``memory`` counts elements written to
-    intermediates.  The engine weighs the three (:data:`structconv.contract.SPARSE_FLOP_WEIGHT`,
-    :data:`structconv.contract.MEMORY_WEIGHT`).
+    intermediates.  The engine weighs the three (:data:`structconv.engine.contract.SPARSE_FLOP_WEIGHT`,
+    :data:`structconv.engine.contract.MEMORY_WEIGHT`).
     """
 
     flops: float = 0.0

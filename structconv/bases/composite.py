@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, concatenate, einsum, is_torch, zeros
-from .basis import Basis, Cost
+from ..backend import Array, concatenate, einsum, is_torch, zeros
+from .base import Basis, Cost
 
 
 def _check_compatible(parts: Sequence[Basis], what: str) -> None:
@@ -301,7 +301,7 @@ def concat(bases: Sequence[Basis | Array]) -> Basis:
     >>> concat([DenseBasis(np.ones((2, 3, 4))), DenseBasis(np.ones((1, 3, 4)))]).shape
     (3, 3, 4)
     """
-    from .basis import as_basis
+    from .base import as_basis
     from .dense import DenseBasis
     from .sparse import SparseBasis
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from .basis import Basis
-from .composite import ConcatBasis
-from .contract import conv
-from .dense import DenseBasis
-from .factor import LowRank, Separable
-from .sparse import SparseBasis
-from .theory import combine, compose, decompose
+from ..bases.base import Basis
+from ..bases.composite import ConcatBasis
+from ..bases.dense import DenseBasis
+from ..bases.factor import LowRank, Separable
+from ..bases.sparse import SparseBasis
+from ..engine.contract import conv
+from .algebra import combine, compose, decompose
 
 REPRESENTATIONS = ("dense", "sparse", "concat")
 
@@ -211,8 +211,8 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
 
 
 def _graph_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...]) -> list[CheckResult]:
-    from .edges import EdgeBasis
-    from .graph import graph_basis
+    from ..bases.edges import EdgeBasis
+    from ..structures.graph import graph_basis
 
     tol = 1e-10
     graphs = []
@@ -290,7 +290,7 @@ def _grid_cases(rng: np.random.Generator, count: int) -> Iterator[dict[str, Any]
 
 
 def _grid_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...]) -> list[CheckResult]:
-    from .grid import grid_basis
+    from ..structures.grid import grid_basis
 
     cases = list(_grid_cases(rng, count))
     tol = 1e-10

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, SparseMatrix, as_index, device_of, einsum, is_torch, shape_str, to_numpy
-from ._checks import check_finite
-from .basis import Basis, Cost
+from ..backend import Array, SparseMatrix, as_index, device_of, einsum, is_torch, shape_str, to_numpy
+from ..backend.checks import check_finite
+from .base import Basis, Cost
 
 #: Overheads of :meth:`SparseBasis.apply_combined`, in sparse-kernel flops (see its cost).
 _COMBINED_FIXED = 1.0e6

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, is_integer_array, is_torch, namespace, shape_str, to_numpy
-from ._checks import check_finite
-from .basis import Basis, Cost
-from .sparse import SparseBasis
+from ..backend import Array, is_integer_array, is_torch, namespace, shape_str, to_numpy
+from ..backend.checks import check_finite
+from ..bases.base import Basis, Cost
+from ..bases.sparse import SparseBasis
 
 KINDS = ("adjacency", "gcn", "powers", "chebyshev", "diffusion", "relational")
 
@@ -618,7 +618,7 @@ class PolynomialBasis(Basis):
     def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
         if order != "materialized":
             return None
-        from .contract import conv
+        from ..engine.contract import conv
 
         result: Array = conv(self.materialize(), x, theta)
         return result
@@ -759,7 +759,7 @@ def graph_basis(
             raise ValueError(f"normalization must be 'sym' or 'none' for powers, got {normalization!r}")
         return PolynomialBasis(edges.to_basis(), range(K + 1), "powers")
     if kind == "diffusion":
-        from .composite import ConcatBasis
+        from ..bases.composite import ConcatBasis
 
         K = _check_K(K, 1)
         forward = PolynomialBasis(walk_normalize(edges, "forward").to_basis(), range(K + 1), "powers")

@@ -6,7 +6,7 @@ costs :math:`\sum_i m_i\prod_{j\ne i}(\cdot)` per channel instead of :math:`MN`:
 :math:`16\times16` grid, 32 instead of 256 per output.  Position-only attention heads whose
 scores are a sum of per-axis terms (the quadratic encoding, learned row and column tables) have
 exactly this form after the softmax, because the exponential of a sum is a product and the set of
-grid positions is a product set (:meth:`structconv.positional.PositionalMechanism.basis`).
+grid positions is a product set (:meth:`structconv.structures.positional.PositionalMechanism.basis`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ._backend import Array, device_of, einsum, is_torch, namespace, shape_str
-from ._checks import check_array, check_finite
-from .basis import Basis, Cost
+from ..backend import Array, device_of, einsum, is_torch, namespace, shape_str
+from ..backend.checks import check_array, check_finite
+from .base import Basis, Cost
 
 
 class KroneckerBasis(Basis):
@@ -26,7 +26,7 @@ class KroneckerBasis(Basis):
     Examples
     --------
     >>> import numpy as np
-    >>> from structconv.kronecker import KroneckerBasis
+    >>> from structconv.bases.kronecker import KroneckerBasis
     >>> rng = np.random.default_rng(0)
     >>> A = KroneckerBasis([rng.random((2, 3, 3)), rng.random((2, 4, 4))])
     >>> A.shape, bool(np.allclose(A.to_dense()[1], np.kron(A.factors[0][1], A.factors[1][1])))

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, einsum, is_torch, shape_str, to_numpy
-from ._checks import check_array, check_same_placement
-from .basis import Basis, as_basis
-from .composite import ComposedBasis
-from .dense import DenseBasis
-from .sparse import SparseBasis
+from ..backend import Array, einsum, is_torch, shape_str, to_numpy
+from ..backend.checks import check_array, check_same_placement
+from ..bases.base import Basis, as_basis
+from ..bases.composite import ComposedBasis
+from ..bases.dense import DenseBasis
+from ..bases.sparse import SparseBasis
 
 
 def _check_theta(theta: Array, basis: Basis, arg: str) -> None:
@@ -201,22 +201,4 @@ def _stack(rows: list[Any], like: Array) -> Array:
     return np.stack(rows)
 
 
-# The conv = attention theorem lives in its own module; it is part of the theory namespace.
-from .conv_attention import (  # noqa: E402
-    ConvolutionFit,
-    attention_alpha_bound,
-    attention_to_conv,
-    conv_to_attention,
-    nearest_convolution,
-)
-
-__all__ = [
-    "ConvolutionFit",
-    "attention_alpha_bound",
-    "attention_to_conv",
-    "combine",
-    "compose",
-    "conv_to_attention",
-    "decompose",
-    "nearest_convolution",
-]
+__all__ = ["combine", "compose", "decompose"]

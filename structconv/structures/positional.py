@@ -41,13 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, einsum, is_torch, namespace, shape_str
-from ._checks import check_array
+from ..backend import Array, einsum, is_torch, namespace, shape_str
+from ..backend.checks import check_array
+from ..bases.base import Basis
+from ..bases.dense import DenseBasis
+from ..bases.kronecker import KroneckerBasis
 from .attention import Mechanism, masked_softmax
-from .basis import Basis
-from .dense import DenseBasis
 from .grid import BOUNDARIES, GridBasis, _grid
-from .kronecker import KroneckerBasis
 
 #: Log-range of a head's weights beyond which :meth:`PositionalMechanism.basis` stays dense
 #: (the shift form holds the weights relative to one shift, which must not under- or overflow).
@@ -190,11 +190,11 @@ class PositionalMechanism(Mechanism):
         return None
 
     def kronecker(self) -> KroneckerBasis | None:
-        """The heads as exact per-axis softmax factors (:class:`~structconv.kronecker.KroneckerBasis`), if separable.
+        """The heads as exact per-axis softmax factors, if separable.
 
-        When the score is a sum of per-axis terms its exponential is a product, and so is the
-        set of grid positions: the column-wise softmax over the grid is the Kronecker product of
-        the per-axis softmaxes.
+        The result is a :class:`~structconv.bases.kronecker.KroneckerBasis`.  When the score is
+        a sum of per-axis terms its exponential is a product, and so is the set of grid positions:
+        the column-wise softmax over the grid is the Kronecker product of the per-axis softmaxes.
         """
         per_axis = self.axis_scores()
         if per_axis is None:
@@ -267,7 +267,7 @@ class PositionalMechanism(Mechanism):
             )
         if too_wide or (form == "auto" and _SHIFT_COST * int(keep.sum()) >= K * M):
             return DenseBasis.of_weights(masked_softmax(dense))
-        from .composite import ConcatBasis
+        from ..bases.composite import ConcatBasis
 
         lib = namespace(scores)
         heads = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._backend import Array, all_finite, backend_of, device_of, dtype_name, is_floating, shape_str
+from . import Array, all_finite, backend_of, device_of, dtype_name, is_floating, shape_str
 
 
 def check_array(a: object, arg: str, ranks: tuple[int, ...], names: tuple[str, ...]) -> str:

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, device_of, einsum, is_torch, namespace, shape_str, x_theta, zeros
-from ._checks import check_array
-from .basis import Basis, Cost
-from .dense import DenseBasis
+from ..backend import Array, device_of, einsum, is_torch, namespace, shape_str, x_theta, zeros
+from ..backend.checks import check_array
+from ..bases.base import Basis, Cost
+from ..bases.dense import DenseBasis
 
 
 class Mechanism:
@@ -609,7 +609,7 @@ def attention_basis(
         Auxiliary input ``(B, N, P')``; ``None`` for self-attention (:math:`z = x`).
     mechanism
         A :class:`Mechanism`, e.g. :class:`BiAffine` (its heads are the members), a
-        relative-position mechanism from :mod:`structconv.positional`, or a sum of them.
+        relative-position mechanism from :mod:`structconv.structures.positional`, or a sum of them.
     mask
         Boolean (``True`` = may attend) or additive :math:`\{-\infty, 0\}`, broadcastable to
         ``(B, K, M, N)`` (e.g. ``(M, N)`` for a graph or a causal order).

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, device_of, einsum, is_torch
-from ._checks import check_array, check_finite
-from .basis import Basis, Cost
+from ..backend import Array, device_of, einsum, is_torch
+from ..backend.checks import check_array, check_finite
+from .base import Basis, Cost
 
 
 class DenseBasis(Basis):

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, is_torch
+from ..backend import Array, is_torch
 
 
 @dataclass(frozen=True)
@@ -292,7 +292,7 @@ def shift_then_gemm(x: Array, thetas: Array, geo: Geometry) -> Array:
     B = int(x.shape[0])
     rows = layout.rows(B)
     if is_torch(x):
-        from ._shift_torch import shift_gemm
+        from ..backend.shift_torch import shift_gemm
 
         y_ext = shift_gemm(buf, thetas, layout.shifts, rows)
     else:
@@ -312,7 +312,7 @@ def gemm_then_shift(x: Array, thetas: Array, geo: Geometry) -> Array:
     wide = (thetas.permute(1, 0, 2) if is_torch(thetas) else thetas.transpose(1, 0, 2)).reshape(P, J * Q)
     s = (buf @ wide).reshape(-1, J, Q)
     if is_torch(x):
-        from ._shift_torch import ShiftAdd
+        from ..backend.shift_torch import ShiftAdd
 
         y_ext = ShiftAdd.apply(  # type: ignore[no-untyped-call]
             s, layout.shifts, rows

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, device_of, is_integer_array, is_torch, shape_str
-from ._checks import check_array
-from .basis import Basis, Cost
+from ..backend import Array, device_of, is_integer_array, is_torch, shape_str
+from ..backend.checks import check_array
+from .base import Basis, Cost
 from .sparse import SparseBasis
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import opt_einsum
 
-from ._backend import (
+from ..backend import (
     Array,
     autocast_dtype,
     autocast_to,
@@ -44,10 +44,10 @@ from ._backend import (
     shape_str,
     x_theta,
 )
-from ._checks import check_array, check_same_placement
-from .basis import Basis, Cost, as_basis
-from .dense import DenseBasis
-from .factor import LowRank, Parameter, Separable
+from ..backend.checks import check_array, check_same_placement
+from ..bases.base import Basis, Cost, as_basis
+from ..bases.dense import DenseBasis
+from ..bases.factor import LowRank, Parameter, Separable
 
 #: Price of writing one element of an intermediate, in GEMM flops (calibrated on CPU by
 #: ``benchmarks/bench_orders.py``; memory traffic, not arithmetic, dominates small contractions).

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Array, is_torch, shape_str, to_numpy
-from ._checks import check_array
-from .basis import Basis, as_basis
-from .dense import DenseBasis
-from .factor import LowRank
+from ..backend import Array, is_torch, shape_str, to_numpy
+from ..backend.checks import check_array
+from ..bases.base import Basis, as_basis
+from ..bases.dense import DenseBasis
+from ..bases.factor import LowRank
 
 BORDERS = ("periodic", "zero", "padded")
 
@@ -53,7 +53,7 @@ def _like(values: np.ndarray, like: Array) -> Any:
 
 def _padded_heads(grid: tuple[int, ...], pad: tuple[int, ...], centres: Any, alpha: Any) -> DenseBasis:
     """Soft heads on the grid padded with zero tokens, restricted to the real tokens (rows and columns)."""
-    from .positional import QuadraticPosition
+    from ..structures.positional import QuadraticPosition
 
     big = tuple(g + 2 * p for g, p in zip(grid, pad, strict=True))
     heads = QuadraticPosition(big, centres, alpha, "zero").basis(form="dense").to_dense()
@@ -121,8 +121,8 @@ def conv_to_attention(
         A ``(K, M, M)`` basis, ``theta`` of shape ``(K, P, Q)`` (or the ``LowRank`` factors) and
         the bias (padded with zeros to ``out_dim``, or ``None``).
     """
-    from .grid import grid_basis
-    from .positional import positional_basis
+    from ..structures.grid import grid_basis
+    from ..structures.positional import positional_basis
 
     check_array(weight, "weight", (3, 4, 5), ("(Q, P, k1)", "(Q, P, k1, k2)", "(Q, P, k1, k2, k3)"))
     d = weight.ndim - 2
@@ -209,8 +209,8 @@ def nearest_convolution(basis: Basis | Array, grid: Any, boundary: str = "zero")
     one-hot shift of that offset under ``boundary`` is then compared with the head column by
     column.  A "mixture of convolutions" diagnostic for trained attention heads.
     """
-    from .grid import GridBasis, _grid
-    from .positional import relative_offsets
+    from ..structures.grid import GridBasis, _grid
+    from ..structures.positional import relative_offsets
 
     g = _grid(grid)
     b = as_basis(basis)
@@ -248,7 +248,7 @@ def attention_to_conv(
         If a head is farther than ``tol`` (total variation, see :func:`nearest_convolution`)
         from every one-hot shift; the message names the head and its distance.
     """
-    from .grid import GridBasis
+    from ..structures.grid import GridBasis
 
     check_array(theta, "theta", (3,), ("(K, P, Q)",))
     fit = nearest_convolution(basis, grid, boundary)

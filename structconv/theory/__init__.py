@@ -1,0 +1,21 @@
+r"""The theory layer: the algebra of bases (Prop. 1 and 3) and the conv ↔ attention theorem."""
+
+from .algebra import combine, compose, decompose
+from .conv_attention import (
+    ConvolutionFit,
+    attention_alpha_bound,
+    attention_to_conv,
+    conv_to_attention,
+    nearest_convolution,
+)
+
+__all__ = [
+    "ConvolutionFit",
+    "attention_alpha_bound",
+    "attention_to_conv",
+    "combine",
+    "compose",
+    "conv_to_attention",
+    "decompose",
+    "nearest_convolution",
+]

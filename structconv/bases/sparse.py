@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, SparseMatrix, as_index, device_of, einsum, is_torch, shape_str, to_numpy
+from ..backend import Array, as_index, device_of, einsum, is_torch, shape_str, sparse_matrix, to_numpy
 from ..backend.checks import check_finite
 from .base import Basis, Cost
 
@@ -80,7 +80,7 @@ class SparseBasis(Basis):
                     f"got values in [{index_np[row].min()}, {index_np[row].max()}]"
                 )
         self._shape = shape
-        self._layouts: dict[str, SparseMatrix] = {}
+        self._layouts: dict[str, Any] = {}
         if is_torch(values):
             # Sorting is deferred: the kernels add repeated entries up anyway, and a basis built
             # for one product (a graph layer's, every call) should not pay for a sort.
@@ -233,7 +233,7 @@ class SparseBasis(Basis):
         return float((v * v).sum()) / (self.N * (self.batch or 1))
 
     # --- engine hooks -------------------------------------------------------------------
-    def _layout(self, name: str) -> SparseMatrix:
+    def _layout(self, name: str) -> Any:
         """One of the three sparse matrices the hooks multiply by (cached if not differentiable)."""
         cached = self._layouts.get(name)
         if cached is not None:
@@ -249,7 +249,7 @@ class SparseBasis(Basis):
             rows, cols, shape = b * N + n, (b * K + k) * M + m, (B * N, B * K * M)
         else:
             rows, cols, shape = (b * K + k) * N + n, (b * K + k) * M + m, (B * K * N, B * K * M)
-        matrix = SparseMatrix(rows, cols, self._values, shape)
+        matrix = sparse_matrix(rows, cols, self._values, shape)
         if not (is_torch(self._values) and self._values.requires_grad):
             self._layouts[name] = matrix
         return matrix
@@ -290,7 +290,7 @@ class SparseBasis(Basis):
         else:
             pairs, inverse = np.unique(pair, return_inverse=True)
         E = int(pairs.shape[0])
-        coef = SparseMatrix(inverse, idx[-3], self._values, (E, K))
+        coef = sparse_matrix(inverse, idx[-3], self._values, (E, K))
         phi = (coef @ theta.reshape(K, P * Q)).reshape(E, P, Q)
         n_e = pairs % N
         m_e = (pairs // N) % M
@@ -298,10 +298,10 @@ class SparseBasis(Basis):
             b_e = pairs // (N * M)
             z = einsum("ep,epq->eq", x[b_e, m_e], phi)
             ones = _ones_like(z, E)
-            scatter = SparseMatrix(b_e * N + n_e, as_index(np.arange(E), x), ones, (B * N, E))
+            scatter = sparse_matrix(b_e * N + n_e, as_index(np.arange(E), x), ones, (B * N, E))
             return (scatter @ z).reshape(B, N, Q)
         z = einsum("bep,epq->ebq", x[:, m_e], phi).reshape(E, B * Q)
-        scatter = SparseMatrix(n_e, as_index(np.arange(E), x), _ones_like(z, E), (N, E))
+        scatter = sparse_matrix(n_e, as_index(np.arange(E), x), _ones_like(z, E), (N, E))
         return _permute((scatter @ z).reshape(N, B, Q), (1, 0, 2))
 
     def _per_instance(self, batch: int) -> int:
@@ -328,12 +328,7 @@ class SparseBasis(Basis):
         return Cost(0.0, float(pairs * p * q + pairs * per * (p + q) + batch * self.N * q), flops)
 
 
-def _product(S: SparseMatrix, dense: Array) -> Array:
-    """``S @ dense``; in bfloat16/float16 on the CPU (no sparse kernels there) computed in float32 and cast back."""
-    if is_torch(dense) and dense.device.type == "cpu" and dense.dtype in (_torch().bfloat16, _torch().float16):
-        wide = SparseMatrix(S.rows, S.cols, S.values.float(), S.shape)
-        with _torch().autocast("cpu", enabled=False):  # autocast would narrow the float32 operands again
-            return (wide @ dense.float()).to(dense.dtype)
+def _product(S: Any, dense: Array) -> Array:
     return S @ dense
 
 

@@ -1,0 +1,112 @@
+"""The one interface every array backend implements: what the array API standard lacks.
+
+Dense array code outside this package is written against the Python array API standard,
+through :func:`structconv.backend.namespace` (``array_api_compat``).  What the standard does not
+cover (sparse products, scatter-add, autograd functions, autocast, device moves, NumPy export)
+is a method of :class:`Backend`, implemented once per backend in ``backend/numpy.py`` and
+``backend/torch.py``.  Adding a backend (CuPy, JAX) means adding one such module and one line
+in :data:`structconv.backend.REGISTRY`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+Array = Any
+"""An array of a supported backend (``numpy.ndarray`` or ``torch.Tensor``)."""
+
+
+class Backend(ABC):
+    """Operations on one backend's arrays that the array API standard does not provide."""
+
+    name: str
+    """Short name, e.g. ``"numpy"``, as error messages and plan keys show it."""
+
+    @abstractmethod
+    def owns(self, a: object) -> bool:
+        """Whether ``a`` is an array of this backend."""
+
+    @abstractmethod
+    def namespace(self) -> Any:
+        """The array API namespace (``array_api_compat``) of this backend's arrays."""
+
+    @abstractmethod
+    def native(self) -> Any:
+        """The backend's own module (``numpy`` or ``torch``), for what the standard spells differently."""
+
+    # --- placement -------------------------------------------------------------------------
+    @abstractmethod
+    def device(self, a: Array) -> str:
+        """The device of ``a`` as a string (``"cpu"`` for NumPy)."""
+
+    @abstractmethod
+    def to_numpy(self, a: Array) -> np.ndarray:
+        """A NumPy copy of ``a``, detached from autograd."""
+
+    @abstractmethod
+    def asarray(self, values: Any, like: Array, dtype: Any = None) -> Array:
+        """``values`` (NumPy or Python numbers) as an array on ``like``'s backend and device.
+
+        ``dtype`` defaults to ``like``'s dtype; pass ``"int64"`` for indices.
+        """
+
+    @abstractmethod
+    def zeros(self, shape: tuple[int, ...], like: Array) -> Array:
+        """Zeros of ``shape`` with ``like``'s dtype and device."""
+
+    @abstractmethod
+    def dtype_name(self, a: Array) -> str:
+        """Backend-neutral dtype name such as ``"float64"``."""
+
+    @abstractmethod
+    def is_floating(self, a: Array) -> bool:
+        """Whether ``a`` holds real floating-point numbers."""
+
+    @abstractmethod
+    def is_integer(self, a: Array) -> bool:
+        """Whether ``a`` holds integers (not booleans)."""
+
+    @abstractmethod
+    def all_finite(self, a: Array) -> bool:
+        """Whether every entry of ``a`` is finite (a host synchronisation on accelerators)."""
+
+    @abstractmethod
+    def detach(self, a: Array) -> Array:
+        """``a`` without autograd history (itself for NumPy)."""
+
+    @abstractmethod
+    def requires_grad(self, a: Array) -> bool:
+        """Whether autograd tracks ``a``."""
+
+    # --- mixed precision -------------------------------------------------------------------
+    @abstractmethod
+    def autocast_dtype(self, a: Array) -> Any:
+        """The dtype autocast runs matrix products in on ``a``'s device, or ``None`` outside autocast."""
+
+    @abstractmethod
+    def autocast_to(self, a: Array, dtype: Any) -> Array:
+        """``a`` in ``dtype`` if it is a floating array that autocast would convert."""
+
+    # --- products ----------------------------------------------------------------------------
+    @abstractmethod
+    def einsum(self, eq: str, *operands: Array) -> Array:
+        """A two-operand contraction by the backend's own einsum."""
+
+    @abstractmethod
+    def x_theta(self, x: Array, theta: Array) -> Array:
+        r""":math:`S_{bkmq} = \sum_p x_{bmp}\Theta_{kpq}` as one GEMM, returned as a ``(B, K, M, Q)`` view."""
+
+    @abstractmethod
+    def sparse_matrix(self, rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> Any:
+        """A 2-D sparse matrix ``S`` supporting ``S @ dense``; repeated coordinates add up."""
+
+    @abstractmethod
+    def scatter_add(self, values: Array, index: Array, size: int) -> Array:
+        """``out[index[i]] += values[i]`` along axis 0 into ``size`` rows of zeros."""
+
+    # --- structures: grid (shift kernels) ------------------------------------------------------
+    # --- structures: graph ---------------------------------------------------------------------
+    # --- structures: attention and positions ----------------------------------------------------

@@ -1,0 +1,180 @@
+"""The torch backend: sparse products with a cached transpose, autocast, autograd functions.
+
+Imported only once a torch tensor is seen, so the NumPy path never imports torch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import array_api_compat.torch as xp_torch
+import numpy as np
+import torch
+
+from .interface import Array, Backend
+
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+
+
+class TorchBackend(Backend):
+    """Torch tensors on any device, with autograd and autocast."""
+
+    name = "torch"
+
+    def owns(self, a: object) -> bool:
+        return isinstance(a, torch.Tensor)
+
+    def namespace(self) -> Any:
+        return xp_torch
+
+    def native(self) -> Any:
+        return torch
+
+    def device(self, a: Array) -> str:
+        return str(a.device)
+
+    def to_numpy(self, a: Array) -> np.ndarray:
+        return np.asarray(a.detach().cpu().numpy())
+
+    def asarray(self, values: Any, like: Array, dtype: Any = None) -> Array:
+        if dtype is None:
+            dtype = like.dtype
+        elif isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        return torch.as_tensor(values, dtype=dtype, device=like.device)
+
+    def zeros(self, shape: tuple[int, ...], like: Array) -> Array:
+        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+    def dtype_name(self, a: Array) -> str:
+        return str(a.dtype).removeprefix("torch.")
+
+    def is_floating(self, a: Array) -> bool:
+        return bool(a.is_floating_point())
+
+    def is_integer(self, a: Array) -> bool:
+        return not a.is_floating_point() and not a.is_complex() and a.dtype != torch.bool
+
+    def all_finite(self, a: Array) -> bool:
+        return bool(torch.isfinite(a.detach()).all())
+
+    def detach(self, a: Array) -> Array:
+        return a.detach()
+
+    def requires_grad(self, a: Array) -> bool:
+        return bool(a.requires_grad)
+
+    def autocast_dtype(self, a: Array) -> Any:
+        kind = a.device.type
+        if kind not in _AUTOCAST_DEVICES:  # e.g. "meta": no autocast there
+            return None
+        return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+
+    def autocast_to(self, a: Array, dtype: Any) -> Array:
+        if dtype is None or not a.is_floating_point() or a.dtype in (dtype, torch.float64):
+            return a
+        return a.to(dtype)
+
+    def einsum(self, eq: str, *operands: Array) -> Array:
+        return torch.einsum(eq, *operands)
+
+    def x_theta(self, x: Array, theta: Array) -> Array:
+        B, M, P = (int(s) for s in x.shape)
+        K, _, Q = (int(s) for s in theta.shape)
+        wide = theta.permute(1, 0, 2).reshape(P, K * Q)
+        return (x.reshape(B * M, P) @ wide).reshape(B, M, K, Q).permute(0, 2, 1, 3)
+
+    def sparse_matrix(self, rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> Any:
+        return SparseMatrix(rows, cols, values, shape)
+
+    def scatter_add(self, values: Array, index: Array, size: int) -> Array:
+        return values.new_zeros((size, *values.shape[1:])).index_add(0, index, values)
+
+
+class SparseMatrix:
+    """A 2-D sparse matrix for ``S @ dense``, from (possibly repeated) coordinates.
+
+    Two kernels, picked per call:
+
+    * gather-scatter (``index_select``, scale, ``index_add``) whenever the values require grad:
+      their gradient then costs one product (torch's CSR backward for the values is far slower);
+    * otherwise CSR, built once per matrix by a counting sort of the rows (a radix sort on the
+      CPU, so building is cheaper than one gather-scatter), with the transposed CSR built on the
+      first backward pass.
+
+    Repeated coordinates add up in every kernel.
+    """
+
+    __slots__ = ("_csr", "_csr_t", "cols", "rows", "shape", "values")
+
+    def __init__(self, rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> None:
+        self.shape = shape
+        self.rows, self.cols, self.values = rows, cols, values
+        self._csr: Any = None
+        self._csr_t: Any = None
+
+    def csr(self) -> Any:
+        """The CSR form, built on first use and kept (a cache of this value, not a new value)."""
+        if self._csr is None:
+            self._csr = _csr_from_coordinates(self.rows, self.cols, self.values, self.shape)
+        return self._csr
+
+    def csr_t(self) -> Any:
+        """The transposed CSR form, built once for backward passes (torch's own transposes per call)."""
+        if self._csr_t is None:
+            self._csr_t = SparseMatrix(self.cols, self.rows, self.values, (self.shape[1], self.shape[0])).csr()
+        return self._csr_t
+
+    def __matmul__(self, dense: Array) -> Array:
+        if dense.device.type == "cpu" and dense.dtype in (torch.bfloat16, torch.float16):
+            # No low-precision sparse kernels on the CPU: compute in float32 and cast back.
+            wide = SparseMatrix(self.rows, self.cols, self.values.float(), self.shape)
+            with torch.autocast("cpu", enabled=False):  # autocast would narrow the operands again
+                return (wide @ dense.float()).to(dense.dtype)
+        if self.values.requires_grad:
+            gathered = dense.index_select(0, self.cols) * self.values[:, None]
+            return dense.new_zeros((self.shape[0], dense.shape[1])).index_add(0, self.rows, gathered)
+        if not dense.requires_grad:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return self.csr() @ dense
+        return _CsrProduct.apply(self, dense)  # type: ignore[no-untyped-call]
+
+
+def _csr_from_coordinates(rows: Any, cols: Any, values: Any, shape: tuple[int, int]) -> Any:
+    """A torch CSR matrix from coordinates; repeated coordinates stay separate entries and add up."""
+    if rows.device.type == "cpu":
+        r = rows.numpy()
+        # NumPy's stable sort is a radix sort for 16-bit keys: linear in the number of entries.
+        order = torch.from_numpy(np.argsort(r.astype(np.uint16) if shape[0] <= 65536 else r, kind="stable"))
+    else:
+        order = torch.argsort(rows, stable=True)
+    crow = torch.zeros(shape[0] + 1, dtype=torch.int64, device=rows.device)
+    crow[1:] = torch.bincount(rows, minlength=shape[0]).cumsum(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, cols[order], values[order], shape, check_invariants=False)
+
+
+class _CsrProduct(torch.autograd.Function):
+    """``S @ dense`` with a backward pass through the cached ``S^T`` (values are constants here)."""
+
+    @staticmethod
+    def forward(ctx: Any, matrix: SparseMatrix, dense: Any) -> Any:
+        ctx.matrix, ctx.dtype = matrix, dense.dtype
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return matrix.csr() @ dense
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        # A backward run inside torch.autocast may hand a low-precision gradient; torch has no
+        # bf16 sparse product on every device, so it runs in the matrix's dtype.
+        csr_t = ctx.matrix.csr_t()
+        with warnings.catch_warnings(), torch.autocast(grad.device.type, enabled=False):
+            warnings.simplefilter("ignore", UserWarning)
+            return None, (csr_t @ grad.to(csr_t.dtype)).to(ctx.dtype)
+
+
+BACKEND = TorchBackend()

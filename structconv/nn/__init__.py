@@ -1,10 +1,14 @@
 """Torch layers, each a basis plus a parameter over :func:`structconv.conv`."""
 
 from .attention import MultiHeadSelfAttention
-from .graph import ChebConv, GATConv, GCNConv, RGCNConv, SGConv, TAGConv
+from .cheb import ChebConv
+from .gat import GATConv
+from .gcn import GCNConv, SGConv
 from .grid import AvgPool1d, AvgPool2d, AvgPool3d, GridConv1d, GridConv2d, GridConv3d
 from .positional import PositionalAttention
+from .rgcn import RGCNConv
 from .structconv import StructConv
+from .tag import TAGConv
 
 __all__ = [
     "AvgPool1d",

@@ -1,0 +1,97 @@
+"""Chebyshev spectral convolution: the Chebyshev polynomials of the scaled Laplacian."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..bases.base import Basis
+from ..structures.graph import PolynomialBasis, _largest_eigenvalue, laplacian
+from .graph_common import _GraphLayer, _positive, _read
+
+
+class ChebConv(_GraphLayer):
+    r"""Chebyshev spectral convolution (Defferrard et al.): :math:`y = \sum_{k<K} T_k(\hat L)^\top x\,\Theta_k + \beta`.
+
+    :math:`\hat L = 2L/\lambda_{\max} - I` with :math:`L` of :func:`structconv.structures.graph.laplacian`
+    (``normalization`` ``"sym"``, ``"rw"`` or ``None`` for :math:`D - A`).  :math:`\lambda_{\max}`
+    is, first found: the ``lambda_max`` of :meth:`forward` (a number, or one value per graph of
+    a ``batch``), the constructor's ``lambda_max`` (a number or ``"auto"``, computed), or PyG's
+    default, twice the largest entry of :math:`L` (2 for ``sym`` and ``rw``).  Glorot weights,
+    zero bias, as PyG's ``ChebConv``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        K: int,
+        normalization: str | None = "sym",
+        bias: bool = True,
+        lambda_max: float | str | None = None,
+    ) -> None:
+        self.K = _positive(K, "K", "ChebConv")
+        if normalization not in ("sym", "rw", None):
+            raise ValueError(f"ChebConv: normalization must be 'sym', 'rw' or None, got {normalization!r}")
+        if (
+            lambda_max is not None
+            and lambda_max != "auto"
+            and (isinstance(lambda_max, bool) or not isinstance(lambda_max, int | float) or lambda_max <= 0)
+        ):
+            raise ValueError(f"ChebConv: lambda_max must be a positive number, 'auto' or None, got {lambda_max!r}")
+        super().__init__(in_channels, out_channels, K, bias, "source_to_target")
+        self.normalization, self.lambda_max = normalization, lambda_max
+        self.reset_parameters()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        edge_index: Any,
+        edge_weight: torch.Tensor | None = None,
+        batch: torch.Tensor | None = None,
+        lambda_max: torch.Tensor | float | None = None,
+    ) -> torch.Tensor:
+        """Apply the layer; ``batch`` (``(N,)`` graph of each node) goes with a per-graph ``lambda_max``."""
+        if isinstance(edge_index, Basis) and (batch is not None or lambda_max is not None):
+            raise ValueError("ChebConv: batch and lambda_max go with an edge_index, not with a prebuilt basis")
+        return self._run(x, edge_index, edge_weight, batch=batch, lambda_max=lambda_max)
+
+    def _basis(
+        self,
+        x: torch.Tensor,
+        graph: Any,
+        edge_weight: torch.Tensor | None,
+        batch: torch.Tensor | None = None,
+        lambda_max: torch.Tensor | float | None = None,
+    ) -> Basis:
+        lap = laplacian(_read(graph, x, edge_weight, "ChebConv"), self.normalization)
+        w = lap.weight
+        lam: Any = lambda_max if lambda_max is not None else self.lambda_max
+        if lam is None:
+            lam = 2.0 * w.max()  # PyG's default (differentiable, as PyG's)
+            if float(lam.detach()) <= 0:
+                raise ValueError(
+                    "ChebConv: the default lambda_max, twice the largest entry of L, is 0 (normalization=None "
+                    "on a graph without edges); pass lambda_max"
+                )
+        elif isinstance(lam, str):
+            lam = torch.tensor(_largest_eigenvalue(lap), dtype=w.dtype, device=w.device)
+        else:
+            lam = torch.as_tensor(lam, dtype=w.dtype, device=w.device)
+            if lam.numel() > 1:
+                N = int(x.shape[-2])
+                if batch is None or tuple(batch.shape) != (N,):
+                    raise ValueError(
+                        f"ChebConv: lambda_max with {lam.numel()} values (one per graph) needs batch, the graph "
+                        f"of each node, of shape ({N},)"
+                    )
+                lam = lam.reshape(-1).index_select(0, batch.long().index_select(0, lap.src))
+            elif lam.numel() == 0 or float(lam.reshape(-1)[0]) <= 0:
+                raise ValueError(f"ChebConv: lambda_max must be positive, got {lambda_max!r}")
+        scaled = (2.0 * w) / lam
+        scaled = scaled.masked_fill(scaled == math.inf, 0.0)
+        scaled = scaled - (lap.src == lap.dst).to(scaled.dtype)
+        edges = lap.with_edges(lap.src, lap.dst, scaled)
+        return PolynomialBasis(edges.to_basis(), range(self.K), "chebyshev")

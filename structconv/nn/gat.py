@@ -1,0 +1,282 @@
+"""Graph attention: an edge-pattern attention basis and a low-rank :math:`\\Theta`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from ..bases.base import Basis
+from ..bases.edges import EdgeBasis
+from ..bases.factor import LowRank
+from ..structures.graph import Edges, as_edges, is_matrix_graph
+from .graph_common import _check_empty, _features, _pair, _positive, glorot_
+
+FILL_REDUCTIONS = ("mean", "add", "sum", "max", "min")
+
+
+class GATConv(nn.Module):
+    r"""Graph attention (Veličković et al.) as an attention basis with a low-rank :math:`\Theta`.
+
+    Head :math:`h` is the basis member
+
+    .. math:: A_{h,mn} = \mathrm{softmax}_{m \in \mathcal N(n)}
+       \mathrm{LeakyReLU}(a_h^{s}\cdot W_h x_m + a_h^{d}\cdot W'_h x_n + a_h^{e}\cdot W^e_h e_{mn}),
+
+    a bi-affine mechanism without its bilinear term, masked by the graph (plus self-loops) and
+    normalised column-wise.  The parameter is :math:`\Theta_h = W_h E_h^\top` with :math:`E_h`
+    placing head :math:`h`'s :math:`D` channels in the output (``concat``) or averaging heads.
+    Because :math:`W_h x` also feeds the scores, it is computed once and the engine contracts
+    :math:`\sum_h A_h^\top (xW)\,\Theta'_h` with :math:`\Theta'_h` the head's selector times
+    :math:`E_h` (a :class:`~structconv.LowRank` parameter).
+
+    Arguments as PyG's ``GATConv``: ``in_channels`` an int or a bipartite pair ``(P_src, P_dst)``
+    (then :math:`W' \ne W`, parameter ``weight_dst``), ``heads``, ``concat``, ``negative_slope``,
+    ``dropout`` on the attention weights, ``add_self_loops`` (loops on the first
+    :math:`\min(N_{src}, N_{dst})` nodes, existing loops dropped), ``edge_dim`` (edge features
+    :math:`e_{mn}` enter the scores through ``weight_edge`` and ``att_edge``), ``fill_value``
+    (the added loops' edge features: a number, a tensor, or a reduction of the target's incoming
+    features, ``"mean"``, ``"add"``, ``"sum"``, ``"max"`` or ``"min"``), ``bias`` and ``residual``
+    (:math:`+\,x_{dst} W^{res}`).  The third argument of :meth:`forward` is PyG's ``edge_attr``;
+    it needs ``edge_dim`` (PyG would silently ignore it).
+    """
+
+    def __init__(
+        self,
+        in_channels: int | tuple[int, int],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        negative_slope: float = 0.2,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        edge_dim: int | None = None,
+        fill_value: float | torch.Tensor | str = "mean",
+        bias: bool = True,
+        residual: bool = False,
+    ) -> None:
+        super().__init__()
+        name = "GATConv"
+        self.in_channels = in_channels
+        P, P_dst = _pair(in_channels, name)
+        self.out_channels = _positive(out_channels, "out_channels", name)
+        self.heads = _positive(heads, "heads", name)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"GATConv: dropout must lie in [0, 1), got {dropout!r}")
+        if isinstance(fill_value, str) and fill_value not in FILL_REDUCTIONS:
+            raise ValueError(f"GATConv: fill_value must be a number, a tensor or one of {FILL_REDUCTIONS}")
+        self.concat, self.negative_slope, self.dropout = concat, negative_slope, dropout
+        self.add_self_loops, self.fill_value, self.residual = add_self_loops, fill_value, residual
+        self.edge_dim = None if edge_dim is None else _positive(edge_dim, "edge_dim", name)
+        H, D = heads, out_channels
+        total = H * D if concat else D
+        self.weight = nn.Parameter(torch.empty(P, H * D))
+        self.weight_dst = nn.Parameter(torch.empty(P_dst, H * D)) if isinstance(in_channels, tuple | list) else None
+        self.att_src = nn.Parameter(torch.empty(H, D))
+        self.att_dst = nn.Parameter(torch.empty(H, D))
+        self.weight_edge = nn.Parameter(torch.empty(self.edge_dim, H * D)) if self.edge_dim is not None else None
+        self.att_edge = nn.Parameter(torch.empty(H, D)) if self.edge_dim is not None else None
+        self.res = nn.Parameter(torch.empty(P_dst, total)) if residual else None
+        self.bias = nn.Parameter(torch.empty(total)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for w in (self.weight, self.weight_dst, self.weight_edge, self.res):
+            if w is not None:
+                glorot_(w)
+        for a in (self.att_src, self.att_dst, self.att_edge):
+            if a is not None:
+                glorot_(a[None])
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _placement(self, like: torch.Tensor) -> LowRank:
+        H, D = self.heads, self.out_channels
+        eye = torch.eye(D, dtype=like.dtype, device=like.device)
+        select = torch.zeros(H, H * D, D, dtype=like.dtype, device=like.device)
+        for h in range(H):
+            select[h, h * D : (h + 1) * D] = eye
+        place = select if self.concat else eye.expand(H, D, D) / H
+        return LowRank(select, place)
+
+    def _loop_attr(self, edges: Edges, attr: torch.Tensor, loops: int) -> torch.Tensor:
+        """The edge features of the ``loops`` added self-loops, from ``fill_value``."""
+        fill = self.fill_value
+        C = attr.shape[1]
+        if isinstance(fill, str):
+            inside = edges.dst < loops  # targets beyond the looped nodes (bipartite) do not count
+            dst, attr = edges.dst[inside], attr[inside]
+            index = dst[:, None].expand(-1, C)
+            if fill in ("add", "sum", "mean"):
+                total = attr.new_zeros(loops, C).index_add(0, dst, attr)
+                if fill != "mean":
+                    return total
+                count = attr.new_zeros(loops).index_add(0, dst, attr.new_ones(dst.shape[0]))
+                return total / count.clamp(min=1)[:, None]
+            reduce = "amax" if fill == "max" else "amin"
+            return attr.new_zeros(loops, C).scatter_reduce(0, index, attr, reduce, include_self=False)
+        value = torch.as_tensor(fill, dtype=attr.dtype, device=attr.device)
+        return value.expand(loops, C) if value.ndim <= 1 else value
+
+    def _graph(
+        self, edge_index: Any, N_src: int, N_dst: int, edge_attr: torch.Tensor | None, like: torch.Tensor
+    ) -> tuple[Edges, torch.Tensor | None]:
+        """The attention pattern (with PyG's self-loops) and its edge features ``(E, edge_dim)``."""
+        matrix = is_matrix_graph(edge_index)
+        if matrix and edge_attr is not None:
+            raise ValueError("GATConv: edge_attr goes with an edge_index, not with a sparse adjacency")
+        edges = as_edges(edge_index, N_src, like=like, adj_t=True, num_targets=N_dst)
+        attr = None
+        if edge_attr is not None:
+            E = int(edges.src.shape[0])
+            attr = edge_attr.reshape(-1, 1) if edge_attr.ndim == 1 else edge_attr
+            if attr.ndim != 2 or int(attr.shape[0]) != E or int(attr.shape[1]) != self.edge_dim:
+                raise ValueError(
+                    f"GATConv: edge_attr must have shape (E, edge_dim) = ({E}, {self.edge_dim}), got "
+                    f"{tuple(edge_attr.shape)}"
+                )
+            attr = attr.to(like.dtype)
+        if self.add_self_loops:
+            keep = edges.src != edges.dst
+            edges = edges.with_edges(edges.src[keep], edges.dst[keep], edges.weight[keep])
+            loops = min(N_src, N_dst)
+            nodes = torch.arange(loops, device=edges.src.device)
+            if attr is not None:
+                attr = attr[keep]
+                attr = torch.cat([attr, self._loop_attr(edges, attr, loops).to(attr.dtype)])
+            edges = edges.with_edges(
+                torch.cat([edges.src, nodes]),
+                torch.cat([edges.dst, nodes]),
+                torch.cat([edges.weight, edges.weight.new_ones(loops)]),
+            )
+        return edges, attr
+
+    def attention(
+        self,
+        x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
+        edge_index: Any,
+        edge_attr: torch.Tensor | None = None,
+        size: tuple[int, int] | None = None,
+    ) -> tuple[EdgeBasis, torch.Tensor]:
+        """The attention basis (``H`` members, ``(N_src, N_dst)``) and the projected sources :math:`xW`."""
+        basis, h, _ = self._attention(x, edge_index, edge_attr, size)
+        return basis, h
+
+    def _attention(
+        self,
+        x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
+        edge_index: Any,
+        edge_attr: torch.Tensor | None,
+        size: tuple[int, int] | None,
+    ) -> tuple[EdgeBasis, torch.Tensor, torch.Tensor | None]:
+        name = "GATConv"
+        P, P_dst = _pair(self.in_channels, name)
+        if isinstance(x, tuple | list):
+            if len(x) != 2:
+                raise ValueError("GATConv: a bipartite x must be a pair (x_src, x_dst)")
+            x_src = _features(x[0], P, name, static=False)
+            x_dst = None if x[1] is None else _features(x[1], P_dst, name, static=False)
+        else:
+            x_src = x_dst = _features(x, P, name, static=False)
+        if edge_attr is not None and self.edge_dim is None:
+            raise ValueError(
+                "GATConv: edge_attr (the third argument) needs edge_dim; PyG's GATConv would ignore it. "
+                "Construct the layer with edge_dim to use edge features"
+            )
+        if isinstance(edge_index, Basis):
+            raise ValueError("GATConv: edge_index must be a graph (edge_index or sparse adjacency), not a basis")
+        N_src = int(x_src.shape[0])
+        if is_matrix_graph(edge_index):
+            rows, cols = int(edge_index.shape[0]), int(edge_index.shape[1])  # adj_t: (N_dst, N_src)
+            if cols != N_src:
+                raise ValueError(f"GATConv: the sparse adjacency (adj_t) has {cols} columns but x has {N_src} nodes")
+            N_dst = rows
+        elif size is not None:
+            if int(size[0]) != N_src:
+                raise ValueError(f"GATConv: size[0]={size[0]} but x (the sources) has {N_src} nodes")
+            N_dst = int(size[1])
+        else:
+            N_dst = N_src if x_dst is None else int(x_dst.shape[0])
+        if x_dst is not None and int(x_dst.shape[0]) != N_dst:
+            raise ValueError(f"GATConv: x_dst has {int(x_dst.shape[0])} nodes but the graph has {N_dst} targets")
+        H, D = self.heads, self.out_channels
+        h = x_src @ self.weight
+        score_src = (h.view(N_src, H, D) * self.att_src).sum(-1)
+        score_dst = None
+        if x_dst is not None:
+            h_dst = h if x_dst is x_src else x_dst @ (self.weight if self.weight_dst is None else self.weight_dst)
+            score_dst = (h_dst.view(N_dst, H, D) * self.att_dst).sum(-1)
+        if N_src == 0 or N_dst == 0:
+            _check_empty(edge_index, name)
+            empty = torch.zeros(0, dtype=torch.long, device=x_src.device)
+            return EdgeBasis(empty, empty, h.new_zeros(0, H), (N_src, N_dst)), h, x_dst
+        edges, attr = self._graph(edge_index, N_src, N_dst, edge_attr, h)
+        # index_select, not fancy indexing: its backward is a scatter-add rather than an index_put.
+        logits = score_src.index_select(0, edges.src)
+        if score_dst is not None:
+            logits = logits + score_dst.index_select(0, edges.dst)
+        if attr is not None and self.weight_edge is not None and self.att_edge is not None and len(logits):
+            logits = logits + ((attr @ self.weight_edge).view(-1, H, D) * self.att_edge).sum(-1)
+        alpha = _segment_softmax(F.leaky_relu(logits, self.negative_slope), edges.dst, N_dst)
+        alpha = F.dropout(alpha, self.dropout, self.training)
+        return EdgeBasis(edges.src, edges.dst, alpha, (N_src, N_dst)), h, x_dst
+
+    def forward(
+        self,
+        x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
+        edge_index: Any,
+        edge_attr: torch.Tensor | None = None,
+        size: tuple[int, int] | None = None,
+        return_attention_weights: bool | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """Apply the layer to ``x`` (``(N, P)`` or ``(x_src, x_dst)``) on ``edge_index``.
+
+        This is the engine's x·Θ-first order for :math:`\\Theta_h = W_h E_h^\top`, run step by
+        step because its first step, :math:`xW`, is already computed for the attention scores:
+        the layer applies the basis to it with the basis' own hook
+        (:meth:`~structconv.Basis.apply_members`, unreduced) and then places the heads
+        (:math:`E_h`).  :func:`structconv.conv` with ``LowRank(W, E)`` gives the same result (a
+        test checks it) but would compute :math:`xW` twice.
+
+        With ``return_attention_weights=True`` it returns ``(out, (edge_index, alpha))`` as PyG
+        does: the edges with the added self-loops and their ``(E, H)`` weights, or for a sparse
+        adjacency ``(out, (adj_t, alpha))`` with ``adj_t`` a sparse ``(N_dst, N_src, H)`` tensor.
+        """
+        basis, h, x_dst = self._attention(x, edge_index, edge_attr, size)
+        N_src, N_dst = basis.M, basis.N
+        H, D = self.heads, self.out_channels
+        heads = basis.apply_members(h.view(1, N_src, H, D).permute(0, 2, 1, 3), reduce=False)[0]  # (H, N_dst, D)
+        y: torch.Tensor = heads.permute(1, 0, 2).reshape(N_dst, H * D) if self.concat else heads.mean(0)
+        if self.res is not None and x_dst is not None:
+            y = y + x_dst @ self.res
+        if self.bias is not None:
+            y = y + self.bias
+        if not return_attention_weights:
+            return y
+        src, dst, alpha = basis.src, basis.dst, basis.weights
+        if is_matrix_graph(edge_index):
+            adj = torch.sparse_coo_tensor(torch.stack([dst, src]), alpha, (N_dst, N_src, H))
+            return y, (adj, alpha)
+        return y, (torch.stack([src, dst]), alpha)
+
+    def value_and_placement(self) -> LowRank:
+        """:math:`\\Theta_h = W_h E_h^\top` as a :class:`~structconv.LowRank` parameter, for :func:`structconv.conv`."""
+        H, D = self.heads, self.out_channels
+        value = self.weight.view(self.weight.shape[0], H, D).permute(1, 0, 2)
+        return LowRank(value, self._placement(self.weight).out)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
+
+
+def _segment_softmax(logits: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    """Softmax of ``logits`` (``(E, H)``) over the entries that share ``index`` (their target)."""
+    H = logits.shape[1]
+    expanded = index[:, None].expand(-1, H)
+    # The shift by each group's maximum cancels in the ratio; detached, it costs no backward pass.
+    peak = logits.new_full((size, H), -torch.inf).scatter_reduce(0, expanded, logits.detach(), "amax")
+    exp = (logits - peak.index_select(0, index)).exp()
+    total = logits.new_zeros(size, H).index_add(0, index, exp)
+    return exp / total.index_select(0, index)

@@ -1,0 +1,177 @@
+r"""What the graph layers share: argument checks, the graph reading and the one-basis layer base.
+
+The graph layers (:mod:`~structconv.nn.gcn`, :mod:`~structconv.nn.tag`, :mod:`~structconv.nn.cheb`,
+:mod:`~structconv.nn.rgcn`, :mod:`~structconv.nn.gat`) are shaped like PyTorch Geometric's, each a
+graph basis plus :math:`\Theta`.
+
+Every layer takes node features ``x`` of shape ``(N, P)`` and a graph: an ``edge_index``
+``(2, E)`` (with optional ``edge_weight``), a sparse adjacency, or a prebuilt
+:class:`~structconv.Basis`.  The basis is rebuilt on every call from a raw graph; no layer caches
+it.  To reuse a normalised basis, build it once (e.g. :func:`structconv.gcn_basis`) and pass it
+instead of ``edge_index``.
+
+**Orientation.**  As in PyG, row 0 of an ``edge_index`` holds sources and row 1 targets, and a
+matrix graph (torch sparse COO/CSR/CSC, ``scipy.sparse`` or a dense floating matrix) is PyG's
+``adj_t``: entry ``[i, j]`` weighs the edge :math:`j \to i` (row = target, column = source), so
+``layer(x, adj.t())`` equals ``layer(x, edge_index)`` for ``adj`` built from ``edge_index``.
+(The basis builders of :mod:`structconv.structures.graph` read a matrix as the adjacency itself, ``[m, n]``
+for :math:`m \to n`, unless given ``adj_t=True``.)  PyG's ``EdgeIndex`` is an ``edge_index``.
+
+**Self-loops.**  Where a layer adds self-loops (GCN, SG), an ``edge_index`` gets PyG's
+*remaining* loops (a node's existing loop keeps its weight; ``improved`` gives added loops weight
+2 only when ``edge_weight`` is given), while a matrix graph gets :math:`A + I` (``2I`` when
+``improved``), summed with existing loops, as PyG's ``gcn_norm`` does for sparse input.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..bases.base import Basis
+from ..engine.contract import conv
+from ..structures.graph import (
+    Edges,
+    add_remaining_self_loops,
+    add_self_loops,
+    as_edges,
+    gcn_normalize,
+    is_matrix_graph,
+)
+
+FLOWS = ("source_to_target", "target_to_source")
+
+
+def glorot_(t: torch.Tensor) -> None:
+    r"""Glorot-uniform over the last two axes, :math:`\mathcal U(\pm\sqrt{6/(a + b)})` for an ``(a, b)`` matrix."""
+    bound = math.sqrt(6.0 / (t.shape[-2] + t.shape[-1]))
+    nn.init.uniform_(t, -bound, bound)
+
+
+def _features(x: Any, channels: int, layer: str, static: bool = True) -> torch.Tensor:
+    """Node features as a dense ``(N, P)`` (or, if ``static``, ``(B, N, P)``) tensor; sparse ``x`` is densified."""
+    ranks = (2, 3) if static else (2,)
+    if not isinstance(x, torch.Tensor) or x.ndim not in ranks:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        form = f"(N, {channels}) or a static batch (B, N, {channels})" if static else f"(N, {channels})"
+        raise ValueError(f"{layer}: x must be node features of shape {form}, got {shape}")
+    if x.layout != torch.strided:  # sparse node features, as PyG's Linear accepts them
+        x = x.to_dense()
+    if int(x.shape[-1]) != channels:
+        raise ValueError(
+            f"{layer}: x has {int(x.shape[-1])} channels (dim {x.ndim - 1}) but the layer expects {channels}"
+        )
+    dense: torch.Tensor = x
+    return dense
+
+
+def _check_basis(basis: Basis, x: torch.Tensor, layer: str) -> Basis:
+    if int(x.shape[-2]) != basis.M:
+        raise ValueError(f"{layer}: x has {int(x.shape[-2])} rows (nodes) but the graph basis has {basis.M} nodes")
+    return basis
+
+
+def _positive(value: Any, name: str, layer: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{layer}: {name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _check_flow(flow: Any, layer: str) -> str:
+    if flow not in FLOWS:
+        raise ValueError(f"{layer}: flow must be one of {FLOWS}, got {flow!r}")
+    return str(flow)
+
+
+def _flip(graph: Any, flow: str, layer: str) -> Any:
+    """The ``edge_index`` as source-to-target: reversed for ``flow="target_to_source"``."""
+    if flow == "source_to_target" or isinstance(graph, Basis):
+        return graph
+    if is_matrix_graph(graph):
+        raise ValueError(
+            f"{layer}: flow='target_to_source' needs an edge_index; for a sparse adjacency pass its "
+            "transpose instead (as PyG requires)"
+        )
+    return graph.flip(0) if isinstance(graph, torch.Tensor) else graph[::-1]
+
+
+def _read(graph: Any, x: torch.Tensor, edge_weight: torch.Tensor | None, layer: str) -> Edges:
+    """The graph as edges on ``x``'s nodes, a matrix read as PyG's ``adj_t``."""
+    if edge_weight is not None and is_matrix_graph(graph):
+        raise ValueError(f"{layer}: edge_weight goes with an edge_index; a sparse adjacency carries its own weights")
+    return as_edges(graph, int(x.shape[-2]), edge_weight, like=x, adj_t=True)
+
+
+def _check_empty(graph: Any, layer: str) -> None:
+    """A graph on zero nodes must have no edges."""
+    edges = int(graph.shape[1]) if not is_matrix_graph(graph) and graph.ndim == 2 else 0
+    if edges:
+        raise ValueError(f"{layer}: x has 0 nodes but edge_index has {edges} edges")
+
+
+def _gcn_edges(
+    edges: Edges, matrix: bool, weighted: bool, improved: bool, loops: bool, normalize: bool = True
+) -> Edges:
+    """PyG's ``gcn_norm``: loops (remaining for an ``edge_index``, :math:`+I` for a matrix), then the normalisation."""
+    if loops:
+        if matrix:
+            edges = add_self_loops(edges, 2.0 if improved else 1.0)
+        else:  # PyG's add_remaining_self_loops uses the fill value only when there are edge weights
+            edges = add_remaining_self_loops(edges, 2.0 if improved and weighted else 1.0)
+    return gcn_normalize(edges, add_self_loops=False) if normalize else edges
+
+
+class _GraphLayer(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, members: int, bias: bool, flow: str) -> None:
+        super().__init__()
+        name = type(self).__name__
+        self.in_channels = _positive(in_channels, "in_channels", name)
+        self.out_channels = _positive(out_channels, "out_channels", name)
+        self.flow = _check_flow(flow, name)
+        self.theta = nn.Parameter(torch.empty(members, in_channels, out_channels))
+        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+
+    def reset_parameters(self) -> None:
+        """Glorot weights and a zero bias (PyG's default for these layers)."""
+        glorot_(self.theta)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
+        raise NotImplementedError
+
+    def _run(self, x: Any, edge_index: Any, edge_weight: torch.Tensor | None, **extra: Any) -> torch.Tensor:
+        name = type(self).__name__
+        x = _features(x, self.in_channels, name)
+        if isinstance(edge_index, Basis):
+            if edge_weight is not None:
+                raise ValueError(f"{name}: edge_weight goes with an edge_index, not with a prebuilt basis")
+            basis = edge_index
+        elif int(x.shape[-2]) == 0:  # a graph without nodes: an empty output
+            _check_empty(edge_index, name)
+            y0: torch.Tensor = x @ self.theta.sum(0)
+            return y0 if self.bias is None else y0 + self.bias
+        else:
+            basis = self._basis(x, _flip(edge_index, self.flow, name), edge_weight, **extra)
+        y: torch.Tensor = conv(_check_basis(basis, x, name), x, self.theta)
+        return y if self.bias is None else y + self.bias
+
+    def forward(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply the layer to ``x`` (``(N, P)`` or ``(B, N, P)``) on ``edge_index`` (or a prebuilt basis)."""
+        return self._run(x, edge_index, edge_weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, K={self.theta.shape[0]}, bias={self.bias is not None}"
+
+
+def _pair(channels: int | tuple[int, int], layer: str) -> tuple[int, int]:
+    """``in_channels`` as ``(source, target)`` channels."""
+    if isinstance(channels, tuple | list):
+        if len(channels) != 2:
+            raise ValueError(f"{layer}: in_channels must be an int or a pair (source, target), got {channels!r}")
+        return _positive(channels[0], "in_channels[0]", layer), _positive(channels[1], "in_channels[1]", layer)
+    c = _positive(channels, "in_channels", layer)
+    return c, c

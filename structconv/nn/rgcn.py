@@ -1,0 +1,191 @@
+"""Relational graph convolution: one member per relation, plus the root."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from ..bases.base import Basis
+from ..bases.factor import Separable
+from ..engine.contract import conv
+from ..structures.graph import as_edges, is_matrix_graph, relational_basis
+from .graph_common import _features, _pair, _positive, glorot_
+
+
+def _segment_max(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    """Row-wise maximum of ``values`` (``(E, C)``) per ``index``; 0 where a group is empty (as PyG's scatter)."""
+    out = values.new_zeros(size, values.shape[1])
+    return out.scatter_reduce(0, index[:, None].expand_as(values), values, "amax", include_self=False)
+
+
+class RGCNConv(nn.Module):
+    r"""Relational graph convolution (Schlichtkrull et al.): one member per relation plus the root.
+
+    .. math::
+       y_n = x_n\Theta_{\mathrm{root}}
+       + \sum_r \frac{1}{|\mathcal N_r(n)|}\sum_{m \in \mathcal N_r(n)} x_m\Theta_r + \beta,
+
+    i.e. the basis of :func:`structconv.structures.graph.relational_basis` with the identity appended.
+    ``num_bases`` shares :math:`\Theta_r = \sum_b a_{rb} V_b` (a
+    :class:`~structconv.Separable` parameter, contracted without forming :math:`\Theta_r`);
+    ``num_blocks`` makes each :math:`\Theta_r` block-diagonal.  Arguments and initialisation as
+    PyG's ``RGCNConv``: ``aggr`` ``"mean"`` (default), ``"sum"``/``"add"`` (members weighted 1)
+    or ``"max"`` (:math:`\sum_r (\max_{m\in\mathcal N_r(n)} x_m)\Theta_r`, elementwise maximum,
+    0 for no neighbour; not linear in :math:`x`, so computed directly, not by the engine).
+
+    ``x`` is node features ``(N, P)``, a node index vector (featureless: row :math:`i` of
+    :math:`\Theta_r` is node :math:`i`'s embedding, i.e. one-hot features), ``None`` (all
+    ``in_channels`` nodes, featureless), or a bipartite pair ``(x_src, x_dst)`` with
+    ``in_channels=(P_src, P_dst)``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int | tuple[int, int],
+        out_channels: int,
+        num_relations: int,
+        num_bases: int | None = None,
+        num_blocks: int | None = None,
+        aggr: str = "mean",
+        root_weight: bool = True,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        name = "RGCNConv"
+        self.in_channels = in_channels
+        P, P_dst = _pair(in_channels, name)
+        self.in_channels_l = P
+        self.out_channels = _positive(out_channels, "out_channels", name)
+        self.num_relations = _positive(num_relations, "num_relations", name)
+        if aggr not in ("mean", "sum", "add", "max"):
+            raise ValueError(f"RGCNConv: aggr must be 'mean', 'sum', 'add' or 'max', got {aggr!r}")
+        self.aggr = aggr
+        if num_bases is not None and num_blocks is not None:
+            raise ValueError("RGCNConv: give num_bases or num_blocks, not both")
+        self.num_bases, self.num_blocks = num_bases, num_blocks
+        R, Q = num_relations, out_channels
+        self.comp: nn.Parameter | None = None
+        if num_bases is not None:
+            _positive(num_bases, "num_bases", name)
+            self.weight = nn.Parameter(torch.empty(num_bases, P, Q))
+            self.comp = nn.Parameter(torch.empty(R, num_bases))
+        elif num_blocks is not None:
+            _positive(num_blocks, "num_blocks", name)
+            if P % num_blocks or Q % num_blocks:
+                raise ValueError(f"RGCNConv: in_channels and out_channels must be divisible by num_blocks={num_blocks}")
+            self.weight = nn.Parameter(torch.empty(R, num_blocks, P // num_blocks, Q // num_blocks))
+        else:
+            self.weight = nn.Parameter(torch.empty(R, P, Q))
+        self.root = nn.Parameter(torch.empty(P_dst, Q)) if root_weight else None
+        self.bias = nn.Parameter(torch.empty(Q)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        glorot_(self.weight)
+        if self.comp is not None:
+            glorot_(self.comp)
+        if self.root is not None:
+            glorot_(self.root)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def parameter(self, root: bool = True) -> torch.Tensor | Separable:
+        """:math:`\\Theta` over the members (relations, then the root if ``root``), full or separable."""
+        R = self.num_relations
+        with_root = root and self.root is not None
+        if self.comp is not None:
+            B = self.comp.shape[1]
+            coef = self.comp.T  # (B, R)
+            channel: torch.Tensor = self.weight
+            if with_root:
+                assert self.root is not None
+                coef = torch.block_diag(coef, torch.ones(1, 1, dtype=coef.dtype, device=coef.device))  # type: ignore[no-untyped-call]
+                channel = torch.cat([channel, self.root[None]])
+            return Separable(coef if with_root else coef.reshape(B, R), channel)
+        theta = self.relation_weights()
+        if with_root:
+            assert self.root is not None
+            return torch.cat([theta, self.root[None]])
+        return theta
+
+    def relation_weights(self) -> torch.Tensor:
+        r"""The full :math:`\Theta_r`, ``(R, P, Q)``."""
+        if self.comp is not None:
+            B = self.comp.shape[1]
+            return (self.comp @ self.weight.reshape(B, -1)).reshape(self.num_relations, *self.weight.shape[1:])
+        if self.num_blocks is not None:
+            return torch.stack([torch.block_diag(*w) for w in self.weight])  # type: ignore[no-untyped-call]
+        return self.weight
+
+    def _input(self, x: Any, channels: int, what: str) -> tuple[torch.Tensor, bool]:
+        """``(features, featureless)``: float ``(N, channels)``, or a node index vector made one-hot."""
+        like = self.weight
+        if x is None:
+            return torch.eye(channels, dtype=like.dtype, device=like.device), True
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"RGCNConv: {what} must be a tensor or None, got {type(x).__name__}")
+        if x.is_floating_point():
+            return _features(x, channels, "RGCNConv", static=False), False
+        if x.ndim != 1:
+            raise ValueError(f"RGCNConv: an integer {what} must be a node index vector (N,), got {tuple(x.shape)}")
+        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= channels):
+            raise ValueError(f"RGCNConv: node indices in {what} must lie in [0, {channels}), got {x.min()}..{x.max()}")
+        return F.one_hot(x.long(), channels).to(dtype=like.dtype), True
+
+    def forward(self, x: Any, edge_index: Any, edge_type: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply the layer to ``x`` on ``edge_index`` with one relation (``edge_type``) per edge."""
+        name = "RGCNConv"
+        P, P_dst = _pair(self.in_channels, name)
+        bipartite = isinstance(x, tuple | list)
+        if bipartite:
+            if len(x) != 2 or x[1] is None:
+                raise ValueError("RGCNConv: a bipartite x must be a pair (x_src, x_dst) with x_dst given")
+            x_src, x_dst = x
+        else:
+            x_src, x_dst = x, None
+        h_src, featureless = self._input(x_src, P, "x" if not bipartite else "x[0]")
+        h_dst, featureless_dst = (h_src, featureless) if x_dst is None else self._input(x_dst, P_dst, "x[1]")
+        if self.num_blocks is not None and (featureless or featureless_dst):
+            raise ValueError(
+                "RGCNConv: num_blocks needs floating node features x; an index vector or x=None (featureless) "
+                "is not supported with the block-diagonal decomposition (as in PyG)"
+            )
+        if edge_type is None:
+            raise ValueError("RGCNConv: edge_type is required (one relation per edge of edge_index)")
+        if is_matrix_graph(edge_index) or isinstance(edge_index, Basis):
+            raise ValueError("RGCNConv: edge_index must be an edge_index (2, E) with an edge_type per edge")
+        N_src, N_dst = int(h_src.shape[0]), int(h_dst.shape[0])
+        square = x_dst is None
+        edges = as_edges(edge_index, N_src, like=h_src, num_targets=None if square else N_dst)
+        R, Q = self.num_relations, self.out_channels
+        y: torch.Tensor
+        if self.aggr == "max":
+            etype = torch.as_tensor(edge_type, device=edges.src.device).long()
+            if tuple(etype.shape) != (int(edges.src.shape[0]),):
+                raise ValueError(f"RGCNConv: edge_type must have shape (E,) = ({int(edges.src.shape[0])},)")
+            theta = self.relation_weights()
+            y = h_dst.new_zeros(N_dst, Q)
+            for r in range(R):
+                keep = etype == r
+                src, dst = edges.src[keep], edges.dst[keep]
+                if featureless:  # PyG takes the maximum of the embeddings Θ_r[m], not of the one-hot rows
+                    y = y + _segment_max((h_src @ theta[r]).index_select(0, src), dst, N_dst)
+                else:
+                    y = y + _segment_max(h_src.index_select(0, src), dst, N_dst) @ theta[r]
+            if self.root is not None:
+                y = y + h_dst @ self.root
+        elif square:
+            basis = relational_basis(edges, edge_type, R, root=self.root is not None, aggr=self.aggr)
+            y = conv(basis, h_src, self.parameter())
+        else:
+            basis = relational_basis(edges, edge_type, R, aggr=self.aggr)
+            y = conv(basis, h_src, self.parameter(root=False))
+            if self.root is not None:
+                y = y + h_dst @ self.root
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, num_relations={self.num_relations}, aggr={self.aggr!r}"

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..backend import Array, einsum, is_torch, shape_str
+from ..backend import Array, einsum, shape_str
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,8 @@ class Cost:
 
     ``flops`` are done by dense kernels (GEMM, einsum), ``irregular`` flops by sparse or gather
     kernels, which run several times slower per flop, and ``memory`` counts elements written to
-    intermediates.  The engine weighs the three (:data:`structconv.engine.contract.SPARSE_FLOP_WEIGHT`,
-    :data:`structconv.engine.contract.MEMORY_WEIGHT`).
+    intermediates.  The engine weighs the three (:data:`structconv.engine.plan.SPARSE_FLOP_WEIGHT`,
+    :data:`structconv.engine.plan.MEMORY_WEIGHT`).
     """
 
     flops: float = 0.0
@@ -140,6 +140,10 @@ class Basis(ABC):
         total = float((dense * dense).sum())
         return total / (self.N * (self.batch or 1))
 
+    def placed_like(self, x: Array) -> Basis:
+        """The basis to apply to ``x``: itself, or, for a basis that holds no arrays, one placed like ``x``."""
+        return self
+
     def plan_key(self) -> tuple[Any, ...]:
         """What, besides shapes, the engine's cost model depends on (a hashable tuple)."""
         return (type(self).__name__, self.shape)
@@ -223,33 +227,3 @@ class Basis(ABC):
             2.0 * b * k * m * n * p * q + 2.0 * batch * m * n * p * q,
             float(b * k * m * n + b * m * n * p * q + batch * n * q),
         )
-
-
-def as_basis(a: Basis | Array) -> Basis:
-    """Interpret ``a`` as a basis.
-
-    Parameters
-    ----------
-    a
-        A :class:`Basis` (returned unchanged), a dense array of shape ``(K, M, N)`` or
-        ``(B, K, M, N)``, or a torch sparse COO tensor of either shape.
-
-    Raises
-    ------
-    TypeError
-        If ``a`` is none of these.
-    """
-    if isinstance(a, Basis):
-        return a
-    from .dense import DenseBasis
-    from .sparse import SparseBasis
-
-    if is_torch(a) and a.layout != _torch_strided():
-        return SparseBasis.from_torch(a)
-    return DenseBasis(a)
-
-
-def _torch_strided() -> Any:
-    import torch
-
-    return torch.strided

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from ..backend import Array, concatenate, einsum, is_torch, zeros
+from ..backend import Array, concatenate, einsum, zeros
 from .base import Basis, Cost
+from .convert import as_basis
+from .dense import DenseBasis
+from .sparse import SparseBasis
 
 
 def _check_compatible(parts: Sequence[Basis], what: str) -> None:
@@ -174,13 +175,13 @@ class SelectBasis(_Derived):
         return self.parent.apply_each(x)[:, list(self.members)]
 
     def apply_members(self, s: Array, reduce: bool) -> Array:
-        full = zeros((s.shape[0], self.parent.K) + tuple(s.shape[2:]), like=s)
         if len(set(self.members)) != len(self.members):
             raise NotImplementedError("apply_members on a selection with repeated members")
-        if is_torch(full):
-            full = full.index_copy(1, _torch_index(self.members, s), s)
-        else:
-            full[:, list(self.members)] = s
+        # The parent's members that are not selected read a slice of zeros: the slices of s and
+        # one zero slice, gathered in the parent's order (no array is written in place).
+        slot = {k: i for i, k in enumerate(self.members)}
+        padded = concatenate([s, zeros((s.shape[0], 1) + tuple(s.shape[2:]), like=s)], axis=1)
+        full = padded[:, [slot.get(k, len(self.members)) for k in range(self.parent.K)]]
         out = self.parent.apply_members(full, reduce=reduce)
         return out if reduce else out[:, list(self.members)]
 
@@ -265,13 +266,7 @@ class ComposedBasis(_Derived):
 
 
 def _swap12(a: Array) -> Array:
-    return a.transpose(1, 2) if is_torch(a) else np.swapaxes(a, 1, 2)
-
-
-def _torch_index(members: Sequence[int], like: Array) -> Any:
-    import torch
-
-    return torch.as_tensor(list(members), dtype=torch.int64, device=like.device)
+    return a.swapaxes(1, 2)  # NumPy and torch spell it alike
 
 
 def _check_compatible_placement(a: Basis, b: Basis) -> None:
@@ -301,10 +296,6 @@ def concat(bases: Sequence[Basis | Array]) -> Basis:
     >>> concat([DenseBasis(np.ones((2, 3, 4))), DenseBasis(np.ones((1, 3, 4)))]).shape
     (3, 3, 4)
     """
-    from .base import as_basis
-    from .dense import DenseBasis
-    from .sparse import SparseBasis
-
     parts: list[Basis] = []
     for b in bases:
         b = as_basis(b)
@@ -321,9 +312,8 @@ def concat(bases: Sequence[Basis | Array]) -> Basis:
         sparse = [p for p in parts if isinstance(p, SparseBasis)]
         idx, offset = [], 0
         for p in sparse:
-            shifted = p.indices.clone() if is_torch(p.indices) else p.indices.copy()
-            shifted[axis] += offset
-            idx.append(shifted)
+            i = p.indices  # members renumbered by offset; the stored indices are left as they are
+            idx.append(concatenate([i[:axis], i[axis : axis + 1] + offset, i[axis + 1 :]], 0))
             offset += p.K
         shape = parts[0].shape[:-3] + (offset,) + parts[0].shape[-2:]
         return SparseBasis(concatenate(idx, 1), concatenate([p.values for p in sparse], 0), shape)

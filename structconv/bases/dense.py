@@ -6,12 +6,11 @@ contracted by opt_einsum along an explicit path chosen by the engine.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from ..backend import Array, device_of, einsum, is_torch
+from ..backend import Array, device_of, einsum, of
 from ..backend.checks import check_array, check_finite
 from .base import Basis, Cost
 
@@ -63,7 +62,7 @@ class DenseBasis(Basis):
 
     @property
     def backend(self) -> str:
-        return "torch" if is_torch(self._array) else "numpy"
+        return of(self._array).name
 
     @property
     def dtype(self) -> Any:
@@ -77,8 +76,7 @@ class DenseBasis(Basis):
         return self._array
 
     def transpose(self) -> DenseBasis:
-        a = self._array
-        return DenseBasis(a.transpose(-1, -2) if is_torch(a) else np.swapaxes(a, -1, -2))
+        return DenseBasis.of_weights(self._array.swapaxes(-1, -2))  # the same (checked) entries
 
     def select(self, members: Sequence[int]) -> DenseBasis:
         index = list(members)
@@ -88,12 +86,9 @@ class DenseBasis(Basis):
         return DenseBasis(a[:, index] if a.ndim == 4 else a[index])
 
     def to(self, device: Any = None, dtype: Any = None) -> DenseBasis:
-        a = self._array
-        if is_torch(a):
-            return DenseBasis.of_weights(a.to(device=device, dtype=dtype))  # already checked
-        if device not in (None, "cpu"):
-            raise ValueError(f"device={device!r}: a NumPy basis lives on the CPU; convert it to torch first")
-        return DenseBasis(a if dtype is None else a.astype(dtype))
+        # The entries were checked when the basis was built; checking them again would stall a
+        # GPU on every autocast call (the engine casts the basis there).
+        return DenseBasis.of_weights(of(self._array).move(self._array, device, dtype, what="basis"))
 
     def energy(self) -> float:
         a = self._array
@@ -111,7 +106,7 @@ class DenseBasis(Basis):
         return einsum(self._equation(f"bkmc->{out}"), self._array, s)
 
     def _size(self) -> float:
-        return float(np.prod(self.shape))
+        return float(math.prod(self.shape))
 
     def cost_each(self, batch: int, channels: int) -> Cost:
         per_instance = 1 if self.batch is not None else batch

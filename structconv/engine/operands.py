@@ -1,0 +1,119 @@
+"""The engine's operands: checked, placed alike, and the parameter read as its factors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..backend import Array, autocast_dtype, autocast_to, device_of, dtype_name, of, shape_str
+from ..backend.checks import check_array, check_same_placement
+from ..bases.base import Basis
+from ..bases.convert import as_basis
+from ..bases.factor import LowRank, Parameter, Separable
+
+#: Argument names of each parameter kind's operands, as error messages show them.
+_OPERAND_NAMES = {
+    "full": ("theta",),
+    "separable": ("theta.basis_coef", "theta.channel"),
+    "lowrank": ("theta.value", "theta.out"),
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    r"""A parameter :math:`\Theta` of shape ``(K, P, Q)`` as the arrays that hold it.
+
+    ``kind`` is ``"full"`` (``operands = (theta,)``), ``"separable"`` (``(basis_coef, channel)``,
+    ``R = H``) or ``"lowrank"`` (``(value, out)``, ``R = D``); ``R`` is 0 for a full one.
+    """
+
+    kind: str
+    operands: tuple[Array, ...]
+    K: int
+    P: int
+    Q: int
+    R: int
+
+
+def as_param(theta: Parameter) -> Param:
+    """Read ``theta`` (an array, :class:`Separable` or :class:`LowRank`) as a :class:`Param`."""
+    if isinstance(theta, Separable):
+        k, p, q = theta.shape
+        return Param("separable", (theta.basis_coef, theta.channel), k, p, q, theta.rank)
+    if isinstance(theta, LowRank):
+        k, p, q = theta.shape
+        return Param("lowrank", (theta.value, theta.out), k, p, q, theta.rank)
+    check_array(theta, "theta", (3,), ("(K, P, Q)",))
+    k, p, q = (int(s) for s in theta.shape)
+    return Param("full", (theta,), k, p, q, 0)
+
+
+def autocast(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis | Array, Array, Parameter]:
+    """Inside ``torch.autocast``, every floating operand in the autocast dtype, as ``torch.matmul`` would.
+
+    Autocast leaves layers' outputs in the low dtype and their parameters in float32; the
+    engine's dtype check would refuse that mix, so the operands are converted here, once, and
+    the contraction runs in the autocast dtype (float64 is left alone, as autocast does).
+    """
+    dtype = autocast_dtype(x)
+    if dtype is None:
+        return a, x, theta
+    if isinstance(theta, LowRank):
+        theta = LowRank(autocast_to(theta.value, dtype), autocast_to(theta.out, dtype))
+    elif isinstance(theta, Separable):
+        theta = Separable(autocast_to(theta.basis_coef, dtype), autocast_to(theta.channel, dtype))
+    else:
+        theta = autocast_to(theta, dtype)
+    if not isinstance(a, Basis):
+        a = autocast_to(a, dtype)
+    elif a.dtype.is_floating_point and a.dtype.itemsize == 4 and a.dtype != dtype:
+        a = a.to(dtype=dtype)
+    return a, autocast_to(x, dtype), theta
+
+
+def placed(a: Basis | Array, x: Array) -> Basis | Array:
+    """The basis as applied to ``x`` (:meth:`~structconv.Basis.placed_like`); arrays are returned as they are."""
+    return a.placed_like(x) if isinstance(a, Basis) else a
+
+
+def prepare(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis, Array, Param, bool]:
+    """Check the operands against each other.
+
+    Returns the basis, ``x`` as ``(B, M, P)``, the parameter, and whether ``x`` was 2-D.
+    """
+    basis = as_basis(placed(a, x))
+    check_array(x, "x", (2, 3), ("(B, M, P)", "(M, P)"))
+    param = as_param(theta)
+    placement = {"x": x}
+    placement.update(zip(_OPERAND_NAMES[param.kind], param.operands, strict=True))
+    check_same_placement(placement)
+    x_backend = of(x, "x").name
+    if basis.backend != x_backend:
+        raise TypeError(f"the basis is a {basis.backend} basis but x is a {x_backend} array; do not mix backends")
+    if dtype_name(x) != str(basis.dtype).removeprefix("torch."):
+        raise TypeError(f"the basis has dtype {basis.dtype} but x has dtype {dtype_name(x)}; convert explicitly")
+    if basis.device != device_of(x):
+        raise ValueError(f"the basis is on device {basis.device} but x is on {device_of(x)}")
+    squeeze = x.ndim == 2
+    if squeeze:
+        x = x[None]
+    B, M, P = (int(s) for s in x.shape)
+    if M != basis.M:
+        raise ValueError(
+            f"x has shape {shape_str(tuple(x.shape[1:] if squeeze else x.shape))} but the basis has "
+            f"M={basis.M} input entries; expected x of shape (B, {basis.M}, P) or ({basis.M}, P)"
+        )
+    if basis.batch is not None and basis.batch != B:
+        raise ValueError(f"the basis is per-instance with batch {basis.batch} but x has batch {B}; they must agree")
+    if param.K != basis.K:
+        raise ValueError(
+            f"theta has K={param.K} members (shape {shape_str((param.K, param.P, param.Q))}) "
+            f"but the basis has K={basis.K}"
+        )
+    if param.P != P:
+        raise ValueError(
+            f"theta has P={param.P} input channels but x has {P}; expected theta of shape ({basis.K}, {P}, Q)"
+        )
+    return basis, x, param, squeeze
+
+
+__all__ = ["Param", "as_param", "autocast", "placed", "prepare"]

@@ -1,0 +1,129 @@
+"""Plans: the estimated cost of every order, the chosen one, and the cache that keeps them.
+
+``order="auto"`` picks the candidate of least score
+:math:`\\mathrm{flops} + w_s\\,\\mathrm{irregular} + w_m\\,\\mathrm{memory}`, where ``memory``
+counts the elements written by intermediates and ``irregular`` the flops of sparse or gather
+kernels.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+#: Price of writing one element of an intermediate, in GEMM flops (calibrated on CPU by
+#: ``benchmarks/bench_orders.py``; memory traffic, not arithmetic, dominates small contractions).
+MEMORY_WEIGHT = 64.0
+#: Price of one flop of a sparse or gather kernel, in GEMM flops (calibrated likewise).
+SPARSE_FLOP_WEIGHT = 12.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run the contraction and its estimated cost."""
+
+    order: str
+    flops: float
+    memory: float
+    irregular: float = 0.0
+
+    @property
+    def score(self) -> float:
+        """``flops + SPARSE_FLOP_WEIGHT * irregular + MEMORY_WEIGHT * memory``, which ``auto`` minimises."""
+        return self.flops + SPARSE_FLOP_WEIGHT * self.irregular + MEMORY_WEIGHT * self.memory
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How :func:`structconv.conv` contracts given operands: every candidate order and the chosen one.
+
+    ``str(plan)`` prints a table in the spirit of opt_einsum's ``PathInfo``.
+    """
+
+    representation: str
+    sizes: dict[str, int]
+    parameter: str
+    candidates: tuple[Candidate, ...]
+    chosen: str
+    requested: str = "auto"
+    equation: str = field(default="")
+
+    def candidate(self, order: str) -> Candidate:
+        """The candidate named ``order``."""
+        for c in self.candidates:
+            if c.order == order:
+                return c
+        raise KeyError(order)
+
+    def __str__(self) -> str:
+        dims = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+        lines = [
+            "structconv plan for y[b,n,q] = sum_k A[k,m,n] x[b,m,p] Theta[k,p,q]",
+            f"  basis: {self.representation}   parameter: {self.parameter}   sizes: {dims}",
+        ]
+        if self.equation:
+            lines.append(f"  opt_einsum equation: {self.equation}")
+        lines.append(f"  {'order':<12} {'flops':>12} {'sparse flops':>12} {'memory':>12} {'score':>12}")
+        best = min(c.score for c in self.candidates)
+        for c in self.candidates:
+            mark = " <- chosen" if c.order == self.chosen else ""
+            row = f"  {c.order:<12} {c.flops:12.3e} {c.irregular:12.3e} {c.memory:12.3e} {c.score / best:11.2f}x"
+            lines.append(row + mark)
+        lines.append(f"  requested: {self.requested}")
+        return "\n".join(lines)
+
+
+_V = TypeVar("_V")
+
+
+class PlanCache(Generic[_V]):
+    """A bounded least-recently-used map from plan keys to plans.
+
+    Keys are values (tuples of shapes, names and a basis' :meth:`~structconv.Basis.plan_key`),
+    never array identities, so equal operands share a plan and nothing is kept alive by it.
+    A plain ordered dictionary rather than ``functools.lru_cache``: ``torch.compile`` guards
+    on a dictionary lookup but would trace into an ``lru_cache``.
+
+    Examples
+    --------
+    >>> cache = PlanCache(size=2)
+    >>> cache.put("a", 1); cache.put("b", 2); cache.get("a"); cache.put("c", 3)
+    1
+    >>> cache.get("b") is None, len(cache)
+    (True, 2)
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"size must be at least 1, got {size}")
+        self.size = size
+        self._items: OrderedDict[Hashable, _V] = OrderedDict()
+
+    def get(self, key: Hashable) -> _V | None:
+        """The value stored under ``key`` (now the most recently used), or ``None``."""
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+        return found
+
+    def put(self, key: Hashable, value: _V) -> None:
+        """Store ``value`` under ``key``, dropping the least recently used entry beyond :attr:`size`."""
+        self._items[key] = value
+        self._items.move_to_end(key)
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget every plan (e.g. after changing :data:`MEMORY_WEIGHT` or :data:`SPARSE_FLOP_WEIGHT`)."""
+        self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._items
+
+
+__all__ = ["MEMORY_WEIGHT", "SPARSE_FLOP_WEIGHT", "Candidate", "Plan", "PlanCache"]

@@ -8,7 +8,8 @@ engine, :func:`conv`.
 import sys
 
 from . import _deprecated
-from .bases.base import Basis, Cost, as_basis
+from .bases.base import Basis, Cost
+from .bases.convert import as_basis
 from .bases.composite import ComposedBasis, ConcatBasis, SelectBasis, concat
 from .bases.dense import DenseBasis
 from .bases.edges import EdgeBasis

@@ -23,7 +23,12 @@ MOVED: dict[str, tuple[str, ...]] = {
     "edges": ("structconv.bases.edges",),
     "contract": ("structconv.engine.contract",),
     "grid": ("structconv.structures.grid",),
-    "graph": ("structconv.structures.graph",),
+    "graph": (
+        "structconv.structures.graph",
+        "structconv.structures.edge_list",
+        "structconv.structures.normalize",
+        "structconv.bases.polynomial",
+    ),
     "attention": ("structconv.structures.attention",),
     "positional": ("structconv.structures.positional",),
     "conv_attention": ("structconv.theory.conv_attention",),

@@ -109,4 +109,47 @@ class Backend(ABC):
 
     # --- structures: grid (shift kernels) ------------------------------------------------------
     # --- structures: graph ---------------------------------------------------------------------
+    @abstractmethod
+    def default_float(self) -> Any:
+        """The floating dtype new weights take when nothing else gives one."""
+
+    @abstractmethod
+    def plain(self, a: Array) -> Array:
+        """``a`` as the backend's own array type (a subclass such as PyG's ``EdgeIndex`` stripped)."""
+
+    @abstractmethod
+    def is_sparse(self, a: Array) -> bool:
+        """Whether ``a`` is stored sparse (any layout other than dense strided)."""
+
+    @abstractmethod
+    def coordinates(self, a: Array) -> tuple[Array, Array, tuple[int, ...]]:
+        """The non-zero entries of a sparse or dense array: int64 ``(ndim, nnz)`` coordinates, values, shape."""
+
+    @abstractmethod
+    def move(self, a: Array, device: Any = None, dtype: Any = None, what: str = "array") -> Array:
+        """``a`` on ``device`` in ``dtype`` (``None`` keeps either); ``what`` names it in errors."""
+
+    @abstractmethod
+    def take(self, a: Array, index: Array, axis: int) -> Array:
+        """``a`` gathered at ``index`` along ``axis`` (its gradient is a scatter-add)."""
+
+    @abstractmethod
+    def index_add(self, values: Array, index: Array, size: int, axis: int) -> Array:
+        """Zeros with ``size`` entries along ``axis``, ``values``' slices added at ``index`` along it."""
+
+    @abstractmethod
+    def grad_enabled(self) -> Any:
+        """A context manager in which autograd records (a no-op for a backend without autograd)."""
+
+    @abstractmethod
+    def sparse_polynomials(
+        self, rows: Array, cols: Array, values: Array, size: int, degrees: tuple[int, ...], family: str
+    ) -> list[tuple[Array, Array, Array]]:
+        r"""Coordinates ``(rows, cols, values)`` of :math:`p_d(S)` for each ``d`` in ``degrees``.
+
+        :math:`S` is the square ``size`` matrix of the given coordinates; ``family`` is
+        ``"powers"`` (:math:`S^d`) or ``"chebyshev"`` (:math:`T_d(S)`), formed by sparse-sparse
+        products.
+        """
+
     # --- structures: attention and positions ----------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import array_api_compat.numpy as xp_numpy
@@ -79,6 +80,56 @@ class NumpyBackend(Backend):
     def scatter_add(self, values: Array, index: Array, size: int) -> Array:
         out = np.zeros((size, *values.shape[1:]), dtype=values.dtype)
         np.add.at(out, index, values)
+        return out
+
+    # --- structures: graph ---------------------------------------------------------------------
+    def default_float(self) -> Any:
+        return np.float64
+
+    def plain(self, a: Array) -> Array:
+        return a
+
+    def is_sparse(self, a: Array) -> bool:
+        return False
+
+    def coordinates(self, a: Array) -> tuple[Array, Array, tuple[int, ...]]:
+        index = np.stack(np.nonzero(a)).astype(np.int64)
+        return index, a[tuple(index)], tuple(int(s) for s in a.shape)
+
+    def move(self, a: Array, device: Any = None, dtype: Any = None, what: str = "array") -> Array:
+        if device not in (None, "cpu"):
+            raise ValueError(f"device={device!r}: a NumPy {what} lives on the CPU; convert it to torch first")
+        return a if dtype is None else a.astype(dtype)
+
+    def take(self, a: Array, index: Array, axis: int) -> Array:
+        return np.take(a, index, axis=axis)
+
+    def index_add(self, values: Array, index: Array, size: int, axis: int) -> Array:
+        shape = list(values.shape)
+        shape[axis] = size
+        out = np.zeros(shape, dtype=values.dtype)
+        at: Any = (slice(None),) * axis + (index,)
+        np.add.at(out, at, values)
+        return out
+
+    def grad_enabled(self) -> Any:
+        return contextlib.nullcontext()
+
+    def sparse_polynomials(
+        self, rows: Array, cols: Array, values: Array, size: int, degrees: tuple[int, ...], family: str
+    ) -> list[tuple[Array, Array, Array]]:
+        import scipy.sparse
+
+        matrix = scipy.sparse.csr_array((values, (rows, cols)), shape=(size, size))
+        mats: list[Any] = [scipy.sparse.identity(size, dtype=values.dtype, format="csr"), matrix]
+        for _ in range(2, max(degrees) + 1):
+            nxt = mats[-1] @ matrix
+            mats.append(2 * nxt - mats[-2] if family == "chebyshev" else nxt)
+        out = []
+        for d in degrees:
+            coo = scipy.sparse.coo_array(mats[d])
+            coo.sum_duplicates()
+            out.append((coo.row.astype(np.int64), coo.col.astype(np.int64), coo.data.astype(values.dtype)))
         return out
 
 

@@ -91,6 +91,63 @@ class TorchBackend(Backend):
     def scatter_add(self, values: Array, index: Array, size: int) -> Array:
         return values.new_zeros((size, *values.shape[1:])).index_add(0, index, values)
 
+    # --- structures: graph ---------------------------------------------------------------------
+    def default_float(self) -> Any:
+        return torch.get_default_dtype()
+
+    def plain(self, a: Array) -> Array:
+        return a if type(a) is torch.Tensor else a.as_subclass(torch.Tensor)
+
+    def is_sparse(self, a: Array) -> bool:
+        return bool(a.layout != torch.strided)
+
+    def coordinates(self, a: Array) -> tuple[Array, Array, tuple[int, ...]]:
+        if a.layout != torch.strided:
+            coo = a.to_sparse_coo().coalesce()
+            return coo.indices(), coo.values(), tuple(int(s) for s in coo.shape)
+        index = a.nonzero().T
+        return index, a[tuple(index)], tuple(int(s) for s in a.shape)
+
+    def move(self, a: Array, device: Any = None, dtype: Any = None, what: str = "array") -> Array:
+        return a.to(device=device, dtype=dtype)
+
+    def take(self, a: Array, index: Array, axis: int) -> Array:
+        return a.index_select(axis, index)
+
+    def index_add(self, values: Array, index: Array, size: int, axis: int) -> Array:
+        shape = list(values.shape)
+        shape[axis] = size
+        return values.new_zeros(shape).index_add(axis, index, values)
+
+    def grad_enabled(self) -> Any:
+        return torch.enable_grad()
+
+    def sparse_polynomials(
+        self, rows: Array, cols: Array, values: Array, size: int, degrees: tuple[int, ...], family: str
+    ) -> list[tuple[Array, Array, Array]]:
+        dtype = values.dtype
+        if values.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+            # No low-precision sparse products on the CPU: form the polynomials in float32.
+            with torch.autocast("cpu", enabled=False):
+                wide = self.sparse_polynomials(rows, cols, values.float(), size, degrees, family)
+            return [(r, c, v.to(dtype)) for r, c, v in wide]
+        coords = torch.stack([rows, cols])
+        matrix = torch.sparse_coo_tensor(coords, values, (size, size), check_invariants=True).coalesce()
+        nodes = torch.arange(size, device=values.device)
+        ones = torch.ones_like(nodes, dtype=dtype)
+        eye = torch.sparse_coo_tensor(torch.stack([nodes, nodes]), ones, (size, size), check_invariants=True)
+        mats = [eye.coalesce(), matrix]
+        for _ in range(2, max(degrees) + 1):
+            with warnings.catch_warnings():  # torch's note that sparse support is in beta
+                warnings.simplefilter("ignore", UserWarning)
+                nxt = torch.sparse.mm(mats[-1], matrix)
+            mats.append((2 * nxt - mats[-2]).coalesce() if family == "chebyshev" else nxt.coalesce())
+        out = []
+        for d in degrees:
+            part = mats[d].coalesce()
+            out.append((part.indices()[0], part.indices()[1], part.values()))
+        return out
+
 
 class SparseMatrix:
     """A 2-D sparse matrix for ``S @ dense``, from (possibly repeated) coordinates.

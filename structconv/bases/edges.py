@@ -15,29 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, device_of, is_integer_array, is_torch, shape_str
+from ..backend import Array, as_index, concatenate, device_of, is_integer_array, namespace, of, shape_str
 from ..backend.checks import check_array
 from .base import Basis, Cost
 from .sparse import SparseBasis
-
-
-def _scatter_rows(values: Array, index: Array, size: int) -> Array:
-    """Sum the rows of ``values`` (axis 1) into ``size`` rows by ``index``."""
-    shape = (values.shape[0], size, *values.shape[2:])
-    if is_torch(values):
-        return values.new_zeros(shape).index_add(1, index, values)
-    out = np.zeros(shape, dtype=values.dtype)
-    for b in range(values.shape[0]):
-        np.add.at(out[b], index, values[b])
-    return out
-
-
-def _take_rows(a: Array, index: Array) -> Array:
-    return a.index_select(1, index) if is_torch(a) else a[:, index]
-
-
-def _moveaxis(a: Array, source: int, dest: int) -> Array:
-    return a.movedim(source, dest) if is_torch(a) else np.moveaxis(a, source, dest)
 
 
 class EdgeBasis(Basis):
@@ -78,7 +59,7 @@ class EdgeBasis(Basis):
                 raise ValueError(f"{name} must have shape (E,) = ({E},), got {shape_str(tuple(idx.shape))}")
             if E and (int(idx.min()) < 0 or int(idx.max()) >= size):
                 raise ValueError(f"{name} must lie in [0, {size}), got [{int(idx.min())}, {int(idx.max())}]")
-        if is_torch(weights) != is_torch(src) or is_torch(weights) != is_torch(dst):
+        if of(src, "src") is not of(weights, "weights") or of(dst, "dst") is not of(weights, "weights"):
             raise TypeError("src, dst and weights must be on the same backend")
         for name, idx in (("src", src), ("dst", dst)):
             if not is_integer_array(idx):
@@ -105,7 +86,7 @@ class EdgeBasis(Basis):
 
     @property
     def backend(self) -> str:
-        return "torch" if is_torch(self._weights) else "numpy"
+        return of(self._weights).name
 
     @property
     def dtype(self) -> Any:
@@ -123,15 +104,9 @@ class EdgeBasis(Basis):
         """The same basis as a :class:`~structconv.SparseBasis` (``K·E`` entries)."""
         K = self.K
         w = self._weights
-        if is_torch(w):
-            import torch
-
-            k = torch.arange(K, device=w.device).repeat_interleave(w.shape[0])
-            index = torch.stack([k, self._src.repeat(K), self._dst.repeat(K)])
-            return SparseBasis(index, w.T.reshape(-1), self.shape)
-        k_np = np.repeat(np.arange(K), w.shape[0])
-        index_np = np.stack([k_np, np.tile(self._src, K), np.tile(self._dst, K)])
-        return SparseBasis(index_np, w.T.reshape(-1), self.shape)
+        k = as_index(np.repeat(np.arange(K), w.shape[0]), self._src)
+        index = namespace(w).stack([k, concatenate([self._src] * K, 0), concatenate([self._dst] * K, 0)])
+        return SparseBasis(index, w.T.reshape(-1), self.shape)
 
     def to_dense(self) -> Array:
         return self.to_sparse().to_dense()
@@ -146,28 +121,27 @@ class EdgeBasis(Basis):
         return EdgeBasis(self._src, self._dst, self._weights[:, index], self._shape)
 
     def to(self, device: Any = None, dtype: Any = None) -> EdgeBasis:
-        w = self._weights
-        if is_torch(w):
-            return EdgeBasis(self._src.to(device), self._dst.to(device), w.to(device=device, dtype=dtype), self._shape)
-        if device not in (None, "cpu"):
-            raise ValueError(f"device={device!r}: a NumPy basis lives on the CPU; convert it to torch first")
-        return EdgeBasis(self._src, self._dst, w if dtype is None else w.astype(dtype), self._shape)
+        backend = of(self._weights)
+        weights = backend.move(self._weights, device, dtype, "basis")
+        return EdgeBasis(backend.move(self._src, device), backend.move(self._dst, device), weights, self._shape)
 
     def energy(self) -> float:
         return self.to_sparse().energy()
 
     # --- engine hooks ----------------------------------------------------------------------
     def apply_each(self, x: Array) -> Array:
-        gathered = _take_rows(x, self._src)  # (B, E, C)
+        backend = of(x)
+        gathered = backend.take(x, self._src, 1)  # (B, E, C)
         weighted = gathered[:, :, None, :] * self._weights[None, :, :, None]  # (B, E, K, C)
-        return _moveaxis(_scatter_rows(weighted, self._dst, self.N), 2, 1)
+        return backend.index_add(weighted, self._dst, self.N, 1).swapaxes(1, 2)
 
     def apply_members(self, s: Array, reduce: bool) -> Array:
-        rows = _moveaxis(s, 1, 2)  # (B, M, K, C): one row per entry holds every member
-        weighted = _take_rows(rows, self._src) * self._weights[None, :, :, None]  # (B, E, K, C)
+        backend = of(s)
+        rows = s.swapaxes(1, 2)  # (B, M, K, C): one row per entry holds every member
+        weighted = backend.take(rows, self._src, 1) * self._weights[None, :, :, None]  # (B, E, K, C)
         if reduce:
-            return _scatter_rows(weighted.sum(2), self._dst, self.N)
-        return _moveaxis(_scatter_rows(weighted, self._dst, self.N), 2, 1)
+            return backend.index_add(weighted.sum(2), self._dst, self.N, 1)
+        return backend.index_add(weighted, self._dst, self.N, 1).swapaxes(1, 2)
 
     def cost_each(self, batch: int, channels: int) -> Cost:
         E, K = int(self._weights.shape[0]), self.K

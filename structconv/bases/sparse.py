@@ -7,24 +7,19 @@ sparse matrix, built from the entries once per basis value, by a dense matrix.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..backend import Array, as_index, device_of, einsum, is_torch, shape_str, sparse_matrix, to_numpy
+from ..backend import Array, as_index, concatenate, device_of, einsum, find, namespace, of, shape_str, sparse_matrix
 from ..backend.checks import check_finite
 from .base import Basis, Cost
 
 #: Overheads of :meth:`SparseBasis.apply_combined`, in sparse-kernel flops (see its cost).
 _COMBINED_FIXED = 1.0e6
 _COMBINED_PER_PAIR = 6000.0
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
 
 
 class SparseBasis(Basis):
@@ -51,21 +46,21 @@ class SparseBasis(Basis):
            [2., 0.]])
     """
 
-    __slots__ = ("_coalesced", "_indices", "_layouts", "_shape", "_values")
+    __slots__ = ("_derived", "_indices", "_shape", "_values")
     representation = "sparse"
 
     def __init__(self, indices: Array, values: Array, shape: Sequence[int]) -> None:
         shape = tuple(int(s) for s in shape)
         if len(shape) not in (3, 4) or any(s <= 0 for s in shape):
             raise ValueError(f"shape must be (K, M, N) or (B, K, M, N) with positive sizes, got {shape_str(shape)}")
-        if not (isinstance(values, np.ndarray) or is_torch(values)):
-            raise TypeError(f"values must be a numpy.ndarray or a torch.Tensor, got {type(values).__name__}")
+        backend = of(values, "values")
         if values.ndim != 1:
             raise ValueError(f"values must have shape (nnz,), got {shape_str(tuple(values.shape))}")
-        if not (values.is_floating_point() if is_torch(values) else np.issubdtype(values.dtype, np.floating)):
+        if not backend.is_floating(values):
             raise TypeError(f"values must hold floating-point numbers, got dtype {values.dtype}")
         check_finite(values, "values")
-        index_np = to_numpy(indices) if (is_torch(indices) or isinstance(indices, np.ndarray)) else np.asarray(indices)
+        given = find(indices)
+        index_np = np.asarray(indices) if given is None else given.to_numpy(indices)
         if index_np.ndim != 2 or index_np.shape != (len(shape), values.shape[0]):
             raise ValueError(
                 f"indices must have shape ({len(shape)}, nnz={values.shape[0]}) for a basis of shape "
@@ -79,45 +74,33 @@ class SparseBasis(Basis):
                     f"indices row {row} ({name}) must lie in [0, {size}), "
                     f"got values in [{index_np[row].min()}, {index_np[row].max()}]"
                 )
+        # The entries are kept as given: the kernels add repeated entries up anyway, and a basis
+        # built for one product (a graph layer's, every call) should not pay for a sort.  The
+        # sorted form is derived on demand and held by ``_derived``.
         self._shape = shape
-        self._layouts: dict[str, Any] = {}
-        if is_torch(values):
-            # Sorting is deferred: the kernels add repeated entries up anyway, and a basis built
-            # for one product (a graph layer's, every call) should not pay for a sort.
-            self._indices, self._values = as_index(index_np, values), values
-            self._coalesced = False
-        else:
-            self._indices, self._values = _coalesce(as_index(index_np, values), index_np, values, shape)
-            self._coalesced = True
+        self._indices = as_index(index_np, values)
+        self._values = values
+        self._derived = Derived()
 
-    def _coalesce_now(self) -> None:
-        if not self._coalesced:
-            index_np = to_numpy(self._indices)
-            # The stored values replace the given ones for good: keep them connected to autograd
-            # even if the first read happens under no_grad (a validation pass, the planner).
-            with _torch().enable_grad():
-                self._indices, self._values = _coalesce(self._indices, index_np, self._values, self._shape)
-            self._coalesced = True
+    def _canonical(self) -> tuple[Array, Array]:
+        """The entries sorted, repeated coordinates summed: derived once, from the entries as given."""
+        canonical: tuple[Array, Array] = self._derived.get(
+            "canonical", lambda: _coalesce(self._indices, self._values, self._shape)
+        )
+        return canonical
 
     # --- constructors -------------------------------------------------------------------
     @classmethod
     def from_dense(cls, array: Array) -> SparseBasis:
         """Keep the non-zero entries of a dense ``(K, M, N)`` or ``(B, K, M, N)`` array."""
-        if is_torch(array):
-            idx = array.nonzero().T
-            return cls(idx, array[tuple(idx)], tuple(array.shape))
-        array = np.asarray(array)
-        idx = np.stack(np.nonzero(array))
-        return cls(idx, array[tuple(idx)], array.shape)
+        if find(array) is None:
+            array = np.asarray(array)
+        return cls(*of(array).coordinates(array))
 
     @classmethod
     def from_torch(cls, tensor: Any) -> SparseBasis:
         """Build from a torch sparse COO tensor of shape ``(K, M, N)`` or ``(B, K, M, N)``."""
-        torch = _torch()
-        if tensor.layout != torch.sparse_coo:
-            tensor = tensor.to_sparse_coo()
-        tensor = tensor.coalesce()
-        return cls(tensor.indices(), tensor.values(), tuple(tensor.shape))
+        return cls(*of(tensor, "tensor").coordinates(tensor))
 
     @classmethod
     def from_scipy(cls, matrices: Sequence[Any]) -> SparseBasis:
@@ -144,25 +127,22 @@ class SparseBasis(Basis):
     @property
     def indices(self) -> Array:
         """Coordinates, shape ``(3, nnz)`` or ``(4, nnz)``, coalesced and sorted."""
-        self._coalesce_now()
-        return self._indices
+        return self._canonical()[0]
 
     @property
     def values(self) -> Array:
-        """Values, shape ``(nnz,)``."""
-        self._coalesce_now()
-        return self._values
+        """Values, shape ``(nnz,)``, in the order of :attr:`indices`."""
+        return self._canonical()[1]
 
     @property
     def stored(self) -> int:
-        """Entries held, repeated coordinates counted separately until they are coalesced."""
+        """Entries held, repeated coordinates counted separately (they add up)."""
         return int(self._values.shape[0])
 
     @property
     def nnz(self) -> int:
-        """Number of stored entries."""
-        self._coalesce_now()
-        return int(self._values.shape[0])
+        """Number of distinct coordinates (entries after coalescing)."""
+        return int(self._canonical()[1].shape[0])
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -170,7 +150,7 @@ class SparseBasis(Basis):
 
     @property
     def backend(self) -> str:
-        return "torch" if is_torch(self._values) else "numpy"
+        return of(self._values).name
 
     @property
     def dtype(self) -> Any:
@@ -183,23 +163,22 @@ class SparseBasis(Basis):
     def plan_key(self) -> tuple[Any, ...]:
         return (type(self).__name__, self.shape, self.stored)
 
+    def _linear(self) -> Array:
+        """Each entry's position in the row-major dense array."""
+        lin = self._indices[0]
+        for row, size in enumerate(self._shape[1:], start=1):
+            lin = lin * size + self._indices[row]
+        return lin
+
     def to_dense(self) -> Array:
         v = self._values
-        if is_torch(v):
-            out = _torch().zeros(self._shape, dtype=v.dtype, device=v.device)
-            return out.index_put(tuple(self._indices), v, accumulate=True)
-        out = np.zeros(self._shape, dtype=v.dtype)
-        np.add.at(out, tuple(self._indices), v)
-        return out
-
-    def _rebuild(self, indices: Array, values: Array, shape: tuple[int, ...]) -> SparseBasis:
-        return SparseBasis(indices, values, shape)
+        return of(v).scatter_add(v, self._linear(), math.prod(self._shape)).reshape(self._shape)
 
     def transpose(self) -> SparseBasis:
         idx = self._indices
         order = list(range(idx.shape[0] - 2)) + [idx.shape[0] - 1, idx.shape[0] - 2]
         shape = self._shape[:-2] + (self._shape[-1], self._shape[-2])
-        return self._rebuild(idx[order], self._values, shape)
+        return SparseBasis(idx[order], self._values, shape)
 
     def select(self, members: Sequence[int]) -> SparseBasis:
         members = list(members)
@@ -210,34 +189,29 @@ class SparseBasis(Basis):
         parts_idx, parts_val = [], []
         for new_k, k in enumerate(members):
             mask = ks == k
-            idx = self._indices[:, mask]
+            idx = self._indices[:, mask]  # a copy: renumbering it leaves this basis alone
             idx[krow] = new_k
             parts_idx.append(idx)
             parts_val.append(self._values[mask])
-        cat = _torch().cat if is_torch(self._values) else np.concatenate
         shape = self._shape[:-3] + (len(members),) + self._shape[-2:]
-        return self._rebuild(cat(parts_idx, 1), cat(parts_val, 0), shape)
+        return SparseBasis(concatenate(parts_idx, 1), concatenate(parts_val, 0), shape)
 
     def to(self, device: Any = None, dtype: Any = None) -> SparseBasis:
-        if is_torch(self._values):
-            return self._rebuild(
-                self._indices.to(device=device), self._values.to(device=device, dtype=dtype), self._shape
-            )
-        if device not in (None, "cpu"):
-            raise ValueError(f"device={device!r}: a NumPy basis lives on the CPU; convert it to torch first")
-        return self._rebuild(self._indices, self._values if dtype is None else self._values.astype(dtype), self._shape)
+        backend = of(self._values)
+        values = backend.move(self._values, device, dtype, "basis")
+        return SparseBasis(backend.move(self._indices, device), values, self._shape)
 
     def energy(self) -> float:
-        self._coalesce_now()
-        v = self._values
+        v = self.values
         return float((v * v).sum()) / (self.N * (self.batch or 1))
 
     # --- engine hooks -------------------------------------------------------------------
     def _layout(self, name: str) -> Any:
-        """One of the three sparse matrices the hooks multiply by (cached if not differentiable)."""
-        cached = self._layouts.get(name)
-        if cached is not None:
-            return cached
+        """One of the three sparse matrices the hooks multiply by (kept if not differentiable)."""
+        v = self._values
+        return self._derived.get(name, lambda: self._build_layout(name), keep=not of(v).requires_grad(v))
+
+    def _build_layout(self, name: str) -> Any:
         K, M, N = self.K, self.M, self.N
         idx = self._indices
         k, m, n = idx[-3], idx[-2], idx[-1]
@@ -249,31 +223,28 @@ class SparseBasis(Basis):
             rows, cols, shape = b * N + n, (b * K + k) * M + m, (B * N, B * K * M)
         else:
             rows, cols, shape = (b * K + k) * N + n, (b * K + k) * M + m, (B * K * N, B * K * M)
-        matrix = sparse_matrix(rows, cols, self._values, shape)
-        if not (is_torch(self._values) and self._values.requires_grad):
-            self._layouts[name] = matrix
-        return matrix
+        return sparse_matrix(rows, cols, self._values, shape)
 
     def apply_each(self, x: Array) -> Array:
         B, M, C = x.shape
         K, N = self.K, self.N
         S = self._layout("each")
         if self.batch is None:
-            cols = _permute(x, (1, 0, 2)).reshape(M, B * C)
-            return _permute(_product(S, cols).reshape(K, N, B, C), (2, 0, 1, 3))
-        return _product(S, x.reshape(B * M, C)).reshape(B, K, N, C)
+            cols = x.swapaxes(0, 1).reshape(M, B * C)
+            return _batch_first(S @ cols, K, N, B, C)
+        return (S @ x.reshape(B * M, C)).reshape(B, K, N, C)
 
     def apply_members(self, s: Array, reduce: bool) -> Array:
         B, K, M, C = s.shape
         N = self.N
         S = self._layout("reduce" if reduce else "members")
         if self.batch is None:
-            cols = _permute(s, (1, 2, 0, 3)).reshape(K * M, B * C)
-            out = _product(S, cols)
+            cols = s.swapaxes(0, 1).swapaxes(1, 2).reshape(K * M, B * C)  # (K, M, B, C)
+            out = S @ cols
             if reduce:
-                return _permute(out.reshape(N, B, C), (1, 0, 2))
-            return _permute(out.reshape(K, N, B, C), (2, 0, 1, 3))
-        out = _product(S, s.reshape(B * K * M, C))
+                return out.reshape(N, B, C).swapaxes(0, 1)
+            return _batch_first(out, K, N, B, C)
+        out = S @ s.reshape(B * K * M, C)
         return out.reshape(B, N, C) if reduce else out.reshape(B, K, N, C)
 
     def apply_combined(self, x: Array, theta: Array) -> Array:
@@ -284,25 +255,19 @@ class SparseBasis(Basis):
         idx = self._indices
         batched = self.batch is not None
         pair = (idx[0] * M + idx[-2]) * N + idx[-1] if batched else idx[-2] * N + idx[-1]
-        if is_torch(x):
-            torch = _torch()
-            pairs, inverse = torch.unique(pair, return_inverse=True)
-        else:
-            pairs, inverse = np.unique(pair, return_inverse=True)
+        pairs, inverse = namespace(pair).unique_inverse(pair)
         E = int(pairs.shape[0])
         coef = sparse_matrix(inverse, idx[-3], self._values, (E, K))
         phi = (coef @ theta.reshape(K, P * Q)).reshape(E, P, Q)
         n_e = pairs % N
         m_e = (pairs // N) % M
+        backend = of(x)
         if batched:
             b_e = pairs // (N * M)
             z = einsum("ep,epq->eq", x[b_e, m_e], phi)
-            ones = _ones_like(z, E)
-            scatter = sparse_matrix(b_e * N + n_e, as_index(np.arange(E), x), ones, (B * N, E))
-            return (scatter @ z).reshape(B, N, Q)
-        z = einsum("bep,epq->ebq", x[:, m_e], phi).reshape(E, B * Q)
-        scatter = sparse_matrix(n_e, as_index(np.arange(E), x), _ones_like(z, E), (N, E))
-        return _permute((scatter @ z).reshape(N, B, Q), (1, 0, 2))
+            return backend.scatter_add(z, b_e * N + n_e, B * N).reshape(B, N, Q)
+        z = einsum("bep,epq->ebq", backend.take(x, m_e, 1), phi).reshape(E, B * Q)
+        return backend.scatter_add(z, n_e, N).reshape(N, B, Q).swapaxes(0, 1)
 
     def _per_instance(self, batch: int) -> int:
         return 1 if self.batch is not None else batch
@@ -328,35 +293,54 @@ class SparseBasis(Basis):
         return Cost(0.0, float(pairs * p * q + pairs * per * (p + q) + batch * self.N * q), flops)
 
 
-def _product(S: Any, dense: Array) -> Array:
-    return S @ dense
+class Derived:
+    """What is computed from one immutable basis on first use: a pure function of it, never stale.
+
+    Each basis creates its own, empty, in its constructor, so a basis made from another
+    (:meth:`~structconv.Basis.to`, :meth:`~structconv.Basis.select`, :meth:`~structconv.Basis.transpose`)
+    never sees the other's entries.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: dict[str, Any] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items
+
+    def get(self, name: str, build: Callable[[], Any], keep: bool = True) -> Any:
+        """The value named ``name``, built by ``build()`` on first use (and kept if ``keep``)."""
+        found = self._items.get(name)
+        if found is None:
+            found = build()
+            if keep:
+                self._items[name] = found
+        return found
 
 
-def _permute(a: Array, axes: tuple[int, ...]) -> Array:
-    return a.permute(*axes) if is_torch(a) else np.transpose(a, axes)
+def _batch_first(a: Array, K: int, N: int, B: int, C: int) -> Array:
+    """``a`` read as ``(K, N, B, C)``, returned as a ``(B, K, N, C)`` view.
+
+    Two axis swaps, which NumPy and torch spell alike (a permutation is spelt differently).
+    """
+    return a.reshape(K, N, B, C).swapaxes(1, 2).swapaxes(0, 1)
 
 
-def _ones_like(a: Array, n: int) -> Array:
-    if is_torch(a):
-        return _torch().ones(n, dtype=a.dtype, device=a.device)
-    return np.ones(n, dtype=a.dtype)
-
-
-def _coalesce(indices: Array, index_np: np.ndarray, values: Array, shape: tuple[int, ...]) -> tuple[Array, Array]:
-    """Sort entries and sum duplicates (keeping autograd on torch values).
+def _coalesce(indices: Array, values: Array, shape: tuple[int, ...]) -> tuple[Array, Array]:
+    """Sort entries and sum duplicates (keeping autograd on values that require grad).
 
     Entries already sorted without duplicates are kept as given, so that ``values`` stays the
-    caller's tensor (a leaf, when it requires grad) rather than the output of a graph node that
-    a second backward pass could not traverse again.
+    caller's array (a leaf, when it requires grad) rather than the output of a graph node that
+    a second backward pass could not traverse again.  The sums are recorded by autograd even
+    on a first read under ``no_grad`` (a validation pass, the planner): the result is kept.
     """
-    lin_np = np.ravel_multi_index(tuple(index_np), shape) if index_np.shape[1] else np.zeros(0, np.int64)
-    if lin_np.size < 2 or bool(np.all(np.diff(lin_np) > 0)):
+    backend = of(values)
+    index_np = backend.to_numpy(indices)
+    lin = np.ravel_multi_index(tuple(index_np), shape) if index_np.shape[1] else np.zeros(0, np.int64)
+    if lin.size < 2 or bool(np.all(np.diff(lin) > 0)):
         return indices, values
-    if is_torch(values):
-        torch = _torch()
-        coo = torch.sparse_coo_tensor(indices, values, shape, check_invariants=False).coalesce()
-        return coo.indices(), coo.values()
-    lin = lin_np
     uniq, inverse = np.unique(lin, return_inverse=True)
-    summed = np.bincount(inverse, weights=values, minlength=uniq.shape[0]).astype(values.dtype, copy=False)
-    return np.stack(np.unravel_index(uniq, shape)).astype(np.int64), summed
+    with backend.grad_enabled():
+        summed = backend.scatter_add(values, as_index(inverse, values), int(uniq.shape[0]))
+    return as_index(np.stack(np.unravel_index(uniq, shape)), values), summed

@@ -1,0 +1,220 @@
+r"""A graph as users have it (an ``edge_index``, a sparse or dense adjacency) read into edge lists.
+
+:class:`Edges` holds sources, targets and weights on one backend; :func:`as_edges` reads every
+accepted graph form into it, checking it on the way.  Graph conventions are those of
+:mod:`structconv.structures.graph`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..backend import REGISTRY, Array, device_of, find, is_integer_array, namespace, of, shape_str
+from ..backend.checks import check_finite
+from ..bases.sparse import SparseBasis
+
+
+@dataclass(frozen=True)
+class Edges:
+    """A graph as edge lists on one backend: ``src``, ``dst`` (int64, ``(E,)``), ``weight`` (``(E,)``).
+
+    ``num_nodes`` counts the sources; ``num_targets`` the targets of a bipartite graph (``None``:
+    the same nodes).
+    """
+
+    src: Array
+    dst: Array
+    weight: Array
+    num_nodes: int
+    num_targets: int | None = None
+
+    @property
+    def targets(self) -> int:
+        """The number of target nodes (``num_nodes`` unless the graph is bipartite)."""
+        return self.num_nodes if self.num_targets is None else self.num_targets
+
+    @property
+    def backend(self) -> str:
+        return of(self.weight).name
+
+    def with_edges(self, src: Array, dst: Array, weight: Array) -> Edges:
+        return Edges(src, dst, weight, self.num_nodes, self.num_targets)
+
+    def reversed(self) -> Edges:
+        """Every edge ``m -> n`` turned into ``n -> m`` (the source and target counts swap)."""
+        back = None if self.num_targets is None else self.num_nodes
+        return Edges(self.dst, self.src, self.weight, self.targets, back)
+
+    def to_basis(self) -> SparseBasis:
+        """The adjacency as a one-member :class:`~structconv.SparseBasis`, shape ``(1, N, N)``."""
+        zeros = self.src * 0
+        stack = namespace(self.weight).stack
+        return SparseBasis(stack([zeros, self.src, self.dst]), self.weight, (1, self.num_nodes, self.targets))
+
+
+def is_matrix_graph(graph: Any) -> bool:
+    """Whether ``graph`` is a matrix (torch sparse, ``scipy.sparse``, dense floating), not an ``edge_index``."""
+    backend = find(graph)
+    if backend is not None:
+        return backend.is_sparse(graph) or not backend.is_integer(graph)
+    return hasattr(graph, "tocoo") and hasattr(graph, "nnz")
+
+
+def as_edges(
+    graph: Any,
+    num_nodes: int | None = None,
+    edge_weight: Array | None = None,
+    like: Array | None = None,
+    *,
+    adj_t: bool = False,
+    num_targets: int | None = None,
+) -> Edges:
+    """Read a graph given as users have it.
+
+    Parameters
+    ----------
+    graph
+        An ``edge_index`` of shape ``(2, E)`` (integers; row 0 sources, row 1 targets), a torch
+        sparse tensor or ``scipy.sparse`` matrix, or a dense floating adjacency.  A matrix is read
+        as an adjacency (entry ``[m, n]`` weighs the edge ``m -> n``), or with ``adj_t=True`` as
+        its transpose, PyTorch Geometric's ``adj_t`` (entry ``[n, m]`` weighs ``m -> n``: row =
+        target, column = source), which is how PyG's layers read a sparse graph.
+    num_nodes
+        :math:`N` (the sources of a bipartite graph); required for an ``edge_index`` whose
+        largest node is not the last one (isolated trailing nodes).  Defaults to the largest
+        index plus one.
+    edge_weight
+        ``(E,)`` weights for an ``edge_index`` (default: ones).
+    like
+        Backend, dtype and device of the weights (default: those of ``edge_weight`` or of a
+        weighted ``graph``; float32 on torch, float64 on NumPy).
+    adj_t
+        Read a matrix ``graph`` as PyG's ``adj_t`` (row = target) instead of an adjacency.
+    num_targets
+        The target nodes of a bipartite graph (default: the same ``num_nodes`` nodes); a matrix
+        is then ``(num_nodes, num_targets)`` (``(num_targets, num_nodes)`` with ``adj_t``).
+
+    Raises
+    ------
+    ValueError, TypeError
+        For a malformed ``edge_index`` (shape, dtype, out-of-range or negative nodes), weights of
+        the wrong length or non-finite weights, or a non-square adjacency.
+    """
+    backend = find(graph)
+    if not is_matrix_graph(graph):
+        if backend is None:
+            raise TypeError(
+                "graph must be an edge_index (2, E), a torch sparse tensor, a scipy.sparse matrix or a dense "
+                f"adjacency, got {type(graph).__name__}"
+            )
+        graph = backend.plain(graph)  # PyG's EdgeIndex and other subclasses
+        return _from_edge_index(graph, num_nodes, edge_weight, like, num_targets=num_targets)
+    if edge_weight is not None:
+        raise ValueError("edge_weight goes with an edge_index; a matrix graph carries its own weights")
+    if num_targets is not None and num_nodes is None:
+        raise ValueError("num_targets needs num_nodes (a bipartite matrix graph has two sizes)")
+    expect = None if num_nodes is None else (num_nodes, num_targets if num_targets is not None else num_nodes)
+    if expect is not None and adj_t:
+        expect = expect[::-1]
+    src_row = 1 if adj_t else 0
+    shape = tuple(int(s) for s in graph.shape)
+    if backend is None:  # scipy.sparse
+        _check_matrix(shape, expect, num_targets is not None)
+        sp = graph.tocoo()
+        idx: Any = np.stack([sp.row, sp.col]).astype(np.int64)
+        values: Any = np.asarray(sp.data, dtype=np.float64)
+    else:
+        if len(shape) != 2 and not backend.is_sparse(graph):
+            raise ValueError(
+                f"graph must be an edge_index of shape (2, E) or an (N, N) adjacency, got shape {shape_str(shape)}"
+            )
+        _check_matrix(shape, expect, num_targets is not None)
+        idx, values, _ = backend.coordinates(graph)
+        if not backend.is_floating(values):  # integer entries are weights too (as scipy's are)
+            ref: Any = like
+            dtype = ref.dtype if find(ref) is backend else backend.default_float()
+            values = backend.asarray(values, values, dtype)
+    if adj_t:
+        idx = namespace(idx).stack([idx[1], idx[0]])
+    sources, targets = shape[src_row], shape[1 - src_row]
+    bipartite = num_targets is not None
+    return _from_edge_index(idx, sources, values, like, "graph", num_targets=targets if bipartite else None)
+
+
+def _check_matrix(shape: tuple[int, ...], expect: tuple[int, int] | None, bipartite: bool) -> None:
+    if bipartite and expect is not None:
+        if shape != expect:
+            raise ValueError(f"the adjacency matrix must have shape {expect}, got {shape_str(shape)}")
+        return
+    _square(shape, None if expect is None else expect[0])
+
+
+def _square(shape: tuple[int, ...], num_nodes: int | None) -> None:
+    if len(shape) != 2 or shape[0] != shape[1]:
+        raise ValueError(
+            f"an adjacency matrix must be square (N, N), got shape {shape_str(shape)} "
+            "(an edge_index (2, E) must hold integers)"
+        )
+    if num_nodes is not None and num_nodes != shape[0]:
+        raise ValueError(f"num_nodes={num_nodes} but the adjacency matrix has {shape[0]} rows")
+
+
+def _reference(*arrays: Any) -> Array:
+    """The array whose backend, device (and dtype, for a weight) the edges take.
+
+    Of arrays on several backends, the last registered one wins (NumPy, the first, converts to
+    any other; the reverse would drop the device and autograd); among arrays of that backend,
+    the first given.
+    """
+    present = [a for a in arrays if find(a) is not None]
+    names = list(REGISTRY)
+    return max(present, key=lambda a: names.index(of(a).name))
+
+
+def _from_edge_index(
+    index: Array,
+    num_nodes: int | None,
+    weight: Array | None,
+    like: Array | None,
+    weight_name: str = "edge_weight",
+    num_targets: int | None = None,
+) -> Edges:
+    if index.ndim != 2 or int(index.shape[0]) != 2:
+        raise ValueError(f"edge_index must have shape (2, E), got {shape_str(tuple(index.shape))}")
+    if not is_integer_array(index):
+        raise TypeError(f"edge_index must hold integers, got dtype {index.dtype}")
+    E = int(index.shape[1])
+    lo = int(index.min()) if E else 0
+    hi = int(index.max()) if E else -1
+    if lo < 0:
+        raise ValueError(f"edge_index must hold node numbers >= 0, got {lo}")
+    if num_nodes is None:
+        if not E:
+            raise ValueError("num_nodes must be given for a graph without edges")
+        num_nodes = hi + 1
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int | np.integer) or num_nodes <= 0:
+        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    if num_targets is None:
+        if hi >= num_nodes:
+            raise ValueError(f"edge_index refers to node {hi} but num_nodes={num_nodes} (nodes are 0..{num_nodes - 1})")
+    else:
+        for row, size, what in ((0, num_nodes, "source"), (1, num_targets, "target")):
+            top = int(index[row].max()) if E else -1
+            if top >= size:
+                raise ValueError(f"edge_index refers to {what} node {top} but there are {size} {what} nodes")
+    ref = _reference(like, weight, index)
+    backend = of(ref)
+    floating = ref is not index and backend.is_floating(ref)
+    dtype = ref.dtype if floating else backend.default_float()
+    index = backend.asarray(index, ref, "int64")
+    if weight is None:
+        weight = namespace(ref).ones(E, dtype=dtype, device=device_of(ref))
+    else:
+        weight = backend.asarray(weight, ref, dtype)
+    if tuple(weight.shape) != (E,):
+        raise ValueError(f"edge_weight must have shape (E,) = ({E},), got {shape_str(tuple(weight.shape))}")
+    check_finite(weight, "edge weights" if weight_name == "graph" else "edge_weight")
+    return Edges(index[0], index[1], weight, int(num_nodes), None if num_targets is None else int(num_targets))

@@ -1,0 +1,178 @@
+r"""Normalisations of a graph's edge lists: self-loops, GCN's, random walks, Laplacians.
+
+Each function takes and returns :class:`~structconv.structures.edge_list.Edges` on any backend,
+differentiably in the weights; degrees of isolated nodes give zero weights, never ``inf``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import Array, concatenate, device_of, namespace, of, to_numpy
+from .edge_list import Edges
+
+
+def _scatter_sum(values: Array, index: Array, size: int) -> Array:
+    return of(values).scatter_add(values, index, size)
+
+
+def _take(a: Array, index: Array) -> Array:
+    """``a[index]`` (on torch through ``index_select``, whose backward is a scatter-add)."""
+    return of(a).take(a, index, 0)
+
+
+def _nodes(edges: Edges) -> Array:
+    """``0, 1, ..., N-1`` as indices beside the edges."""
+    return namespace(edges.src).arange(edges.num_nodes, dtype=edges.src.dtype, device=device_of(edges.src))
+
+
+def _loops(edges: Edges, fill: float) -> Array:
+    """A weight ``fill`` for every node, beside the edge weights."""
+    w = edges.weight
+    return namespace(w).full((edges.num_nodes,), fill, dtype=w.dtype, device=device_of(w))
+
+
+def _check_non_negative(edges: Edges, what: str) -> None:
+    if bool((edges.weight < 0).any()):
+        raise ValueError(
+            f"edge weights (edge_weight, or the entries of a matrix graph) must be non-negative for {what} "
+            "(degrees are square-rooted or inverted)"
+        )
+
+
+def _inverse(deg: Array, power: float) -> Array:
+    """``deg ** -power`` with 0 where the degree is 0 (isolated nodes contribute nothing)."""
+    positive = deg > 0
+    # Isolated nodes are raised from 1, not 0, so that neither the value nor its gradient is inf.
+    return (deg + ~positive) ** -power * positive
+
+
+def add_remaining_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
+    """Give every node exactly one self-loop: keep an existing loop's weight, else use ``fill``."""
+    loop = edges.src == edges.dst
+    keep = ~loop
+    loop_weight = _loops(edges, fill)
+    loop_weight[edges.src[loop]] = edges.weight[loop]
+    nodes = _nodes(edges)
+    return edges.with_edges(
+        concatenate([edges.src[keep], nodes], 0),
+        concatenate([edges.dst[keep], nodes], 0),
+        concatenate([edges.weight[keep], loop_weight], 0),
+    )
+
+
+def add_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
+    r""":math:`A + \mathrm{fill}\cdot I`: a loop of weight ``fill`` on every node, added to any loop it already has.
+
+    This is what PyG does to a sparse adjacency (``adj_t``); an ``edge_index`` instead gets
+    :func:`add_remaining_self_loops`.
+    """
+    nodes = _nodes(edges)
+    return edges.with_edges(
+        concatenate([edges.src, nodes], 0),
+        concatenate([edges.dst, nodes], 0),
+        concatenate([edges.weight, _loops(edges, fill)], 0),
+    )
+
+
+def remove_self_loops(edges: Edges) -> Edges:
+    keep = edges.src != edges.dst
+    return edges.with_edges(edges.src[keep], edges.dst[keep], edges.weight[keep])
+
+
+def gcn_normalize(edges: Edges, add_self_loops: bool = True, improved: bool = False) -> Edges:
+    r""":math:`\tilde D^{-1/2}\tilde A\tilde D^{-1/2}` with :math:`\tilde A = A + I` (loops added where missing).
+
+    ``improved`` uses weight 2 for the added loops; degrees are in-degrees (at the target).
+    """
+    _check_non_negative(edges, "gcn normalisation")
+    if add_self_loops:
+        edges = add_remaining_self_loops(edges, 2.0 if improved else 1.0)
+    dinv = _inverse(_scatter_sum(edges.weight, edges.dst, edges.num_nodes), 0.5)
+    return edges.with_edges(edges.src, edges.dst, _take(dinv, edges.src) * edges.weight * _take(dinv, edges.dst))
+
+
+def walk_normalize(edges: Edges, direction: str = "forward") -> Edges:
+    r"""Random-walk averaging, as diffusion convolution (DCRNN) uses it.
+
+    ``forward`` gives :math:`y = D_{\mathrm{out}}^{-1}A\,x`: each node averages its out-neighbours
+    (the member holds the reversed edges, since the formula gathers at targets); ``backward``
+    gives :math:`y = D_{\mathrm{in}}^{-1}A^\top x`: each node averages its in-neighbours.
+    """
+    _check_non_negative(edges, "random-walk normalisation")
+    if direction == "forward":
+        inv = _inverse(_scatter_sum(edges.weight, edges.src, edges.num_nodes), 1.0)
+        return edges.with_edges(edges.dst, edges.src, _take(inv, edges.src) * edges.weight)
+    if direction == "backward":
+        inv = _inverse(_scatter_sum(edges.weight, edges.dst, edges.num_nodes), 1.0)
+        return edges.with_edges(edges.src, edges.dst, _take(inv, edges.dst) * edges.weight)
+    raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
+
+
+def laplacian(edges: Edges, normalization: str | None = "sym") -> Edges:
+    r"""The graph Laplacian as edges: one loop per node plus the negated, normalised edges.
+
+    :math:`L = I - D^{-1/2}AD^{-1/2}` (``"sym"``), :math:`I - D^{-1}A` (``"rw"``) or
+    :math:`D - A` (``None``).  Self-loops of the input are dropped first; degrees are
+    out-degrees (at the source), as PyG's ``get_laplacian`` counts them.
+    """
+    if normalization not in ("sym", "rw", None):
+        raise ValueError(f"normalization must be 'sym', 'rw' or None, got {normalization!r}")
+    if normalization is not None:
+        _check_non_negative(edges, "a normalised Laplacian")
+    edges = remove_self_loops(edges)
+    deg = _scatter_sum(edges.weight, edges.src, edges.num_nodes)
+    if normalization == "sym":
+        dinv = _inverse(deg, 0.5)
+        off = -_take(dinv, edges.src) * edges.weight * _take(dinv, edges.dst)
+        diag = namespace(edges.weight).ones_like(deg)
+    elif normalization == "rw":
+        off = -_take(_inverse(deg, 1.0), edges.src) * edges.weight
+        diag = namespace(edges.weight).ones_like(deg)
+    else:
+        off, diag = -edges.weight, deg
+    nodes = _nodes(edges)
+    return edges.with_edges(
+        concatenate([edges.src, nodes], 0), concatenate([edges.dst, nodes], 0), concatenate([off, diag], 0)
+    )
+
+
+def scaled_laplacian(
+    edges: Edges, normalization: str = "sym", lambda_max: float | str | None = None
+) -> tuple[Edges, float]:
+    r"""The scaled Laplacian :math:`\hat L = 2L/\lambda_{\max} - I`.
+
+    :math:`L = I - D^{-1/2}AD^{-1/2}` (``sym``) or :math:`I - D^{-1}A` (``rw``), from
+    :func:`laplacian` (self-loops dropped, out-degrees).  ``lambda_max`` defaults to 2 (the
+    bound for ``sym``); ``"auto"`` computes the largest eigenvalue of :math:`L`.  Returns
+    :math:`\hat L` and :math:`\lambda_{\max}`.
+    """
+    if normalization not in ("sym", "rw"):
+        raise ValueError(f"normalization must be 'sym' or 'rw', got {normalization!r}")
+    lap = laplacian(edges, normalization)
+    if lambda_max is None:
+        lam = 2.0
+    elif lambda_max == "auto":
+        lam = _largest_eigenvalue(lap)
+    elif isinstance(lambda_max, int | float) and not isinstance(lambda_max, bool) and lambda_max > 0:
+        lam = float(lambda_max)
+    else:
+        raise ValueError(f"lambda_max must be a positive number, 'auto' or None, got {lambda_max!r}")
+    scaled = lap.weight * (2.0 / lam)
+    is_loop = lap.src == lap.dst
+    scaled = namespace(scaled).where(is_loop, scaled - 1.0, scaled)
+    return lap.with_edges(lap.src, lap.dst, scaled), lam
+
+
+def _largest_eigenvalue(edges: Edges) -> float:
+    import scipy.sparse
+    import scipy.sparse.linalg
+
+    N = edges.num_nodes
+    matrix = scipy.sparse.coo_array(
+        (to_numpy(edges.weight).astype(np.float64), (to_numpy(edges.src), to_numpy(edges.dst))), shape=(N, N)
+    ).tocsr()
+    if N < 3:
+        return float(np.linalg.eigvals(matrix.toarray()).real.max())
+    value = scipy.sparse.linalg.eigs(matrix, k=1, which="LR", return_eigenvectors=False)
+    return float(value.real.max())

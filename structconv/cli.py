@@ -1,24 +1,31 @@
-"""The ``structconv`` console entry point, and the argument-parsing conventions of every subcommand.
+"""The ``structconv`` console entry point: ``check``, ``planetoid`` and ``cifar``.
 
-Every parser is an :class:`ArgumentParser`: its ``--help`` states each option's default and the
-exit statuses (:data:`EXIT_STATUS`), an unknown option or subcommand is answered with the near
-names (``did you mean --epochs?``), and the number types (:func:`positive_int` and friends) say
-which option wanted what (``--epochs must be a positive integer, got 0``).  Usage errors exit
-with status 2, runtime failures with 1.
+The top of the layering: this module imports the experiments, nothing imports it.  The
+argument-parsing conventions every subcommand shares (:class:`ArgumentParser`, the number types,
+the exit statuses) live in :mod:`structconv.experiments.cli_common`, below the experiments that
+use them, and are re-exported here under their old names.  Usage errors exit with status 2,
+runtime failures with 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
-import math
-import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Sequence
 
 from . import __version__
+from .experiments.cli_common import (
+    EXIT_RUNTIME,
+    EXIT_STATUS,
+    EXIT_USAGE,
+    ArgumentParser,
+    HelpFormatter,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+)
 
 __all__ = [
     "EXIT_RUNTIME",
@@ -34,158 +41,8 @@ __all__ = [
     "positive_int",
 ]
 
-EXIT_USAGE = 2
-EXIT_RUNTIME = 1
-EXIT_STATUS = """exit status:
-  0  success
-  1  runtime failure: a failed check, a corrupt archive or checkpoint, a failed
-     download, an unwritable cache
-  2  usage error: an unknown or malformed option or value, an unknown model or
-     preset, a missing data directory, archive or checkpoint"""
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")  # structconv.data.planetoid.NAMES, without importing torch
 PLANETOID_MODELS = ("gcn", "cheb", "tag", "gat")  # structconv.experiments.planetoid.MODELS (tested)
-_ACTIVE = "_structconv_parser"  # namespace attribute naming the innermost parser that ran
-
-
-# --- number types ---------------------------------------------------------------------------------
-def _number(text: str, kind: Callable[[str], Any], minimum: float, strict: bool, expected: str) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or not math.isfinite(value) or value < minimum or (strict and value == minimum):
-        raise argparse.ArgumentTypeError(f"must be {expected}, got {text or repr(text)}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An ``argparse`` type: an integer >= 1 (epochs, seeds, batch sizes, steps, subsets)."""
-    value: int = _number(text, int, 1, False, "a positive integer")
-    return value
-
-
-def nonnegative_int(text: str) -> int:
-    """An ``argparse`` type: an integer >= 0 (random seeds)."""
-    value: int = _number(text, int, 0, False, "an integer >= 0")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An ``argparse`` type: a finite number > 0 (learning rates, peak TFLOP/s)."""
-    value: float = _number(text, float, 0.0, True, "a positive number")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    """An ``argparse`` type: a finite number >= 0 (time limits in seconds)."""
-    value: float = _number(text, float, 0.0, False, "a number >= 0")
-    return value
-
-
-# --- the parser -----------------------------------------------------------------------------------
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Help text that states every option's default.
-
-    ``" (default: X)"`` is appended to an option's help unless the help already says
-    ``(default``, or the default is ``None``, ``False``, empty or suppressed (options whose
-    absence means "the preset's value" say so in their help).
-    """
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        default = action.default
-        if (
-            "(default" in text
-            or default is None
-            or default is False
-            or default == argparse.SUPPRESS
-            or (isinstance(default, (str, list, tuple)) and not default)
-            or not (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))
-        ):
-            return action.help
-        return f"{text} (default: %(default)s)".lstrip()
-
-
-def _either(names: Sequence[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` with structconv's conventions; subparsers are of this class too.
-
-    * ``--help`` shows defaults (:class:`HelpFormatter`) and the exit statuses (:data:`EXIT_STATUS`);
-    * an unknown option is answered with the near ones of the innermost (sub)command that ran,
-      found by :func:`difflib.get_close_matches`: ``unrecognized arguments: --epoks 3; did you
-      mean --epochs?``, rather than a list of every name;
-    * an unknown subcommand or choice likewise: ``unknown command 'trian'; did you mean train?``;
-    * a number type's complaint names the option: ``--epochs must be a positive integer, got 0``.
-
-    Every such error exits with status 2, as ``argparse`` does.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        kwargs.setdefault("epilog", EXIT_STATUS)
-        super().__init__(*args, **kwargs)
-        self.set_defaults(**{_ACTIVE: self})  # the innermost parser's default wins in the namespace
-
-    def parse_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> Any:
-        """Parse ``args``; unknown arguments are reported by the subcommand they were given to."""
-        parsed, extras = self.parse_known_args(args, namespace)
-        active = getattr(parsed, _ACTIVE, self)
-        if extras:
-            active.error(active.unrecognized(extras))
-        if hasattr(parsed, _ACTIVE):
-            delattr(parsed, _ACTIVE)
-        return parsed
-
-    def unrecognized(self, extras: Sequence[str]) -> str:
-        """The message for ``extras`` this parser does not know, with the near option names."""
-        options = {  # compared without their dashes, which every name shares
-            s.lstrip("-"): s
-            for action in self._actions
-            for s in action.option_strings
-            if s.startswith("--") and s not in ("--help", "--version")
-        }
-        unknown = [w.split("=", 1)[0] for w in extras if w.startswith("-") and not _is_number(w)]
-        hints = []
-        for word in unknown:
-            close = [options[c] for c in difflib.get_close_matches(word.lstrip("-"), sorted(options), n=3, cutoff=0.6)]
-            if close:
-                hints.append(_either(close) + ("" if len(unknown) == 1 else f" (for {word})"))
-        message = f"unrecognized arguments: {' '.join(extras)}"
-        if hints:
-            return f"{message}; did you mean {', '.join(hints)}?"
-        return f"{message}; see '{self.prog} --help'"
-
-    def _check_value(self, action: argparse.Action, value: Any) -> None:
-        if action.choices is None or value in action.choices:
-            return
-        names = [str(c) for c in action.choices]
-        close = difflib.get_close_matches(str(value), names, n=3, cutoff=0.5)
-        hint = f"did you mean {_either(close)}?" if close else f"expected one of {', '.join(names)}"
-        if isinstance(action, argparse._SubParsersAction):
-            raise argparse.ArgumentError(None, f"unknown command {value!r}; {hint}")
-        raise argparse.ArgumentError(None, f"{_name(action)}: unknown {action.dest} {value!r}; {hint}")
-
-    def error(self, message: str) -> NoReturn:
-        """Print the usage and ``message`` to stderr; exit with status 2."""
-        match = re.fullmatch(r"argument ([^:]+): (must be .*)", message, flags=re.DOTALL)
-        if match:  # a number type's complaint: "--epochs must be a positive integer, got 0"
-            message = f"{match[1]} {match[2]}"
-        super().error(message)
-
-
-def _name(action: argparse.Action) -> str:
-    return "/".join(action.option_strings) or str(action.metavar or action.dest)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 # --- subcommands ----------------------------------------------------------------------------------

@@ -86,13 +86,14 @@ def _images(count: int, seed: int = 0) -> torch.Tensor:
 def _capture(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Record every figure saved by the module."""
     saved: list[Any] = []
-    original = figures._save
+    original = figures.common.save
 
     def save(fig: Any, path: Path) -> Path:
         saved.append(fig)
         return original(fig, path)
 
-    monkeypatch.setattr(figures, "_save", save)
+    for module in (figures.curves, figures.centres, figures.maps, figures.taps):  # each draws with its own name
+        monkeypatch.setattr(module, "save", save)
     return saved
 
 
@@ -141,14 +142,14 @@ def test_window_draws_offset_dr_dc_at_x_dc_y_dr() -> None:
     query, (dr, dc) = (1, 14), (2, -1)
     values[query[0] + dr, query[1] + dc] = 1.0
     for zoom in (5, 6, None):
-        shown, (left, right, bottom, top) = figures._window(values, query, zoom)
+        shown, (left, right, bottom, top) = figures.maps._window(values, query, zoom)
         rows, cols = shown.shape
         assert (right - left, bottom - top) == (cols, rows)  # one unit per pixel, rows growing downwards
         i, j = np.argwhere(shown == 1.0)[0]
         assert (left + j + 0.5, top + i + 0.5) == (dc, dr)
         qi, qj = round(-top - 0.5), round(-left - 0.5)  # the pixel drawn at the origin is the query
         assert shown[qi, qj] == values[query]
-    shown, _ = figures._window(values, query, 5)
+    shown, _ = figures.maps._window(values, query, 5)
     assert shown.shape == (5, 5) and np.isnan(shown[0]).all() and np.isnan(shown[:, 4]).all()  # off the grid
 
 
@@ -197,7 +198,7 @@ def test_head_gaussians_are_the_moments_of_the_attention(encoding: str) -> None:
 
 def test_centres_figure_draws_each_centre_at_column_right_row_down() -> None:
     model = _hard_quadratic(alpha=0.5)
-    fig = figures._centres_figure(model)
+    fig = figures.centres._centres_figure(model)
     axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_title().startswith("layer")]
     assert len(axes) == 2
     r50 = math.sqrt(math.log(2) / 0.5)
@@ -222,9 +223,9 @@ def test_centres_need_gaussian_heads(tmp_path: Path) -> None:
 
 # --- content attention ---------------------------------------------------------------------------------
 def test_layer_inputs_are_the_features_entering_each_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(figures, "_CHUNK", 2)
+    monkeypatch.setattr(figures.common, "_CHUNK", 2)
     model, x = _tiny("sa-learned-content"), _images(5)
-    chunks = list(figures._layer_inputs(model, x))
+    chunks = list(figures.common._layer_inputs(model, x))
     assert len(chunks) == 3
     with torch.no_grad():
         for layer in range(2):
@@ -233,7 +234,7 @@ def test_layer_inputs_are_the_features_entering_each_block(monkeypatch: pytest.M
 
 
 def test_content_maps_and_fits_average_over_images(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(figures, "_CHUNK", 2)  # several chunks must add up to the whole
+    monkeypatch.setattr(figures.common, "_CHUNK", 2)  # several chunks must add up to the whole
     model, x = _tiny("sa-learned-content"), _images(5)
     query = (3, 12)
     maps = attention_maps(model, query, x)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .atomic import atomic_write
-from .planetoid import _CORRUPT_PICKLE, _numpy_reconstruct, _RefusedGlobalError, _RestrictedUnpickler
+from .unpickle import CORRUPT_PICKLE, RefusedGlobalError, RestrictedUnpickler, numpy_reconstruct
 
 __all__ = [
     "CACHE_ENV",
@@ -56,8 +56,8 @@ CACHE_ENV = "STRUCTCONV_CACHE"
 _ADMITTED = {
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
-    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct(),
-    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct(),
+    ("numpy.core.multiarray", "_reconstruct"): numpy_reconstruct(),
+    ("numpy._core.multiarray", "_reconstruct"): numpy_reconstruct(),
 }
 
 
@@ -183,10 +183,10 @@ def _members(tar: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
 
 def _unpickle(data: bytes, source: str) -> Any:
     try:
-        return _RestrictedUnpickler(io.BytesIO(data), source, _ADMITTED, "numpy arrays", encoding="bytes").load()
-    except _RefusedGlobalError:
+        return RestrictedUnpickler(io.BytesIO(data), source, _ADMITTED, "numpy arrays", encoding="bytes").load()
+    except RefusedGlobalError:
         raise
-    except _CORRUPT_PICKLE as err:
+    except CORRUPT_PICKLE as err:
         raise ValueError(f"{source}: cannot be read as a pickle (truncated or corrupt?): {err}") from err
 
 

@@ -12,7 +12,8 @@ distributed at https://github.com/kimiyoung/planetoid (``data/``):
 
 All but ``test.index`` are pickles written by Python 2. Unpickling runs code named by the file, so
 they are read with an unpickler that resolves only the handful of numpy, scipy and builtin globals
-these files contain and refuses everything else.
+these files contain and refuses everything else (:mod:`structconv.data.planetoid_files` reads and
+checks the files; this module builds the graph and its split from them).
 
 The result equals what PyTorch Geometric's ``Planetoid`` dataset reads (node order, features,
 labels, standard split and the order of ``edge_index``), with optional row normalisation of the
@@ -21,31 +22,33 @@ features as in the GCN paper.
 
 from __future__ import annotations
 
-import collections
-import importlib
-import operator
 import os
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
+from .planetoid_files import (
+    ADMITTED_GLOBALS,
+    FEATURES,
+    LABELS,
+    NUM_VAL,
+    as_edges,
+    as_features,
+    as_labels,
+    check_consistent,
+    locate,
+    read_pickle,
+    read_test_index,
+)
+
 __all__ = ["ADMITTED_GLOBALS", "NAMES", "NUM_VAL", "Planetoid", "load_planetoid"]
 
 NAMES: Final = ("cora", "citeseer", "pubmed")
 """The dataset names this reader knows."""
-
-NUM_VAL: Final = 500
-"""Size of the standard validation split: the nodes right after the training nodes."""
-
-_SUFFIXES: Final = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
-_FEATURES: Final = ("x", "tx", "allx")
-_LABELS: Final = ("y", "ty", "ally")
-_SOURCE: Final = "https://github.com/kimiyoung/planetoid (data/)"
 
 
 # --- the planetoid container ----------------------------------------------------------------------
@@ -101,221 +104,7 @@ class Planetoid:
         )
 
 
-# --- restricted unpickling ------------------------------------------------------------------------
-def _numpy_reconstruct() -> Any:
-    # numpy 2 renamed numpy.core to numpy._core and warns on imports under the old name.
-    try:
-        module = importlib.import_module("numpy._core.multiarray")
-    except ImportError:  # pragma: no cover - numpy < 2
-        module = importlib.import_module("numpy.core.multiarray")
-    return module._reconstruct
-
-
-def _admitted_globals() -> dict[tuple[str, str], Any]:
-    reconstruct = _numpy_reconstruct()
-    return {
-        # ndarray pickles as _reconstruct(ndarray, shape, dtype) followed by ndarray.__setstate__.
-        ("numpy", "ndarray"): np.ndarray,
-        ("numpy", "dtype"): np.dtype,
-        ("numpy.core.multiarray", "_reconstruct"): reconstruct,
-        ("numpy._core.multiarray", "_reconstruct"): reconstruct,
-        # The class moved from scipy.sparse.csr (the files' spelling) to scipy.sparse._csr in scipy 1.8.
-        ("scipy.sparse.csr", "csr_matrix"): sp.csr_matrix,
-        ("scipy.sparse._csr", "csr_matrix"): sp.csr_matrix,
-        ("scipy.sparse", "csr_matrix"): sp.csr_matrix,
-        # The graph is a defaultdict(list); Python 2 spelled the builtins module __builtin__.
-        ("collections", "defaultdict"): collections.defaultdict,
-        ("__builtin__", "list"): list,
-        ("builtins", "list"): list,
-    }
-
-
-ADMITTED_GLOBALS: Final = _admitted_globals()
-"""The ``(module, name)`` pairs the unpickler resolves; any other global is refused."""
-
-
-class _RefusedGlobalError(pickle.UnpicklingError):
-    # A subclass so that _read_pickle can tell a refusal (kept as is) from a corrupt stream (a ValueError).
-    pass
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only :data:`ADMITTED_GLOBALS`.
-
-    Parameters
-    ----------
-    file : IO[bytes]
-        The open pickle file.
-    source : str
-        What to call the file in error messages.
-    """
-
-    def __init__(
-        self,
-        file: IO[bytes],
-        source: str,
-        admitted: dict[tuple[str, str], Any] | None = None,
-        needs: str = "numpy arrays, scipy CSR matrices, lists and a defaultdict",
-        encoding: str = "latin1",
-    ) -> None:
-        # Python 2 pickled numpy buffers as str; latin-1 is the one codec that maps each byte to itself.
-        super().__init__(file, encoding=encoding)
-        self._source = source
-        self._admitted = ADMITTED_GLOBALS if admitted is None else admitted
-        self._needs = needs
-
-    def find_class(self, module: str, name: str, /) -> Any:
-        """Return the admitted global ``module.name``.
-
-        Raises
-        ------
-        pickle.UnpicklingError
-            If ``(module, name)`` is not in :data:`ADMITTED_GLOBALS`.
-        """
-        # Looked up by exact name and never imported: importing a module named by the file could itself run code.
-        try:
-            return self._admitted[(module, name)]
-        except KeyError:
-            raise _RefusedGlobalError(
-                f"{self._source}: refused to unpickle global {module}.{name}; the file only needs {self._needs}"
-            ) from None
-
-
-_CORRUPT_PICKLE = (
-    pickle.UnpicklingError,
-    EOFError,
-    ValueError,
-    TypeError,
-    AttributeError,
-    IndexError,
-    KeyError,
-    OverflowError,
-)
-
-
-def _read_pickle(path: Path, expected: str) -> object:
-    with path.open("rb") as file:
-        try:
-            return _RestrictedUnpickler(file, str(path)).load()
-        except _RefusedGlobalError:
-            raise
-        except _CORRUPT_PICKLE as exc:
-            raise ValueError(
-                f"{path}: expected a pickle of {expected}, but it cannot be read (truncated or corrupt?): "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-
-
-# --- validation of the unpickled objects ----------------------------------------------------------
-def _type_name(obj: object) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
-
-
-def _as_features(obj: object, path: Path) -> sp.csr_matrix:
-    expected = "a scipy.sparse CSR matrix of node features"
-    if not isinstance(obj, sp.csr_matrix):
-        raise ValueError(f"{path}: expected {expected}, got {_type_name(obj)}")
-    # Rebuilt from its parts and fully checked: the unpickled object's state came from the file, unvalidated,
-    # and scipy's kernels index with it unchecked.
-    try:
-        data, indices, indptr = (np.asarray(part) for part in (obj.data, obj.indices, obj.indptr))
-        if data.dtype.kind not in "biuf" or indices.dtype.kind not in "iu" or indptr.dtype.kind not in "iu":
-            raise ValueError(f"bad dtypes data={data.dtype}, indices={indices.dtype}, indptr={indptr.dtype}")
-        rows, cols = (operator.index(n) for n in obj.shape)
-        matrix = sp.csr_matrix((data, indices, indptr), shape=(rows, cols))
-        matrix.check_format(full_check=True)
-    except (AttributeError, TypeError, ValueError, IndexError, OverflowError) as exc:
-        raise ValueError(f"{path}: expected {expected}, got a malformed one: {exc}") from exc
-    if not np.isfinite(matrix.data).all():
-        raise ValueError(f"{path}: expected {expected}, but it holds non-finite values")
-    return matrix
-
-
-def _as_labels(obj: object, path: Path) -> np.ndarray[Any, np.dtype[Any]]:
-    expected = "a 2-D numpy array of one-hot labels"
-    if not isinstance(obj, np.ndarray):
-        raise ValueError(f"{path}: expected {expected}, got {_type_name(obj)}")
-    if obj.ndim != 2 or obj.dtype.kind not in "biuf":
-        raise ValueError(f"{path}: expected {expected}, got an array of shape {obj.shape} and dtype {obj.dtype}")
-    if not np.isfinite(obj).all():
-        raise ValueError(f"{path}: expected {expected}, but it holds non-finite values")
-    return obj
-
-
-def _as_edges(obj: object, path: Path, num_nodes: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """Read the adjacency-list dict as ``(source, target)`` arrays, as listed (one direction, duplicates kept)."""
-    expected = "a dict mapping each node id to a list of neighbour ids"
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: expected {expected}, got {_type_name(obj)}")
-    sources: list[int] = []
-    targets: list[int] = []
-    for node, neighbours in obj.items():
-        if not isinstance(neighbours, list | tuple):
-            raise ValueError(f"{path}: expected {expected}, got {_type_name(neighbours)} for node {node!r}")
-        try:
-            ids = [operator.index(n) for n in neighbours]
-            sources.extend([operator.index(node)] * len(ids))
-        except TypeError as exc:
-            raise ValueError(f"{path}: expected {expected}, got a non-integer id at node {node!r}: {exc}") from exc
-        targets.extend(ids)
-    src = np.asarray(sources, dtype=np.int64)
-    dst = np.asarray(targets, dtype=np.int64)
-    for ends in (src, dst):
-        bad = ends[(ends < 0) | (ends >= num_nodes)]
-        if bad.size:
-            raise ValueError(f"{path}: node id {int(bad[0])} is out of range for a graph of {num_nodes} nodes")
-    return src, dst
-
-
-def _read_test_index(path: Path) -> np.ndarray[Any, np.dtype[np.int64]]:
-    expected = "one integer node id per line"
-    try:
-        text = path.read_text(encoding="ascii")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: expected {expected}, got non-ASCII bytes: {exc}") from exc
-    ids: list[int] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            ids.append(int(line))
-        except ValueError:
-            raise ValueError(f"{path}, line {lineno}: expected {expected}, got {line!r}") from None
-    if not ids:
-        raise ValueError(f"{path}: expected {expected}, but the file is empty")
-    index = np.asarray(ids, dtype=np.int64)
-    if np.unique(index).size != index.size:
-        raise ValueError(f"{path}: expected distinct node ids, but some repeat")
-    return index
-
-
-def _check_rows(path: Path, rows: int, other: Path, other_rows: int, why: str) -> None:
-    if rows != other_rows:
-        raise ValueError(f"{path} has {rows} rows but {other.name} has {other_rows}; expected equal counts ({why})")
-
-
-def _check_cols(path: Path, cols: int, other: Path, other_cols: int, what: str) -> None:
-    if cols != other_cols:
-        raise ValueError(f"{path} has {cols} columns but {other.name} has {other_cols}; expected the same {what}")
-
-
 # --- the reader -----------------------------------------------------------------------------------
-def _locate(root: Path, name: str) -> dict[str, Path]:
-    pattern = f"ind.{name}.{{{','.join(_SUFFIXES)}}}"
-    if not root.is_dir():
-        raise FileNotFoundError(
-            f"Planetoid directory {root} not found: put the split files {pattern} (from {_SOURCE}) in {root}"
-        )
-    paths = {suffix: root / f"ind.{name}.{suffix}" for suffix in _SUFFIXES}
-    missing = [path.name for path in paths.values() if not path.is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"Planetoid file(s) {', '.join(missing)} not found in {root}: put the split files {pattern} "
-            f"(from {_SOURCE}) in {root}"
-        )
-    return paths
-
-
 def load_planetoid(
     root: str | os.PathLike[str],
     name: str = "cora",
@@ -376,20 +165,20 @@ def load_planetoid(
         raise ValueError(f"name={name!r} is not a Planetoid dataset this reader knows; expected one of {NAMES}")
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype}")
-    paths = _locate(Path(root), key)
+    paths = locate(Path(root), key)
 
-    features = {s: _as_features(_read_pickle(paths[s], "a scipy.sparse CSR matrix"), paths[s]) for s in _FEATURES}
-    labels = {s: _as_labels(_read_pickle(paths[s], "a numpy array"), paths[s]) for s in _LABELS}
-    graph = _read_pickle(paths["graph"], "a dict of adjacency lists")
-    test_index = _read_test_index(paths["test.index"])
-    _check_consistent(paths, features, labels, test_index)
+    features = {s: as_features(read_pickle(paths[s], "a scipy.sparse CSR matrix"), paths[s]) for s in FEATURES}
+    labels = {s: as_labels(read_pickle(paths[s], "a numpy array"), paths[s]) for s in LABELS}
+    graph = read_pickle(paths["graph"], "a dict of adjacency lists")
+    test_index = read_test_index(paths["test.index"])
+    check_consistent(paths, features, labels, test_index)
 
     x, y = _node_tables(features["allx"], features["tx"], labels["ally"], labels["ty"], test_index)
     num_nodes = x.shape[0]
     if normalize_features:
         sums = x.sum(axis=1, keepdims=True)
         np.divide(x, sums, out=x, where=sums != 0)
-    src, dst = _as_edges(graph, paths["graph"], num_nodes)
+    src, dst = as_edges(graph, paths["graph"], num_nodes)
 
     num_train = labels["y"].shape[0]
     train_mask = torch.zeros(num_nodes, dtype=torch.bool)
@@ -408,39 +197,6 @@ def load_planetoid(
         test_mask=test_mask,
         num_classes=int(labels["ally"].shape[1]),
     )
-
-
-def _check_consistent(
-    paths: dict[str, Path],
-    features: dict[str, sp.csr_matrix],
-    labels: dict[str, np.ndarray[Any, Any]],
-    test_index: np.ndarray[Any, Any],
-) -> None:
-    for feature, label, why in (
-        ("x", "y", "one label row per training node"),
-        ("tx", "ty", "one label row per test node"),
-        ("allx", "ally", "one label row per non-test node"),
-    ):
-        _check_rows(paths[label], labels[label].shape[0], paths[feature], features[feature].shape[0], why)
-    _check_rows(paths["test.index"], test_index.size, paths["tx"], features["tx"].shape[0], "one id per test node")
-    for feature in ("x", "tx"):
-        _check_cols(paths[feature], features[feature].shape[1], paths["allx"], features["allx"].shape[1], "features")
-    for label in ("y", "ty"):
-        _check_cols(paths[label], labels[label].shape[1], paths["ally"], labels["ally"].shape[1], "classes")
-
-    num_known = features["allx"].shape[0]
-    # The format numbers the test nodes after the allx nodes; anything else would scramble the reordering below.
-    if int(test_index.min()) != num_known:
-        raise ValueError(
-            f"{paths['test.index']}: expected the test node ids to start right after the {num_known} rows of "
-            f"{paths['allx'].name}, at {num_known}, but the smallest is {int(test_index.min())}"
-        )
-    num_train = labels["y"].shape[0]
-    if num_train + NUM_VAL > num_known:
-        raise ValueError(
-            f"{paths['y']}: {num_train} training nodes and {NUM_VAL} validation nodes do not fit in the "
-            f"{num_known} rows of {paths['allx'].name}"
-        )
 
 
 def _node_tables(

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...cli import (
+from ..cli_common import (
     EXIT_RUNTIME,
     EXIT_USAGE,
     nonnegative_float,

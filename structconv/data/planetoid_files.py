@@ -1,0 +1,238 @@
+"""Reading the Planetoid split files: each file's object, checked, and the files against each other.
+
+:func:`read_pickle` unpickles one file with a :class:`~structconv.data.unpickle.RestrictedUnpickler`
+that resolves only :data:`ADMITTED_GLOBALS`; ``as_features``, ``as_labels`` and ``as_edges``
+check that the object is what the format says (and rebuild a CSR matrix from checked parts),
+:func:`read_test_index` reads the plain-text ``test.index``, and :func:`check_consistent` checks
+the files' row and column counts against each other.  Every failure is a ``ValueError`` naming
+the file (a refused global, a ``pickle.UnpicklingError``); :mod:`structconv.data.planetoid`
+builds the graph from what passes.
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import numpy as np
+import scipy.sparse as sp
+
+from .unpickle import CORRUPT_PICKLE, RefusedGlobalError, RestrictedUnpickler, numpy_reconstruct
+
+__all__ = [
+    "ADMITTED_GLOBALS",
+    "FEATURES",
+    "LABELS",
+    "NUM_VAL",
+    "SUFFIXES",
+    "as_edges",
+    "as_features",
+    "as_labels",
+    "check_consistent",
+    "locate",
+    "read_pickle",
+    "read_test_index",
+]
+
+NUM_VAL: Final = 500
+"""Size of the standard validation split: the nodes right after the training nodes."""
+
+SUFFIXES: Final = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
+FEATURES: Final = ("x", "tx", "allx")
+LABELS: Final = ("y", "ty", "ally")
+_SOURCE: Final = "https://github.com/kimiyoung/planetoid (data/)"
+_NEEDS: Final = "numpy arrays, scipy CSR matrices, lists and a defaultdict"
+_T = TypeVar("_T")
+
+
+# --- restricted unpickling ------------------------------------------------------------------------
+def _admitted_globals() -> dict[tuple[str, str], Any]:
+    reconstruct = numpy_reconstruct()
+    return {
+        # ndarray pickles as _reconstruct(ndarray, shape, dtype) followed by ndarray.__setstate__.
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("numpy.core.multiarray", "_reconstruct"): reconstruct,
+        ("numpy._core.multiarray", "_reconstruct"): reconstruct,
+        # The class moved from scipy.sparse.csr (the files' spelling) to scipy.sparse._csr in scipy 1.8.
+        ("scipy.sparse.csr", "csr_matrix"): sp.csr_matrix,
+        ("scipy.sparse._csr", "csr_matrix"): sp.csr_matrix,
+        ("scipy.sparse", "csr_matrix"): sp.csr_matrix,
+        # The graph is a defaultdict(list); Python 2 spelled the builtins module __builtin__.
+        ("collections", "defaultdict"): collections.defaultdict,
+        ("__builtin__", "list"): list,
+        ("builtins", "list"): list,
+    }
+
+
+ADMITTED_GLOBALS: Final = _admitted_globals()
+"""The ``(module, name)`` pairs the unpickler resolves; any other global is refused."""
+
+
+def read_pickle(path: Path, expected: str) -> object:
+    """Unpickle ``path``, admitting only :data:`ADMITTED_GLOBALS`; a corrupt stream is a ``ValueError``."""
+    with path.open("rb") as file:
+        try:
+            return RestrictedUnpickler(file, str(path), ADMITTED_GLOBALS, _NEEDS).load()
+        except RefusedGlobalError:
+            raise
+        except CORRUPT_PICKLE as exc:
+            raise ValueError(
+                f"{path}: expected a pickle of {expected}, but it cannot be read (truncated or corrupt?): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+
+# --- validation of the unpickled objects ----------------------------------------------------------
+def _type_name(obj: object) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _expect(obj: object, kind: type[_T], path: Path, expected: str) -> _T:
+    """``obj`` if it is a ``kind``; else a ``ValueError`` naming the file and what it held instead."""
+    # What the file holds, checked the same way for every object of the format; no array backend is chosen.
+    if not isinstance(obj, kind):
+        raise ValueError(f"{path}: expected {expected}, got {_type_name(obj)}")
+    return obj
+
+
+def as_features(obj: object, path: Path) -> sp.csr_matrix:
+    """The feature matrix unpickled from ``path``, rebuilt from its checked parts."""
+    expected = "a scipy.sparse CSR matrix of node features"
+    given = _expect(obj, sp.csr_matrix, path, expected)
+    # Rebuilt from its parts and fully checked: the unpickled object's state came from the file, unvalidated,
+    # and scipy's kernels index with it unchecked.
+    try:
+        data, indices, indptr = (np.asarray(part) for part in (given.data, given.indices, given.indptr))
+        if data.dtype.kind not in "biuf" or indices.dtype.kind not in "iu" or indptr.dtype.kind not in "iu":
+            raise ValueError(f"bad dtypes data={data.dtype}, indices={indices.dtype}, indptr={indptr.dtype}")
+        rows, cols = (operator.index(n) for n in given.shape)
+        matrix = sp.csr_matrix((data, indices, indptr), shape=(rows, cols))
+        matrix.check_format(full_check=True)
+    except (AttributeError, TypeError, ValueError, IndexError, OverflowError) as exc:
+        raise ValueError(f"{path}: expected {expected}, got a malformed one: {exc}") from exc
+    if not np.isfinite(matrix.data).all():
+        raise ValueError(f"{path}: expected {expected}, but it holds non-finite values")
+    return matrix
+
+
+def as_labels(obj: object, path: Path) -> np.ndarray[Any, np.dtype[Any]]:
+    """The one-hot label array unpickled from ``path``, checked: 2-D, numeric and finite."""
+    expected = "a 2-D numpy array of one-hot labels"
+    labels = _expect(obj, np.ndarray, path, expected)
+    if labels.ndim != 2 or labels.dtype.kind not in "biuf":
+        raise ValueError(f"{path}: expected {expected}, got an array of shape {labels.shape} and dtype {labels.dtype}")
+    if not np.isfinite(labels).all():
+        raise ValueError(f"{path}: expected {expected}, but it holds non-finite values")
+    return labels
+
+
+def as_edges(obj: object, path: Path, num_nodes: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Read the adjacency-list dict as ``(source, target)`` arrays, as listed (one direction, duplicates kept)."""
+    expected = "a dict mapping each node id to a list of neighbour ids"
+    graph = _expect(obj, dict, path, expected)
+    sources: list[int] = []
+    targets: list[int] = []
+    for node, neighbours in graph.items():
+        if not isinstance(neighbours, list | tuple):
+            raise ValueError(f"{path}: expected {expected}, got {_type_name(neighbours)} for node {node!r}")
+        try:
+            ids = [operator.index(n) for n in neighbours]
+            sources.extend([operator.index(node)] * len(ids))
+        except TypeError as exc:
+            raise ValueError(f"{path}: expected {expected}, got a non-integer id at node {node!r}: {exc}") from exc
+        targets.extend(ids)
+    src = np.asarray(sources, dtype=np.int64)
+    dst = np.asarray(targets, dtype=np.int64)
+    for ends in (src, dst):
+        bad = ends[(ends < 0) | (ends >= num_nodes)]
+        if bad.size:
+            raise ValueError(f"{path}: node id {int(bad[0])} is out of range for a graph of {num_nodes} nodes")
+    return src, dst
+
+
+def read_test_index(path: Path) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The distinct node ids of ``test.index``, one integer a line (blank lines skipped)."""
+    expected = "one integer node id per line"
+    try:
+        text = path.read_text(encoding="ascii")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: expected {expected}, got non-ASCII bytes: {exc}") from exc
+    ids: list[int] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            ids.append(int(line))
+        except ValueError:
+            raise ValueError(f"{path}, line {lineno}: expected {expected}, got {line!r}") from None
+    if not ids:
+        raise ValueError(f"{path}: expected {expected}, but the file is empty")
+    index = np.asarray(ids, dtype=np.int64)
+    if np.unique(index).size != index.size:
+        raise ValueError(f"{path}: expected distinct node ids, but some repeat")
+    return index
+
+
+def _check_rows(path: Path, rows: int, other: Path, other_rows: int, why: str) -> None:
+    if rows != other_rows:
+        raise ValueError(f"{path} has {rows} rows but {other.name} has {other_rows}; expected equal counts ({why})")
+
+
+def _check_cols(path: Path, cols: int, other: Path, other_cols: int, what: str) -> None:
+    if cols != other_cols:
+        raise ValueError(f"{path} has {cols} columns but {other.name} has {other_cols}; expected the same {what}")
+
+
+# --- the files together --------------------------------------------------------------------------
+def locate(root: Path, name: str) -> dict[str, Path]:
+    """The eight files of dataset ``name`` under ``root``, by suffix; ``FileNotFoundError`` names the missing."""
+    pattern = f"ind.{name}.{{{','.join(SUFFIXES)}}}"
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"Planetoid directory {root} not found: put the split files {pattern} (from {_SOURCE}) in {root}"
+        )
+    paths = {suffix: root / f"ind.{name}.{suffix}" for suffix in SUFFIXES}
+    missing = [path.name for path in paths.values() if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"Planetoid file(s) {', '.join(missing)} not found in {root}: put the split files {pattern} "
+            f"(from {_SOURCE}) in {root}"
+        )
+    return paths
+
+
+def check_consistent(
+    paths: dict[str, Path],
+    features: dict[str, sp.csr_matrix],
+    labels: dict[str, np.ndarray[Any, Any]],
+    test_index: np.ndarray[Any, Any],
+) -> None:
+    """Check the files against each other: one label row per feature row, equal widths, test ids after ``allx``."""
+    for feature, label, why in (
+        ("x", "y", "one label row per training node"),
+        ("tx", "ty", "one label row per test node"),
+        ("allx", "ally", "one label row per non-test node"),
+    ):
+        _check_rows(paths[label], labels[label].shape[0], paths[feature], features[feature].shape[0], why)
+    _check_rows(paths["test.index"], test_index.size, paths["tx"], features["tx"].shape[0], "one id per test node")
+    for feature in ("x", "tx"):
+        _check_cols(paths[feature], features[feature].shape[1], paths["allx"], features["allx"].shape[1], "features")
+    for label in ("y", "ty"):
+        _check_cols(paths[label], labels[label].shape[1], paths["ally"], labels["ally"].shape[1], "classes")
+
+    num_known = features["allx"].shape[0]
+    # The format numbers the test nodes after the allx nodes; anything else would scramble the reordering below.
+    if int(test_index.min()) != num_known:
+        raise ValueError(
+            f"{paths['test.index']}: expected the test node ids to start right after the {num_known} rows of "
+            f"{paths['allx'].name}, at {num_known}, but the smallest is {int(test_index.min())}"
+        )
+    num_train = labels["y"].shape[0]
+    if num_train + NUM_VAL > num_known:
+        raise ValueError(
+            f"{paths['y']}: {num_train} training nodes and {NUM_VAL} validation nodes do not fit in the "
+            f"{num_known} rows of {paths['allx'].name}"
+        )

@@ -50,3 +50,17 @@ def check_same_placement(named: dict[str, Array]) -> None:
             )
         if device_of(arr) != device_of(first):
             raise ValueError(f"{name} is on device {device_of(arr)} but {first_name} is on {device_of(first)}")
+
+
+def check_backend(name: str, expected: str, what: str) -> None:
+    """Raise a ``TypeError`` if ``what`` lives on backend ``name`` rather than ``expected``.
+
+    Examples
+    --------
+    >>> check_backend("numpy", "torch", "a torch layer's basis")
+    Traceback (most recent call last):
+    ...
+    TypeError: a torch layer's basis must be a torch one, got a numpy one; build it from torch arrays
+    """
+    if name != expected:
+        raise TypeError(f"{what} must be a {expected} one, got a {name} one; build it from {expected} arrays")

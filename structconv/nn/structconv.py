@@ -9,7 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..bases.base import Basis, as_basis
+from ..backend.checks import check_backend
+from ..bases.base import Basis
+from ..bases.convert import as_basis
 from ..engine.contract import conv
 
 
@@ -60,8 +62,7 @@ class StructConv(nn.Module):
     ) -> None:
         super().__init__()
         basis = as_basis(basis)
-        if basis.backend != "torch":
-            raise TypeError("basis must be a torch basis for a torch layer; build it from torch tensors")
+        check_backend(basis.backend, "torch", "the basis of a torch layer")
         if basis.batch is not None:
             raise ValueError(
                 "basis must be shared by the batch, shape (K, M, N); per-instance bases go to structconv.conv"

@@ -12,15 +12,15 @@ r"""The framework's propositions as functions (Andreoli, §1.1–1.2).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 
-from ..backend import Array, einsum, is_torch, shape_str, to_numpy
+from ..backend import Array, einsum, namespace, of, shape_str, to_numpy
 from ..backend.checks import check_array, check_same_placement
-from ..bases.base import Basis, as_basis
+from ..bases.base import Basis
 from ..bases.composite import ComposedBasis
+from ..bases.convert import as_basis
 from ..bases.dense import DenseBasis
 from ..bases.sparse import SparseBasis
 
@@ -99,13 +99,7 @@ def decompose(a: Basis | Array, phi: Array) -> Array:
     rank = int(np.linalg.matrix_rank(to_numpy(gram_t)))
     if rank < K:
         raise ValueError(f"the basis members are linearly dependent (rank {rank} < K={K}); Proposition 1 needs a basis")
-    rhs = phi.reshape(M * N, P * Q)
-    if is_torch(dense):
-        import torch
-
-        theta = torch.linalg.solve(gram_t, rhs)
-    else:
-        theta = np.linalg.solve(gram_t, rhs)
+    theta = namespace(dense).linalg.solve(gram_t, phi.reshape(M * N, P * Q))
     return theta.reshape(K, P, Q)
 
 
@@ -163,28 +157,9 @@ def _sparse_product(b1: SparseBasis, b2: SparseBasis) -> SparseBasis:
     bb2 = i2[0] if b2.batch is not None else 0
     rows1, cols1 = (bb1 * K1 + i1[-3]) * M + i1[-2], bb1 * J + i1[-1]
     rows2, cols2 = bb2 * J + i2[-2], (bb2 * K2 + i2[-3]) * N + i2[-1]
-    shape_l, shape_r = (B * K1 * M, B * J), (B * J, B * K2 * N)
-    if is_torch(b1.values):
-        import torch
-
-        left = torch.sparse_coo_tensor(
-            torch.stack([rows1, cols1]), b1.values, shape_l, check_invariants=False
-        ).coalesce()
-        right = torch.sparse_coo_tensor(
-            torch.stack([rows2, cols2]), b2.values, shape_r, check_invariants=False
-        ).coalesce()
-        with warnings.catch_warnings():  # torch's note that sparse CSR support is in beta
-            warnings.simplefilter("ignore", UserWarning)
-            prod = torch.sparse.mm(left, right).coalesce()
-        rows, cols = prod.indices()
-        values: Any = prod.values()
-    else:
-        import scipy.sparse
-
-        left_np = scipy.sparse.csr_array((b1.values, (rows1, cols1)), shape=shape_l)
-        right_np = scipy.sparse.csr_array((b2.values, (rows2, cols2)), shape=shape_r)
-        prod_np = scipy.sparse.coo_array(left_np @ right_np)
-        rows, cols, values = prod_np.row.astype(np.int64), prod_np.col.astype(np.int64), prod_np.data
+    shapes = (B * K1 * M, B * J, B * K2 * N)
+    left, right = (rows1, cols1, b1.values), (rows2, cols2, b2.values)
+    rows, cols, values = of(b1.values).sparse_product(left, right, shapes)
     b = rows // (K1 * M)
     k = ((rows // M) % K1) * K2 + (cols // N) % K2
     m, n = rows % M, cols % N
@@ -194,11 +169,7 @@ def _sparse_product(b1: SparseBasis, b2: SparseBasis) -> SparseBasis:
 
 
 def _stack(rows: list[Any], like: Array) -> Array:
-    if is_torch(like):
-        import torch
-
-        return torch.stack(rows)
-    return np.stack(rows)
+    return namespace(like).stack(rows)
 
 
 __all__ = ["combine", "compose", "decompose"]

@@ -6,12 +6,15 @@ and records the largest relative error.  Nothing here is used by the engine itse
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..backend import REGISTRY, to_numpy
+from ..backend.interface import Backend
 from ..bases.base import Basis
 from ..bases.composite import ConcatBasis
 from ..bases.dense import DenseBasis
@@ -45,8 +48,7 @@ def _rel_error(a: Any, b: Any) -> float:
 
 
 def _np(a: Any) -> np.ndarray:
-    out: np.ndarray = a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
-    return out
+    return to_numpy(a) if not isinstance(a, float | int) else np.asarray(a)
 
 
 def random_basis_array(rng: np.random.Generator, shape: tuple[int, ...], density: float) -> np.ndarray:
@@ -89,10 +91,15 @@ def _reference(A: np.ndarray, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
     return out
 
 
-def _torch(a: np.ndarray) -> Any:
-    import torch
+def _named(name: str) -> Backend:
+    """The backend registered as ``name`` (:data:`structconv.backend.REGISTRY`)."""
+    backend: Backend = importlib.import_module(REGISTRY[name][1]).BACKEND
+    return backend
 
-    return torch.from_numpy(a)
+
+def _on(name: str) -> Callable[[np.ndarray], Any]:
+    """The conversion of NumPy test data to backend ``name``."""
+    return _named(name).from_numpy
 
 
 def _max_over(cases: list[dict[str, Any]], fn: Callable[[dict[str, Any]], float]) -> float:
@@ -105,10 +112,9 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
     data = list(_cases(rng, cases))
     tol = 1e-10
     results: list[CheckResult] = []
-    to: dict[str, Callable[[np.ndarray], Any]] = {"numpy": lambda a: a, "torch": _torch}
 
     def against_einsum(c: dict[str, Any], backend: str, rep: str, order: str) -> float:
-        cv = to[backend]
+        cv = _on(backend)
         y = conv(build_basis(cv(c["A"]), rep), cv(c["x"]), cv(c["theta"]), order=order)
         return _rel_error(y, _reference(c["A"], c["x"], c["theta"]))
 
@@ -130,21 +136,15 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
 
     results.append(CheckResult("linearity in x and in theta", cases, _max_over(data, linearity), tol))
 
-    if "torch" in backends:
-        results.append(
-            CheckResult(
-                "numpy = torch (sparse, auto)",
-                cases,
-                _max_over(
-                    data,
-                    lambda c: _rel_error(
-                        conv(SparseBasis.from_dense(_torch(c["A"])), _torch(c["x"]), _torch(c["theta"])),
-                        conv(SparseBasis.from_dense(c["A"]), c["x"], c["theta"]),
-                    ),
-                ),
-                tol,
-            )
-        )
+    def agree(c: dict[str, Any], name: str) -> float:
+        ys = [
+            conv(SparseBasis.from_dense(cv(c["A"])), cv(c["x"]), cv(c["theta"])) for cv in (_on(backends[0]), _on(name))
+        ]
+        return _rel_error(ys[1], ys[0])
+
+    for name in backends[1:]:  # every backend against the first one
+        err = max(agree(c, name) for c in data)
+        results.append(CheckResult(f"{backends[0]} = {name} (sparse, auto)", cases, err, tol))
 
     def transpose(c: dict[str, Any]) -> float:
         A = c["A"]
@@ -205,8 +205,8 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
 
     results.extend(_grid_checks(rng, cases, backends))
     results.extend(_graph_checks(rng, cases, backends))
-    if "torch" in backends:
-        results.append(_gradcheck(data[: min(4, len(data))]))
+    for name in backends:  # checks of what only some backends have (autograd)
+        results.extend(check(data[: min(4, len(data))]) for check in _GRADIENT_CHECKS.get(name, ()))
     return results
 
 
@@ -242,7 +242,7 @@ def _graph_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...
 
     def polynomial(g: tuple[int, np.ndarray, np.ndarray], backend: str) -> float:
         N, index, weight = g
-        cv: Callable[[np.ndarray], Any] = _torch if backend == "torch" else (lambda a: a)
+        cv = _on(backend)
         errs = []
         for kind in ("powers", "chebyshev", "diffusion"):
             basis = graph_basis(cv(index), kind, K=3, num_nodes=N, edge_weight=cv(weight))
@@ -254,7 +254,7 @@ def _graph_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...
 
     def edges(g: tuple[int, np.ndarray, np.ndarray], backend: str) -> float:
         N, index, _ = g
-        cv: Callable[[np.ndarray], Any] = _torch if backend == "torch" else (lambda a: a)
+        cv = _on(backend)
         w = rng.normal(size=(index.shape[1], 3))
         basis = EdgeBasis(cv(index[0]), cv(index[1]), cv(w), (N, N))
         dense = np.stack([adjacency(N, index, w[:, k]) for k in range(3)])
@@ -300,8 +300,9 @@ def _grid_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...]
         return grid_basis(c["grid"], c["kernel"], c["stride"], padding=c["padding"], boundary=c["boundary"], like=like)
 
     for backend in backends:
-        orders = ("native", "ax", "xtheta", "auto") if backend == "torch" else ("ax", "xtheta", "auto")
-        cv: Callable[[np.ndarray], Any] = _torch if backend == "torch" else (lambda a: a)
+        cv = _on(backend)
+        # The orders of every grid basis, and those the backend adds (a native convolution).
+        orders = grid_basis((3, 3), (1, 1), like=cv(np.zeros(1))).special_orders() + ("ax", "xtheta", "auto")
         for order in orders:
 
             def err(c: dict[str, Any], order: str = order, cv: Callable[[np.ndarray], Any] = cv) -> float:
@@ -311,28 +312,8 @@ def _grid_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...]
                 return _rel_error(y, _reference(dense, c["x"], c["theta"]))
 
             out.append(CheckResult(f"grid conv = einsum [{backend}, {order}]", count, _max_over(cases, err), tol))
-    if "torch" in backends:
-
-        def against_torch(c: dict[str, Any]) -> float:
-            from torch.nn import functional as F  # noqa: N812
-
-            x, theta = _torch(c["x"]), _torch(c["theta"])
-            B, _, P = x.shape
-            img = x.transpose(1, 2).reshape(B, P, *c["grid"])
-            weight = theta.permute(2, 1, 0).reshape(theta.shape[2], P, *c["kernel"])
-            if c["padding"] == "same":
-                total = [k - 1 for k in c["kernel"]]
-                pads = [total[1] // 2, total[1] - total[1] // 2, total[0] // 2, total[0] - total[0] // 2]
-            else:
-                pads = [c["padding"][1], c["padding"][1], c["padding"][0], c["padding"][0]]
-            mode = "circular" if c["boundary"] == "periodic" else "constant"
-            ref = F.conv2d(F.pad(img, pads, mode=mode), weight, stride=c["stride"])
-            y = conv(basis(c, x), x, theta)
-            return _rel_error(y, ref.flatten(2).transpose(1, 2))
-
-        out.append(
-            CheckResult("grid conv = F.conv2d (zero / circular padding)", count, _max_over(cases, against_torch), tol)
-        )
+    for name in backends:  # comparisons with a backend's own convolution
+        out.extend(check(cases, basis) for check in _GRID_REFERENCES.get(name, ()))
 
     def equivariance(c: dict[str, Any]) -> float:
         grid = c["grid"]
@@ -350,15 +331,39 @@ def _grid_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...]
     return out
 
 
+def _against_conv2d(cases: list[dict[str, Any]], basis: Callable[[dict[str, Any], Any], Basis]) -> CheckResult:
+    """Torch's ``F.conv2d`` on the padded image against the engine on the grid basis."""
+    import torch
+    from torch.nn import functional as F  # noqa: N812
+
+    def err(c: dict[str, Any]) -> float:
+        x, theta = torch.from_numpy(c["x"]), torch.from_numpy(c["theta"])
+        B, _, P = x.shape
+        img = x.transpose(1, 2).reshape(B, P, *c["grid"])
+        weight = theta.permute(2, 1, 0).reshape(theta.shape[2], P, *c["kernel"])
+        if c["padding"] == "same":
+            total = [k - 1 for k in c["kernel"]]
+            pads = [total[1] // 2, total[1] - total[1] // 2, total[0] // 2, total[0] - total[0] // 2]
+        else:
+            pads = [c["padding"][1], c["padding"][1], c["padding"][0], c["padding"][0]]
+        mode = "circular" if c["boundary"] == "periodic" else "constant"
+        ref = F.conv2d(F.pad(img, pads, mode=mode), weight, stride=c["stride"])
+        y = conv(basis(c, x), x, theta)
+        return _rel_error(y, ref.flatten(2).transpose(1, 2))
+
+    return CheckResult("grid conv = F.conv2d (zero / circular padding)", len(cases), _max_over(cases, err), 1e-10)
+
+
 def _gradcheck(cases: list[dict[str, Any]]) -> CheckResult:
+    """Torch's ``gradcheck`` of the engine in every order, dense and sparse, in float64."""
     import torch
 
     ok = True
     for c in cases:
-        x = _torch(c["x"]).requires_grad_()
-        theta = _torch(c["theta"]).requires_grad_()
-        dense = _torch(c["A"]).requires_grad_()
-        pattern = SparseBasis.from_dense(_torch(c["A"]))
+        x = torch.from_numpy(c["x"]).requires_grad_()
+        theta = torch.from_numpy(c["theta"]).requires_grad_()
+        dense = torch.from_numpy(c["A"]).requires_grad_()
+        pattern = SparseBasis.from_dense(torch.from_numpy(c["A"]))
         values = pattern.values.clone().requires_grad_()
         for order in ("ax", "xtheta", "atheta"):
 
@@ -372,6 +377,14 @@ def _gradcheck(cases: list[dict[str, Any]]) -> CheckResult:
             ok &= bool(torch.autograd.gradcheck(dense_fn, (dense, x, theta), raise_exception=False))
             ok &= bool(torch.autograd.gradcheck(sparse_fn, (values, x, theta), raise_exception=False))
     return CheckResult("float64 gradcheck (x, theta, basis)", len(cases), 0.0 if ok else float("inf"), 0.0)
+
+
+#: Checks against a backend's own reference (its convolution, its autograd), by backend name:
+#: a backend without such a reference simply has none.
+_GRID_REFERENCES: dict[str, tuple[Callable[[list[dict[str, Any]], Any], CheckResult], ...]] = {
+    "torch": (_against_conv2d,)
+}
+_GRADIENT_CHECKS: dict[str, tuple[Callable[[list[dict[str, Any]]], CheckResult], ...]] = {"torch": (_gradcheck,)}
 
 
 def format_results(results: list[CheckResult]) -> str:

@@ -6,7 +6,7 @@ representations (dense, sparse, concatenated, composed, and structured ones adde
 modules).  None of them becomes a dense tensor unless :meth:`Basis.to_dense` is called.
 
 A representation plugs into the engine (:func:`structconv.conv`) through three hooks, each
-paired with a cost estimate:
+paired with a cost estimate (the whole interface is the table in :class:`Basis`):
 
 * :meth:`Basis.apply_each` computes :math:`R_{bknc} = \sum_m A_{kmn} x_{bmc}`,
 * :meth:`Basis.apply_members` computes :math:`\sum_m A_{kmn} S_{bkmc}`, summed over :math:`k`
@@ -43,10 +43,44 @@ class Cost:
 
 
 class Basis(ABC):
-    """Abstract basis of shape ``(K, M, N)`` or ``(B, K, M, N)``.
+    r"""Abstract basis of shape ``(K, M, N)`` or ``(B, K, M, N)``.
 
     Subclasses set the representation; all share the value semantics below: operations return
     new bases and never modify the arrays they hold (which callers must treat as read-only).
+
+    The whole interface, stated here once (callers within the package; "abstract" hooks must
+    be implemented, the others have the default shown):
+
+    ===================================  ===========================================  ====================
+    hook                                 called by                                    default
+    ===================================  ===========================================  ====================
+    ``shape``                            everything (``K``, ``M``, ``N``, ``batch``)  abstract
+    ``backend``, ``dtype``, ``device``   ``engine.operands.prepare`` (placement       abstract
+                                         checks), composite bases, ``repr``
+    ``to_dense``                         ``energy``, ``apply_combined``, theory,      abstract
+                                         attention layers
+    ``transpose``, ``select``, ``to``    users (``.T``, ``[k]``), composite bases,    abstract
+                                         ``engine.operands.autocast`` (``to``),
+                                         ``nn.StructConv``
+    ``placed_like``                      ``engine.operands.placed``: a basis          itself
+                                         without arrays takes ``x``'s placement
+    ``plan_key``                         ``engine.contract``: the plan cache key      ``(type, shape)``
+    ``energy``                           ``nn.StructConv`` (fan-in)                   from ``to_dense``
+    ``apply_each``                       ``engine.orders``: ``"ax"`` (every kind)     abstract
+    ``cost_each``                        its cost                                     abstract
+    ``apply_members``                    ``engine.orders``: ``"xtheta"``              abstract
+    ``cost_members``                     its cost                                     abstract
+    ``apply_combined``                   ``engine.orders``: ``"atheta"``, and a       dense :math:`\Phi`
+                                         special order without ``run_order``
+    ``cost_combined``                    its cost                                     dense count
+    ``special_orders``                   ``engine.orders.names``: orders beyond       ``()``
+                                         the triangle
+    ``run_order``, ``cost_order``        ``engine.orders`` (full :math:`\Theta`): a   ``None`` (the hooks)
+                                         basis' own run and cost of any order
+    ``factor_orders``                    ``engine.orders``: special orders that keep  ``()``
+                                         a :class:`~structconv.LowRank` factored
+    ``run_factored``, ``cost_factored``  those orders' run and cost                   raise
+    ===================================  ===========================================  ====================
     """
 
     __slots__ = ()

@@ -75,3 +75,14 @@ def test_differentiable_polynomial_members_are_not_kept() -> None:
     conv(P, x, theta, order="materialized").sum().backward()
     assert "materialized" not in P._derived
     assert w.grad is not None and bool(w.grad.abs().sum() > 0)
+
+
+def test_edge_weights_keep_their_floating_dtype_on_either_backend() -> None:
+    index = np.array([[0, 1], [1, 0]])
+    assert as_edges(index, 2, np.ones(2, dtype=np.float32)).weight.dtype == np.float32
+    assert as_edges(index, 2, np.ones(2, dtype=np.int64)).weight.dtype == np.float64  # integers: the default
+    assert as_edges(torch.from_numpy(index), 2, torch.ones(2, dtype=torch.float64)).weight.dtype == torch.float64
+    assert as_edges(torch.from_numpy(index), 2, torch.ones(2, dtype=torch.int64)).weight.dtype == torch.float32
+    # Mixed backends go to torch (NumPy converts), on the device and in the dtype of `like`.
+    edges = as_edges(index, 2, like=torch.ones(1, dtype=torch.float64))
+    assert isinstance(edges.src, torch.Tensor) and edges.weight.dtype == torch.float64

@@ -3,6 +3,10 @@ r"""Sparse bases: only the non-zero entries :math:`(b, k, m, n, A_{bkmn})` are s
 Applying a sparse basis costs :math:`O(\mathrm{nnz}\cdot C)`; the dense :math:`K\times M\times N`
 tensor is never formed (except by :meth:`SparseBasis.to_dense`).  Each hook multiplies one
 sparse matrix, built from the entries once per basis value, by a dense matrix.
+
+A basis is a value: its entries are kept as given, and what is computed from them (the sorted
+form, the product matrices) is held by the basis' own :class:`Derived` cache, created empty with
+it, so nothing derived can go stale or pass from one basis to another.
 """
 
 from __future__ import annotations

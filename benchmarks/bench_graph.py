@@ -9,8 +9,9 @@ backward on Cora (2,708 nodes, 1,433 features, 10,556 edges) in one run:
   ``cached=True`` where the layer has it (GCN), else the same PyG call;
 
 then a 200-epoch two-layer GCN training run (the paper's set-up) with each library, and a
-scaling case: a random graph with 100k nodes and 1M edges, 10k to 1M edges, time and peak
-memory of one forward + backward of GCNConv (32 -> 32 channels).
+scaling part on random graphs with 100k nodes: the four layers against PyG on 1M edges (32
+channels in, 32 out; GAT as 8 heads of 4; forward + backward, interleaved, medians), and the
+time and peak memory of one GCNConv forward + backward from 125k to 1M edges.
 
     python -m benchmarks.bench_graph                 # all (a few minutes)
     python -m benchmarks.bench_graph --skip-scaling  # Cora only
@@ -53,14 +54,15 @@ def copy_weights(ours: Any, ref: Any, kind: str) -> None:
         ours.bias.copy_(ref.bias)
 
 
-def layers(P: int) -> dict[str, tuple[Any, Any, Any]]:
+def layers(P: int, Q: int = 16, head: int = 8) -> dict[str, tuple[Any, Any, Any]]:
+    """Each layer ``P -> Q`` channels (GAT: 8 heads of ``head``): ours, PyG's, PyG's cached (or None)."""
     import torch_geometric.nn as pyg
 
     return {
-        "GCNConv": (GCNConv(P, 16), pyg.GCNConv(P, 16), pyg.GCNConv(P, 16, cached=True)),
-        "TAGConv(K=3)": (TAGConv(P, 16, K=3), pyg.TAGConv(P, 16, K=3), None),
-        "ChebConv(K=3)": (ChebConv(P, 16, K=3), pyg.ChebConv(P, 16, K=3), None),
-        "GATConv(8x8)": (GATConv(P, 8, heads=8), pyg.GATConv(P, 8, heads=8), None),
+        "GCNConv": (GCNConv(P, Q), pyg.GCNConv(P, Q), pyg.GCNConv(P, Q, cached=True)),
+        "TAGConv(K=3)": (TAGConv(P, Q, K=3), pyg.TAGConv(P, Q, K=3), None),
+        "ChebConv(K=3)": (ChebConv(P, Q, K=3), pyg.ChebConv(P, Q, K=3), None),
+        f"GATConv(8x{head})": (GATConv(P, head, heads=8), pyg.GATConv(P, head, heads=8), None),
     }
 
 
@@ -168,6 +170,25 @@ print(statistics.median(times[1:]), max(peaks[1:]))
 """
 
 
+def layers_at_scale(repeats: int, N: int = 100_000, E: int = 1_000_000) -> list[Row]:
+    """Each layer against PyG on a random graph (``N`` nodes, ``E`` edges, 32 -> 32 channels)."""
+    g = torch.Generator().manual_seed(E)
+    edge_index = torch.randint(0, N, (2, E), generator=g)
+    x = torch.randn(N, 32, generator=g)
+    rows = []
+    items = list(layers(32, 32, head=4).items())
+    for i, (name, (ours, ref, _)) in enumerate(items, start=1):
+        progress(i, len(items), f"{name} N={N} E={E}")
+        kind = name[:3].lower() if not name.startswith("Cheb") else "cheb"
+        copy_weights(ours, ref, kind)
+        with torch.no_grad():
+            err = float((ours(x, edge_index) - ref(x, edge_index)).abs().max())
+        variants = {"pyg": fwd_bwd(ref, x, edge_index), "ours": fwd_bwd(ours, x, edge_index)}
+        times = interleaved_times(variants, repeats=repeats, warmup=1)
+        rows.append(Row(f"{name} E={E // 1000}k", {"N": N, "E": E}, times, "pyg", {"max_abs_diff": err}))
+    return rows
+
+
 def scaling() -> list[Row]:
     """GCNConv forward + backward on random graphs with 100k nodes: time and peak memory against edges.
 
@@ -211,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     report.rows += cora_layers(cora.x, cora.edge_index, args.repeats)
     report.rows.append(training(cora.x, cora.edge_index, cora.y, cora.train_mask, args.train_repeats))
     if not args.skip_scaling:
+        report.rows += layers_at_scale(args.repeats)
         report.rows += scaling()
     text = table(report.rows)
     js, txt = report.write(args.out, text)

@@ -310,13 +310,28 @@ def test_prebuilt_basis_is_used_as_is() -> None:
 
 
 @pytest.mark.parametrize("concat", [True, False])
-def test_gat_forward_equals_the_engine_with_a_low_rank_parameter(concat: bool) -> None:
-    torch.manual_seed(0)
-    layer = snn.GATConv(5, 3, heads=4, concat=concat, bias=False).double()
-    x = torch.randn(9, 5, dtype=torch.float64)
-    ei = torch.randint(0, 9, (2, 30))
+@pytest.mark.parametrize("seed", range(4))
+def test_gat_fused_forward_equals_the_engine_with_a_low_rank_parameter(concat: bool, seed: int) -> None:
+    """The layer's fused path and ``conv`` of its attention basis agree in outputs and gradients."""
+    g = torch.Generator().manual_seed(seed)
+    N, E, heads = 3 + 4 * seed, 5 + 12 * seed, 1 + seed % 3
+    torch.manual_seed(seed)
+    layer = snn.GATConv(5, 3, heads=heads, concat=concat, bias=False).double()
+    x = torch.randn(N, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    ei = torch.randint(0, N, (2, E), generator=g)
+    ei[:, -1] = torch.tensor([N - 2, N - 2])  # an existing self-loop (dropped, then re-added)
+    params = [x, *layer.parameters()]
+    fused = layer(x, ei)
     basis, _ = layer.attention(x, ei)
-    torch.testing.assert_close(layer(x, ei), conv(basis, x, layer.value_and_placement()))
+    engine = conv(basis, x, layer.value_and_placement())
+    torch.testing.assert_close(fused, engine)
+    probe = torch.randn(fused.shape, dtype=torch.float64, generator=g)
+    for a, b in zip(
+        torch.autograd.grad((fused * probe).sum(), params),
+        torch.autograd.grad((engine * probe).sum(), params),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b)
 
 
 @given(g=graphs(), K=st.integers(1, 4), backend=st.sampled_from(["numpy", "torch"]))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,6 +12,7 @@ from ..bases.base import Basis
 from ..bases.edges import EdgeBasis
 from ..bases.factor import LowRank
 from ..structures.graph import Edges, as_edges, is_matrix_graph
+from .gat_edges import _attend, _segment_softmax, loop_features
 from .graph_common import _check_empty, _features, _pair, _positive, glorot_
 
 FILL_REDUCTIONS = ("mean", "add", "sum", "max", "min")
@@ -102,25 +102,6 @@ class GATConv(nn.Module):
         place = select if self.concat else eye.expand(H, D, D) / H
         return LowRank(select, place)
 
-    def _loop_attr(self, edges: Edges, attr: torch.Tensor, loops: int) -> torch.Tensor:
-        """The edge features of the ``loops`` added self-loops, from ``fill_value``."""
-        fill = self.fill_value
-        C = attr.shape[1]
-        if isinstance(fill, str):
-            inside = edges.dst < loops  # targets beyond the looped nodes (bipartite) do not count
-            dst, attr = edges.dst[inside], attr[inside]
-            index = dst[:, None].expand(-1, C)
-            if fill in ("add", "sum", "mean"):
-                total = attr.new_zeros(loops, C).index_add(0, dst, attr)
-                if fill != "mean":
-                    return total
-                count = attr.new_zeros(loops).index_add(0, dst, attr.new_ones(dst.shape[0]))
-                return total / count.clamp(min=1)[:, None]
-            reduce = "amax" if fill == "max" else "amin"
-            return attr.new_zeros(loops, C).scatter_reduce(0, index, attr, reduce, include_self=False)
-        value = torch.as_tensor(fill, dtype=attr.dtype, device=attr.device)
-        return value.expand(loops, C) if value.ndim <= 1 else value
-
     def _graph(
         self, edge_index: Any, N_src: int, N_dst: int, edge_attr: torch.Tensor | None, like: torch.Tensor
     ) -> tuple[Edges, torch.Tensor | None]:
@@ -146,7 +127,7 @@ class GATConv(nn.Module):
             nodes = torch.arange(loops, device=edges.src.device)
             if attr is not None:
                 attr = attr[keep]
-                attr = torch.cat([attr, self._loop_attr(edges, attr, loops).to(attr.dtype)])
+                attr = torch.cat([attr, loop_features(edges, attr, loops, self.fill_value).to(attr.dtype)])
             edges = edges.with_edges(
                 torch.cat([edges.src, nodes]),
                 torch.cat([edges.dst, nodes]),
@@ -275,40 +256,3 @@ class GATConv(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
-
-
-def _segment_softmax(logits: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
-    """Softmax of ``logits`` (``(E, H)``) over the entries that share ``index`` (their target)."""
-    H = logits.shape[1]
-    expanded = index[:, None].expand(-1, H)
-    # The shift by each group's maximum cancels in the ratio; detached, it costs no backward pass.
-    peak = logits.new_full((size, H), -torch.inf).scatter_reduce(0, expanded, logits.detach(), "amax")
-    exp = (logits - peak.index_select(0, index)).exp()
-    total = logits.new_zeros(size, H).index_add(0, index, exp)
-    return exp / total.index_select(0, index)
-
-
-def _attend(
-    src: torch.Tensor, dst: torch.Tensor, logits: torch.Tensor, h: torch.Tensor, size: int, dropout: float
-) -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
-    r"""Every head's :math:`A_h^\top (xW)_h`, ``(N_dst, H\cdot D)``, and a function giving :math:`A` per edge.
-
-    The softmax is normalised after the aggregation: with :math:`w_e = \exp(s_e - \max_{e' \to n}
-    s_{e'})`, :math:`\sum_{e \to n} \alpha_e v_e = (\sum_{e\to n} w_e v_e) / \sum_{e \to n} w_e`, so
-    no per-edge division (or its backward) is needed.  Dropout acts on the numerator's weights only,
-    as it does on :math:`\alpha`.  Kept 2-D on purpose: torch's CPU ``index_add`` over the rows
-    of a matrix is about three times faster than over an inner axis of a 4-D array
-    (:meth:`~structconv.EdgeBasis.apply_members`' layout), and so is its backward.
-    """
-    E, H, C = int(src.shape[0]), int(logits.shape[1]), int(h.shape[1])
-    index = dst[:, None].expand(-1, H)
-    # The shift by each target's maximum cancels in the ratio; detached, it costs no backward pass.
-    peak = logits.new_full((size, H), -torch.inf).scatter_reduce(0, index, logits.detach(), "amax")
-    w = (logits - peak.index_select(0, dst)).exp()
-    dropped = F.dropout(w, dropout) if dropout else w
-    msg = h.index_select(0, src).view(E, H, C // H) * dropped[:, :, None]
-    numerator = msg.new_zeros(size, C).index_add(0, dst, msg.view(E, C))
-    total = w.new_zeros(size, H).index_add(0, dst, w)
-    total = torch.where(total > 0, total, torch.ones_like(total))  # a target without edges: 0 / 1
-    heads = (numerator.view(size, H, C // H) / total[:, :, None]).view(size, C)
-    return heads, lambda: dropped / total.index_select(0, dst)

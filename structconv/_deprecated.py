@@ -29,8 +29,8 @@ MOVED: dict[str, tuple[str, ...]] = {
         "structconv.structures.normalize",
         "structconv.bases.polynomial",
     ),
-    "attention": ("structconv.structures.attention",),
-    "positional": ("structconv.structures.positional",),
+    "attention": ("structconv.structures.attention", "structconv.bases.attention"),
+    "positional": ("structconv.structures.positional", "structconv.structures.relative"),
     "conv_attention": ("structconv.theory.conv_attention",),
     "selfcheck": ("structconv.theory.selfcheck",),
 }

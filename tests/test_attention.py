@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from structconv import BiAffine, attention_basis, masked_softmax
+from structconv import BiAffine, attention_basis, conv, masked_softmax
 from structconv.nn import MultiHeadSelfAttention
 
 
@@ -513,3 +513,30 @@ def test_fused_order_first_backward_is_repeatable() -> None:
     (g1,) = torch.autograd.grad(y.sum(), x, retain_graph=True)
     (g2,) = torch.autograd.grad(y.sum(), x)
     assert torch.equal(g1, g2)
+
+
+def test_attention_basis_follows_values_changed_in_place() -> None:
+    """The basis keeps no dense copy of itself: an optimiser step (an in-place update) is always seen."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    bilinear = torch.randn(2, 3, 3, dtype=torch.float64)
+    A = attention_basis(x, mechanism=BiAffine(bilinear=bilinear))
+    before = A.to_dense().clone()
+    assert A.weights() is not A.weights()  # computed on every use, never stored
+    bilinear.mul_(3.0)
+    x.add_(0.5)
+    fresh = attention_basis(x.clone(), mechanism=BiAffine(bilinear=bilinear.clone()))
+    torch.testing.assert_close(A.to_dense(), fresh.to_dense())
+    torch.testing.assert_close(A.T.to_dense(), fresh.to_dense().transpose(-1, -2))
+    assert not torch.allclose(A.to_dense(), before)
+    theta = torch.randn(2, 3, 4, dtype=torch.float64)
+    torch.testing.assert_close(conv(A, x, theta), conv(fresh, x, theta))
+    # NumPy inputs alike
+    xn, lam = x.numpy().copy(), bilinear.numpy().copy()
+    An = attention_basis(xn, mechanism=BiAffine(bilinear=lam))
+    first = An.to_dense().copy()
+    lam *= -1.0
+    np.testing.assert_allclose(
+        An.to_dense(), attention_basis(xn, mechanism=BiAffine(bilinear=-bilinear.numpy())).to_dense()
+    )
+    assert not np.allclose(An.to_dense(), first)

@@ -464,3 +464,34 @@ def test_positional_attention_in_low_precision_follows_float64(dtype: torch.dtyp
             ya = f32(x.float())
         assert bool(torch.isfinite(ya).all())
         assert float((ya.double() - expected).abs().max()) <= tol * scale
+
+
+def test_placed_tables_are_cached_by_value_not_by_identity() -> None:
+    """Offset tables freed and rebuilt (their ids free for reuse) still give each grid its own tables."""
+    import gc
+
+    from structconv.structures import relative
+
+    like = torch.zeros(1, dtype=torch.float64)
+    for grid in [(3, 4), (4, 3), (2, 5), (5, 2), (3, 3), (1, 7)] * 3:
+        relative._RELATIVE.clear()  # new NumPy tables, possibly at the addresses of freed ones
+        gc.collect()
+        rel = relative_offsets(grid)
+        np.testing.assert_array_equal(rel.index_like(like).numpy(), rel.index)
+        np.testing.assert_array_equal(relative.placed(rel, "offsets", like).numpy(), rel.offsets)
+        for i in range(len(grid)):
+            np.testing.assert_array_equal(relative.placed(rel, f"axis_index_t{i}", like).numpy(), rel.axis_index[i].T)
+    assert len(relative._PLACED) <= relative._PLACED_SIZE
+
+
+def test_positional_heads_follow_parameters_changed_in_place() -> None:
+    """A mechanism holds its parameters, not a copy of its weights: an in-place update is seen."""
+    centres = torch.tensor([[0.0, 1.0], [1.0, -1.0]], dtype=D64)
+    alpha = torch.tensor([1.0, 2.0], dtype=D64)
+    mech = QuadraticPosition((4, 4), centres, alpha, "periodic")
+    before = mech.basis(form="dense").to_dense().clone()
+    centres.add_(0.5)
+    after = mech.basis(form="dense").to_dense()
+    fresh = QuadraticPosition((4, 4), centres.clone(), alpha.clone(), "periodic").basis(form="dense").to_dense()
+    torch.testing.assert_close(after, fresh)
+    assert not torch.allclose(after, before)

@@ -153,3 +153,18 @@ class Backend(ABC):
         """
 
     # --- structures: attention and positions ----------------------------------------------------
+    fused_attention: bool = False
+    """Whether :meth:`attention` runs a fused kernel that never stores the weights (then planners offer it)."""
+
+    @abstractmethod
+    def attention(self, q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
+        r"""Scaled dot-product attention :math:`\mathrm{softmax}_s(\mathrm{scale}\,q_l\cdot k_s)\,v_s`.
+
+        ``q`` is ``(..., L, D)``, ``k`` ``(..., S, D)``, ``v`` ``(..., S, R)``; ``allowed``
+        (boolean, ``True`` = may attend) broadcasts to ``(..., L, S)`` and allows at least one
+        entry per row.  The result's gradient can itself be differentiated.
+        """
+
+    @abstractmethod
+    def addmm(self, bias: Array, a: Array, b: Array) -> Array:
+        """``bias + a @ b`` for 2-D ``a`` and ``b``, in one GEMM where the backend has one."""

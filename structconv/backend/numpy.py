@@ -82,6 +82,17 @@ class NumpyBackend(Backend):
         np.add.at(out, index, values)
         return out
 
+    # --- structures: attention and positions ----------------------------------------------------
+    def attention(self, q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
+        scores = (q @ k.swapaxes(-1, -2)) * scale
+        if allowed is not None:
+            scores = np.where(allowed, scores, -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        return (weights / weights.sum(-1, keepdims=True)) @ v
+
+    def addmm(self, bias: Array, a: Array, b: Array) -> Array:
+        return a @ b + bias
+
     # --- structures: graph ---------------------------------------------------------------------
     def default_float(self) -> Any:
         return np.float64

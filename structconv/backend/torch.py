@@ -91,6 +91,17 @@ class TorchBackend(Backend):
     def scatter_add(self, values: Array, index: Array, size: int) -> Array:
         return values.new_zeros((size, *values.shape[1:])).index_add(0, index, values)
 
+    # --- structures: attention and positions ----------------------------------------------------
+    fused_attention = True
+
+    def attention(self, q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
+        if not (q.requires_grad or k.requires_grad or v.requires_grad):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+        return _TwiceDifferentiableSDPA.apply(q, k, v, allowed, scale)  # type: ignore[no-untyped-call]
+
+    def addmm(self, bias: Array, a: Array, b: Array) -> Array:
+        return torch.addmm(bias, a, b)
+
     # --- structures: graph ---------------------------------------------------------------------
     def default_float(self) -> Any:
         return torch.get_default_dtype()
@@ -232,6 +243,54 @@ class _CsrProduct(torch.autograd.Function):
         with warnings.catch_warnings(), torch.autocast(grad.device.type, enabled=False):
             warnings.simplefilter("ignore", UserWarning)
             return None, (csr_t @ grad.to(csr_t.dtype)).to(ctx.dtype)
+
+
+# --- structures: attention and positions --------------------------------------------------------
+def _attention_math(q: Any, k: Any, v: Any, allowed: Any, scale: float) -> Any:
+    """``softmax(q k^T scale, masked) v`` from differentiable operations (no empty rows: checked by the caller)."""
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+class _TwiceDifferentiableSDPA(torch.autograd.Function):
+    """``scaled_dot_product_attention`` whose gradient can be differentiated again.
+
+    torch's fused kernels (flash attention on CPU and GPU) have a backward that is not itself
+    differentiable, so ``create_graph=True`` (``gradgradcheck``, gradient penalties, Hessian-vector
+    products) would stop with "derivative for ..._backward is not implemented".  The forward keeps
+    the fused kernel's own graph; a first-order backward uses it (the fused backward, no
+    recomputation); a backward under ``create_graph=True`` recomputes the attention from
+    differentiable operations instead, so its gradient is differentiable again.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: Any, k: Any, v: Any, allowed: Any, scale: float) -> Any:
+        inner = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+        with torch.enable_grad():
+            out = torch.nn.functional.scaled_dot_product_attention(
+                inner[0], inner[1], inner[2], attn_mask=allowed, scale=scale
+            )
+        ctx.save_for_backward(q, k, v)
+        ctx.inner, ctx.out, ctx.allowed, ctx.scale = inner, out, allowed, scale
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        wanted = ctx.needs_input_grad[:3]
+        if torch.is_grad_enabled():  # create_graph=True: a gradient that can be differentiated again
+            q, k, v = ctx.saved_tensors
+            with torch.enable_grad():
+                out = _attention_math(q, k, v, ctx.allowed, ctx.scale)
+                inputs = [t for t, w in zip((q, k, v), wanted, strict=True) if w]
+                found = iter(torch.autograd.grad(out, inputs, grad, create_graph=torch.is_grad_enabled()))
+        else:
+            inputs = [t for t, w in zip(ctx.inner, wanted, strict=True) if w]
+            # retained: a repeated backward (retain_graph=True) gives the same gradient; the fused
+            # graph holds only what the output does, plus the kernel's row statistics
+            found = iter(torch.autograd.grad(ctx.out, inputs, grad, retain_graph=True))
+        return (*(next(found) if w else None for w in wanted), None, None)
 
 
 BACKEND = TorchBackend()

@@ -15,9 +15,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..backend import Array, device_of, einsum, is_torch, namespace, shape_str
+from ..backend import Array, device_of, einsum, native, of, shape_str
 from ..backend.checks import check_array, check_finite
 from .base import Basis, Cost
+from .dense import DenseBasis
 
 
 class KroneckerBasis(Basis):
@@ -46,7 +47,7 @@ class KroneckerBasis(Basis):
         members = {int(f.shape[0]) for f in factors}
         if len(members) != 1:
             raise ValueError(f"every factor must have the same number of members K, got {sorted(members)}")
-        if len({is_torch(f) for f in factors}) != 1:
+        if len({of(f, f"factors[{i}]").name for i, f in enumerate(factors)}) != 1:
             raise TypeError("factors must all be NumPy arrays or all torch tensors")
         self._factors = factors
 
@@ -66,7 +67,7 @@ class KroneckerBasis(Basis):
 
     @property
     def backend(self) -> str:
-        return "torch" if is_torch(self._factors[0]) else "numpy"
+        return of(self._factors[0]).name
 
     @property
     def dtype(self) -> Any:
@@ -84,7 +85,7 @@ class KroneckerBasis(Basis):
         return out
 
     def transpose(self) -> KroneckerBasis:
-        return KroneckerBasis([f.transpose(-1, -2) if is_torch(f) else f.swapaxes(-1, -2) for f in self._factors])
+        return KroneckerBasis([f.swapaxes(-1, -2) for f in self._factors])
 
     def select(self, members: Sequence[int]) -> KroneckerBasis:
         index = list(members)
@@ -93,11 +94,8 @@ class KroneckerBasis(Basis):
         return KroneckerBasis([f[index] for f in self._factors])
 
     def to(self, device: Any = None, dtype: Any = None) -> KroneckerBasis:
-        if self.backend == "torch":
-            return KroneckerBasis([f.to(device=device, dtype=dtype) for f in self._factors])
-        if device not in (None, "cpu"):
-            raise ValueError(f"device={device!r}: a NumPy basis lives on the CPU; convert it to torch first")
-        return KroneckerBasis([f if dtype is None else f.astype(dtype) for f in self._factors])
+        # Each factor moves as a dense basis of its own would (same rules and messages).
+        return KroneckerBasis([DenseBasis.of_weights(f).to(device, dtype).to_dense() for f in self._factors])
 
     def _apply(self, s: Array) -> Array:
         r"""Member ``k`` applied to slice ``k`` of ``s`` (``(B, K, M, C)``), one axis at a time.
@@ -107,29 +105,18 @@ class KroneckerBasis(Basis):
         """
         B, K, _, C = (int(v) for v in s.shape)
         ins = [int(f.shape[1]) for f in self._factors]
-        torch_side = is_torch(s)
-        lib = namespace(s)
-
-        def move(a: Array, src: int, dst: int) -> Array:
-            return a.movedim(src, dst) if torch_side else lib.moveaxis(a, src, dst)
-
+        move = native(s).moveaxis  # NumPy and torch spell it alike (a hot path: no array API wrapper)
         t = move(s.reshape(B, K, *ins, C), 1, 0)  # (K, B, m_1, ..., m_d, C)
         for i, f in enumerate(self._factors):
             front = move(t, 2 + i, 1)  # (K, m_i, B, ..., C)
             rest = tuple(int(v) for v in front.shape[2:])
-            ft = f.transpose(1, 2) if torch_side else f.swapaxes(1, 2)
-            out = ft @ front.reshape(K, ins[i], -1)  # (K, n_i, R)
+            out = f.swapaxes(1, 2) @ front.reshape(K, ins[i], -1)  # (K, n_i, R)
             t = move(out.reshape(K, int(f.shape[2]), *rest), 1, 2 + i)
         return move(t, 0, 1).reshape(B, K, self.N, C)
 
     def apply_each(self, x: Array) -> Array:
         B, M, C = (int(v) for v in x.shape)
-        stacked = (
-            x[:, None].expand(B, self.K, M, C)
-            if is_torch(x)
-            else namespace(x).broadcast_to(x[:, None], (B, self.K, M, C))
-        )
-        return self._apply(stacked)
+        return self._apply(native(x).broadcast_to(x[:, None], (B, self.K, M, C)))
 
     def apply_members(self, s: Array, reduce: bool) -> Array:
         out = self._apply(s)

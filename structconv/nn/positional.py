@@ -3,7 +3,6 @@ r"""Relative-position multi-head self-attention on a grid: the layer of Cordonni
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import nn
@@ -14,24 +13,16 @@ from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 from ..engine.contract import conv
 from ..structures.attention import BiAffine, Mechanism, attention_basis
-from ..structures.grid import BOUNDARIES
 from ..structures.positional import (
     GaussianPosition,
     LearnedPosition,
     PositionalMechanism,
     QuadraticPosition,
     RelativeAttention,
-    relative_offsets,
 )
+from .positional_params import ENCODINGS, WIDTHS, _positive_int, check_options, register_encoding
 
-ENCODINGS = ("quadratic", "gaussian", "learned")
-WIDTHS = ("exp", "spread")
-
-
-def _positive_int(layer: str, name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{layer}: {name} must be a positive integer, got {value!r}")
-    return value
+__all__ = ["ENCODINGS", "WIDTHS", "PositionalAttention"]
 
 
 class PositionalAttention(nn.Module):
@@ -73,6 +64,21 @@ class PositionalAttention(nn.Module):
     Input is ``(B, *grid, E)`` or the flattened ``(B, M, E)``; ``grid`` is fixed at construction.
     """
 
+    # Registered by register_encoding, depending on the encoding and the content terms.
+    centres: nn.Parameter
+    log_alpha: nn.Parameter
+    spread: nn.Parameter
+    inv_sqrt_cov: nn.Parameter
+    tables: nn.ParameterList
+    weight: nn.Parameter
+    rel_key: nn.Parameter
+    u: nn.Parameter
+    v: nn.Parameter
+    key: nn.Parameter
+    query: nn.Parameter
+    key_bias: nn.Parameter
+    query_bias: nn.Parameter
+
     def __init__(
         self,
         grid: tuple[int, ...],
@@ -97,20 +103,7 @@ class PositionalAttention(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if encoding not in ENCODINGS:
-            raise ValueError(f"{name}: encoding must be one of {ENCODINGS}, got {encoding!r}")
-        if boundary not in BOUNDARIES:
-            raise ValueError(f"{name}: boundary must be one of {BOUNDARIES}, got {boundary!r}")
-        if not alpha > 0:
-            raise ValueError(f"{name}: alpha must be positive, got {alpha!r}")
-        if threshold is not None and not 0.0 < threshold < 1.0:
-            raise ValueError(f"{name}: threshold must lie in (0, 1) or be None, got {threshold!r}")
-        if width not in WIDTHS:
-            raise ValueError(f"{name}: width must be one of {WIDTHS}, got {width!r}")
-        if not 0.0 <= attention_dropout < 1.0:
-            raise ValueError(f"{name}: attention_dropout must lie in [0, 1), got {attention_dropout!r}")
-        if not width_noise >= 0.0 or not centre_var >= 0.0:
-            raise ValueError(f"{name}: width_noise and centre_var must be >= 0, got {width_noise!r}, {centre_var!r}")
+        check_options(name, encoding, boundary, alpha, threshold, width, attention_dropout, width_noise, centre_var)
         self.grid = tuple(_positive_int(name, "grid", int(s)) for s in grid)
         E = self.embed_dim = _positive_int(name, "embed_dim", embed_dim)
         H = self.num_heads = _positive_int(name, "num_heads", num_heads)
@@ -118,8 +111,7 @@ class PositionalAttention(nn.Module):
         self.width = width
         self.relative_terms = bool(relative_terms) and encoding == "learned"
         self.attention_dropout, self.dropout_shared = float(attention_dropout), bool(dropout_shared)
-        d = len(self.grid)
-        D = self.key_dim = _positive_int(name, "key_dim", key_dim or max(1, E // H))
+        self.key_dim = _positive_int(name, "key_dim", key_dim or max(1, E // H))
         self.head_dim = None if head_dim is None else _positive_int(name, "head_dim", head_dim)
         if self.head_dim is None:
             self.theta = nn.Parameter(torch.empty(H, E, E))
@@ -127,41 +119,7 @@ class PositionalAttention(nn.Module):
             self.value = nn.Parameter(torch.empty(H, E, self.head_dim))
             self.out = nn.Parameter(torch.empty(H, E, self.head_dim))
         self.bias = nn.Parameter(torch.empty(E)) if bias else None
-        if encoding in ("quadratic", "gaussian"):
-            self.centres = nn.Parameter(torch.randn(H, d) * math.sqrt(centre_var))
-            start = math.sqrt(2 * alpha)
-            if encoding == "gaussian":
-                noise = torch.randn(H, d, d) * width_noise
-                self.inv_sqrt_cov = nn.Parameter(torch.eye(d).repeat(H, 1, 1) * start + noise)
-            elif width == "exp":
-                self.log_alpha = nn.Parameter(torch.full((H,), math.log(alpha)))
-            else:
-                self.spread = nn.Parameter(start + torch.randn(H) * width_noise)
-        else:
-            Dp = self.positional_dim = _positive_int(name, "positional_dim", positional_dim or E)
-            if Dp < d:
-                raise ValueError(f"{name}: positional_dim={Dp} must be at least the grid's {d} dimensions")
-            widths = [Dp // d + (1 if i < Dp % d else 0) for i in range(d)]
-            lengths = relative_offsets(self.grid, boundary).lengths
-            self.tables = nn.ParameterList(
-                nn.Parameter(torch.randn(n, w)) for n, w in zip(lengths, widths, strict=True)
-            )
-            if content and self.relative_terms:
-                self.rel_key = nn.Parameter(torch.randn(H, Dp, D) / math.sqrt(Dp))
-                self.u = nn.Parameter(torch.zeros(H, D))
-                self.v = nn.Parameter(torch.zeros(H, D))
-            else:  # one key per head and axis, as a linear map of that axis' row (torch.nn.Linear's init)
-                bound = 1.0 / math.sqrt(max(widths))
-                self.weight = nn.Parameter(torch.empty(H, Dp).uniform_(-bound, bound))
-        if content:
-            self.key = nn.Parameter(torch.empty(H, E, D))
-            self.query = nn.Parameter(torch.empty(H, E, D))
-            bound = 1.0 / math.sqrt(E)  # torch.nn.Linear(E, H * D)'s initialisation
-            for w in (self.key, self.query):
-                nn.init.uniform_(w, -bound, bound)
-            if content_bias and not self.relative_terms:
-                self.key_bias = nn.Parameter(torch.empty(H, D).uniform_(-bound, bound))
-                self.query_bias = nn.Parameter(torch.empty(H, D).uniform_(-bound, bound))
+        register_encoding(self, alpha, centre_var, width_noise, positional_dim, content_bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -20,16 +20,23 @@ A column with no allowed entry is all zeros (it attends to nothing), never ``NaN
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from ..backend import Array, device_of, einsum, is_torch, namespace, shape_str, x_theta, zeros
+from ..backend import Array, einsum, namespace, shape_str, x_theta, zeros
 from ..backend.checks import check_array
-from ..bases.base import Basis, Cost
-from ..bases.dense import DenseBasis
+from ..bases.attention import AttentionBasis, allowed_mask, masked_softmax
+
+__all__ = [
+    "AttentionBasis",
+    "BiAffine",
+    "Combined",
+    "Mechanism",
+    "ScoreBias",
+    "attention_basis",
+    "masked_softmax",
+]
 
 
 class Mechanism:
@@ -210,7 +217,7 @@ class BiAffine(Mechanism):
             total = total + einsum("bmp,kpr,bnr->bkmn", x, self.bilinear, z)
         if self.key is not None and self.query is not None:
             keys, queries = self.projections(x, z)
-            total = total + keys @ (queries.transpose(-1, -2) if is_torch(queries) else queries.swapaxes(-1, -2))
+            total = total + keys @ queries.swapaxes(-1, -2)
         if self.linear is not None:
             total = total + einsum("bmp,kp->bkm", x, self.linear)[..., None]
         if self.linear_aux is not None:
@@ -255,340 +262,6 @@ class ScoreBias(Mechanism):
                 f"({B}, {self.heads}, {M}, {N}) (B, K, M, N)"
             )
         return self.bias
-
-
-def _allowed(mask: Array, lib: Any) -> Array:
-    """A boolean mask (``True`` = allowed) from a boolean or additive ``{-inf, 0}`` mask."""
-    if str(mask.dtype).endswith("bool"):
-        return mask
-    finite = lib.isfinite(mask)
-    if bool(lib.isnan(mask).any()) or bool((mask[finite] != 0).any()) or bool((mask[~finite] > 0).any()):
-        raise ValueError("mask must be boolean (True = allowed) or hold only -inf and 0")
-    return finite
-
-
-def masked_softmax(scores: Array, mask: Array | None = None) -> Array:
-    r"""Column-wise softmax over :math:`m` (axis ``-2``) with log-domain masking.
-
-    .. math:: w_{mn} = \frac{\mathbb 1_{\Omega}(m, n)\, e^{s_{mn} - c_n}}
-              {\sum_{m'} \mathbb 1_{\Omega}(m', n)\, e^{s_{m'n} - c_n}},
-              \qquad c_n = \max_{m:\,(m, n)\in\Omega} s_{mn},
-
-    over the allowed set :math:`\Omega`; a column :math:`n` with no allowed entry is 0.
-
-    Parameters
-    ----------
-    scores
-        Scores, at least 2-D; the softmax runs over axis ``-2``.
-    mask
-        Broadcasts to ``scores``: booleans (``True`` = allowed) or additive values in
-        :math:`\{-\infty, 0\}`.
-
-    Returns
-    -------
-    Array
-        Weights of the dtype of ``scores``.  A column with no allowed entry gives zeros (never
-        ``NaN``) in every floating dtype, and its gradient is zero.
-    """
-    lib = namespace(scores)
-    torch_side = is_torch(scores)
-    if mask is not None:
-        allowed = _allowed(mask, lib)
-        scores = scores.masked_fill(~allowed, float("-inf")) if torch_side else lib.where(allowed, scores, -lib.inf)
-    if torch_side:
-        peak = scores.amax(-2, keepdim=True).detach()
-        peak = peak.masked_fill(~lib.isfinite(peak), 0.0)  # an empty column: exp(-inf) = 0 below
-        exp = (scores - peak).exp()
-        total = exp.sum(-2, keepdim=True)
-        # A non-empty column sums to at least 1 (its peak gives exp(0)); an empty one sums to 0
-        # and is divided by 1 instead (a clamp to a tiny value underflows to 0 in float32 and
-        # below, and 1/tiny overflows in the backward).
-        return exp / lib.where(total > 0, total, lib.ones_like(total))
-    peak = scores.max(-2, keepdims=True)
-    peak = lib.where(lib.isfinite(peak), peak, 0.0)
-    exp = lib.exp(scores - peak)
-    total = exp.sum(-2, keepdims=True)
-    return exp / lib.where(total > 0, total, 1.0)
-
-
-class AttentionBasis(Basis):
-    r"""Softmax attention :math:`A_{bk} = \mathrm{softmax}_m(\mathrm{mask}(a(x_b, z_b; \Xi_k)))`, ``(B, K, M, N)``.
-
-    The weights are materialised only when an order needs them (:meth:`to_dense`, the triangle's
-    orders); for a Transformer mechanism (:attr:`BiAffine.transformer`) on torch the engine may
-    instead run the whole layer as ``"sdpa"``: keys, queries and :math:`x\Theta_k` (or
-    :math:`xU_k` for a :class:`~structconv.LowRank` parameter) by GEMMs, then
-    ``torch.nn.functional.scaled_dot_product_attention``, which never stores the
-    :math:`M\times N` weights.  Both paths compute the same :math:`\sum_k A_k^\top x\Theta_k`.
-    Build it with :func:`attention_basis`.
-    """
-
-    __slots__ = ("_dense", "_x", "_z", "leaky_relu", "mask", "mechanism", "normalize")
-    representation = "attention"
-
-    def __init__(
-        self,
-        x: Array,
-        z: Array,
-        mechanism: Mechanism,
-        mask: Array | None = None,
-        leaky_relu: float | None = None,
-        normalize: bool = True,
-    ) -> None:
-        self._x, self._z, self.mechanism = x, z, mechanism
-        self.mask, self.leaky_relu, self.normalize = mask, leaky_relu, normalize
-        self._dense: DenseBasis | None = None
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (int(self._x.shape[0]), self.mechanism.heads, int(self._x.shape[1]), int(self._z.shape[1]))
-
-    @property
-    def backend(self) -> str:
-        return "torch" if is_torch(self._x) else "numpy"
-
-    @property
-    def dtype(self) -> Any:
-        return self._x.dtype
-
-    @property
-    def device(self) -> str:
-        return device_of(self._x)
-
-    def weights(self) -> DenseBasis:
-        """The attention weights as a :class:`~structconv.DenseBasis` (computed once)."""
-        if self._dense is None:
-            scores = self.mechanism.scores(self._x, self._z)
-            if int(scores.shape[0]) != self.shape[0]:  # a position-only mechanism: one copy per instance
-                scores = (
-                    scores.expand(*self.shape)
-                    if is_torch(scores)
-                    else namespace(scores).broadcast_to(scores, self.shape)
-                )
-            low = is_torch(scores) and scores.dtype.itemsize < 4  # autocast: normalise in float32, store low
-            weights = _normalise(scores.float() if low else scores, self.mask, self.leaky_relu, self.normalize)
-            self._dense = DenseBasis.of_weights(weights.to(self._x.dtype) if low else weights)
-        return self._dense
-
-    def to_dense(self) -> Array:
-        return self.weights().to_dense()
-
-    def transpose(self) -> Basis:
-        return self.weights().transpose()
-
-    def select(self, members: Sequence[int]) -> Basis:
-        return self.weights().select(members)
-
-    def to(self, device: Any = None, dtype: Any = None) -> Basis:
-        """A dtype change stays lazy (the inputs are converted); a device change materialises the weights."""
-        if self._dense is None and is_torch(self._x) and device is None:
-            return AttentionBasis(
-                self._x.to(dtype=dtype), self._z.to(dtype=dtype), self.mechanism, self.mask, self.leaky_relu,
-                self.normalize,
-            )  # fmt: skip
-        return self.weights().to(device, dtype)
-
-    def plan_key(self) -> tuple[Any, ...]:
-        return (type(self).__name__, self.shape, self.special_orders(), self._depth())
-
-    def _depth(self) -> int:
-        """The width ``D`` the scores are computed through (for the cost model)."""
-        mech = self.mechanism
-        if isinstance(mech, BiAffine) and mech.key is not None:
-            return int(mech.key.shape[2])
-        return int(self._x.shape[-1])
-
-    def _score_cost(self, batch: int) -> Cost:
-        B, K, M, N = self.shape
-        D, P = self._depth(), int(self._x.shape[-1])
-        return Cost(2.0 * B * K * (M * N * D + (M + N) * P * D), 2.0 * B * K * M * N)
-
-    def apply_each(self, x: Array) -> Array:
-        return self.weights().apply_each(x)
-
-    def apply_members(self, s: Array, reduce: bool) -> Array:
-        return self.weights().apply_members(s, reduce)
-
-    def apply_combined(self, x: Array, theta: Array) -> Array:
-        return self.weights().apply_combined(x, theta)
-
-    def cost_each(self, batch: int, channels: int) -> Cost:
-        B, K, M, N = self.shape
-        return self._score_cost(batch) + Cost(2.0 * B * K * M * N * channels, float(batch * K * N * channels))
-
-    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
-        B, K, M, N = self.shape
-        out = batch * N * channels * (1 if reduce else K)
-        return self._score_cost(batch) + Cost(2.0 * B * K * M * N * channels, float(out))
-
-    # --- the fused order -------------------------------------------------------------------
-    def special_orders(self) -> tuple[str, ...]:
-        mech = self.mechanism
-        fused = (
-            self.backend == "torch"
-            and isinstance(mech, BiAffine)
-            and mech.transformer
-            and self.normalize
-            and self.leaky_relu is None
-        )
-        return ("sdpa",) if fused else ()
-
-    def factor_orders(self) -> tuple[str, ...]:
-        return self.special_orders()
-
-    def _sdpa(self, values: Array) -> Array | None:
-        """Per-head outputs :math:`A_k^\top v_k`, ``(B, K, N, R)``, or ``None`` if a column is fully masked."""
-        mech = self.mechanism
-        assert isinstance(mech, BiAffine)
-        allowed = None
-        if self.mask is not None:
-            allowed = _allowed(self.mask, namespace(self.mask))
-            if not bool(allowed.any(-2).all()):  # torch gives NaN there; the dense path gives zeros
-                return None
-            allowed = allowed.transpose(-1, -2)  # torch's layout is [query, key]
-        keys, queries = mech.projections(self._x, self._z)
-        out: Array = _sdpa_twice_differentiable(queries, keys, values, allowed, mech.scale)
-        return out
-
-    def _fused(self, x: Array, value: Array) -> Array | None:
-        """Self-attention without a mask: keys, queries and values from one GEMM, then SDPA (as torch's layer)."""
-        import torch
-
-        mech = self.mechanism
-        assert isinstance(mech, BiAffine) and mech.key is not None and mech.query is not None
-        if self.mask is not None or x is not self._x or self._z is not self._x:
-            return None
-        B, M, P = (int(s) for s in x.shape)
-        K, _, D = (int(s) for s in mech.key.shape)
-        R = int(value.shape[2])
-        parts = [mech.key, mech.query, value]
-        wide = torch.cat([w.permute(1, 0, 2).reshape(P, -1) for w in parts], 1)
-        flat = x.reshape(B * M, P)
-        if mech.key_bias is not None or mech.query_bias is not None:
-            zeros_kd = flat.new_zeros(K * D)
-            biases = [b.reshape(-1) if b is not None else zeros_kd for b in (mech.key_bias, mech.query_bias)]
-            out = torch.addmm(torch.cat([*biases, flat.new_zeros(K * R)]), flat, wide)
-        else:
-            out = flat @ wide
-        keys = out[:, : K * D].view(B, M, K, D).transpose(1, 2)
-        queries = out[:, K * D : 2 * K * D].view(B, M, K, D).transpose(1, 2)
-        values = out[:, 2 * K * D :].view(B, M, K, R).transpose(1, 2)
-        heads: Array = _sdpa_twice_differentiable(queries, keys, values, None, mech.scale)
-        return heads
-
-    def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
-        if order != "sdpa":
-            return None
-        heads = self._fused(x, theta)
-        if heads is None:
-            heads = self._sdpa(x_theta(x, theta))
-        if heads is None:
-            return self.apply_members(x_theta(x, theta), reduce=True)
-        return heads.sum(1)
-
-    def run_factored(self, order: str, x: Array, value: Array, out: Array) -> Array:
-        heads = self._fused(x, value)
-        if heads is None:
-            heads = self._sdpa(x_theta(x, value))
-        if heads is None:
-            heads = self.apply_members(x_theta(x, value), reduce=False)
-        B, K, N, R = (int(s) for s in heads.shape)
-        wide = out.permute(0, 2, 1).reshape(K * R, int(out.shape[1]))
-        y: Array = heads.transpose(1, 2).reshape(B, N, K * R) @ wide
-        return y
-
-    def cost_order(self, order: str, batch: int, p: int, q: int) -> Cost | None:
-        return self.cost_factored(order, batch, p, q, q) if order == "sdpa" else None
-
-    def cost_factored(self, order: str, batch: int, p: int, q: int, rank: int) -> Cost:
-        B, K, M, N = self.shape
-        D = self._depth()
-        project = 2.0 * B * K * ((M + N) * p * D + M * p * rank)
-        attend = 4.0 * B * K * M * N * max(D, rank)
-        mix = 2.0 * B * N * K * rank * q
-        return Cost(project + attend + mix, float(B * K * ((M + N) * D + M * rank + N * rank) + B * N * q))
-
-
-def _attention_math(q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
-    """``softmax(q k^T scale, masked) v`` from differentiable operations (no empty rows: checked by the caller)."""
-    scores = (q @ k.transpose(-1, -2)) * scale
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    out: Array = scores.softmax(-1) @ v
-    return out
-
-
-_SDPA_FUNCTION: Any = None
-
-
-def _sdpa_function() -> Any:
-    """A ``torch.autograd.Function`` around ``scaled_dot_product_attention`` that can be differentiated twice.
-
-    torch's fused kernels (flash attention on CPU and GPU) have a backward that is not itself
-    differentiable, so ``create_graph=True`` (``gradgradcheck``, gradient penalties, Hessian-vector
-    products) would stop with "derivative for ..._backward is not implemented".  The forward keeps
-    the fused kernel's own graph; a first-order backward uses it (the fused backward, no
-    recomputation); a backward under ``create_graph=True`` recomputes the attention from
-    differentiable operations instead, so its gradient is differentiable again.
-    """
-    global _SDPA_FUNCTION
-    if _SDPA_FUNCTION is not None:
-        return _SDPA_FUNCTION
-    import torch
-    from torch.nn.functional import scaled_dot_product_attention
-
-    class TwiceDifferentiableSDPA(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, q: Any, k: Any, v: Any, allowed: Any, scale: float) -> Any:
-            inner = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
-            with torch.enable_grad():
-                out = scaled_dot_product_attention(inner[0], inner[1], inner[2], attn_mask=allowed, scale=scale)
-            ctx.save_for_backward(q, k, v)
-            ctx.inner, ctx.out, ctx.allowed, ctx.scale = inner, out, allowed, scale
-            return out.detach()
-
-        @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:
-            wanted = ctx.needs_input_grad[:3]
-            if torch.is_grad_enabled():  # create_graph=True: a gradient that can be differentiated again
-                q, k, v = ctx.saved_tensors
-                with torch.enable_grad():
-                    out = _attention_math(q, k, v, ctx.allowed, ctx.scale)
-                    inputs = [t for t, w in zip((q, k, v), wanted, strict=True) if w]
-                    found = iter(torch.autograd.grad(out, inputs, grad, create_graph=torch.is_grad_enabled()))
-            else:
-                inputs = [t for t, w in zip(ctx.inner, wanted, strict=True) if w]
-                # retained: a repeated backward (retain_graph=True) gives the same gradient; the fused
-                # graph holds only what the output does, plus the kernel's row statistics
-                found = iter(torch.autograd.grad(ctx.out, inputs, grad, retain_graph=True))
-            return (*(next(found) if w else None for w in wanted), None, None)
-
-    _SDPA_FUNCTION = TwiceDifferentiableSDPA
-    return _SDPA_FUNCTION
-
-
-def _sdpa_twice_differentiable(q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
-    """``scaled_dot_product_attention(q, k, v, allowed, scale)`` whose gradient can be differentiated again."""
-    from torch.nn.functional import scaled_dot_product_attention
-
-    if not (q.requires_grad or k.requires_grad or v.requires_grad):
-        out: Array = scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
-        return out
-    result: Array = _sdpa_function().apply(q, k, v, allowed, scale)
-    return result
-
-
-def _normalise(scores: Array, mask: Array | None, leaky_relu: float | None, normalize: bool) -> Array:
-    """LeakyReLU, log-domain mask and column-wise softmax of raw scores."""
-    lib = namespace(scores)
-    if leaky_relu is not None:
-        scores = lib.where(scores >= 0, scores, scores * leaky_relu)
-    if normalize:
-        return masked_softmax(scores, mask)
-    if mask is None:
-        return scores
-    allowed = _allowed(mask, lib)
-    return scores.masked_fill(~allowed, 0.0) if is_torch(scores) else lib.where(allowed, scores, 0.0)
 
 
 def attention_basis(
@@ -652,7 +325,7 @@ def attention_basis(
 
 
 def _check_mask(mask: Array, shape: tuple[int, ...]) -> None:
-    if not is_torch(mask) and not hasattr(mask, "dtype"):
+    if not hasattr(mask, "dtype"):  # a NumPy array or a tensor
         raise TypeError(f"mask must be an array or tensor, got {type(mask).__name__}")
     try:
         np.broadcast_shapes(tuple(int(s) for s in mask.shape), shape)
@@ -661,4 +334,4 @@ def _check_mask(mask: Array, shape: tuple[int, ...]) -> None:
             f"mask of shape {shape_str(tuple(mask.shape))} does not broadcast to the scores "
             f"{shape_str(shape)} (B, K, M, N)"
         ) from err
-    _allowed(mask, namespace(mask))
+    allowed_mask(mask)

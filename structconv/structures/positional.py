@@ -35,19 +35,31 @@ one over the torus, each difference wrapped to its shortest representative.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..backend import Array, einsum, is_torch, namespace, shape_str
+from ..backend import Array, as_index, einsum, is_floating, namespace, of, shape_str, to_numpy
 from ..backend.checks import check_array
+from ..bases.attention import masked_softmax
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.kronecker import KroneckerBasis
-from .attention import Mechanism, masked_softmax
-from .grid import BOUNDARIES, GridBasis, _grid
+from .attention import Mechanism
+from .grid import GridBasis, _grid
+from .relative import RelativeAttention, RelativeOffsets, _axis_sum, _check_tables, _split, placed, relative_offsets
+
+__all__ = [
+    "GaussianPosition",
+    "LearnedPosition",
+    "PositionalMechanism",
+    "QuadraticPosition",
+    "RelativeAttention",
+    "RelativeOffsets",
+    "positional_basis",
+    "relative_offsets",
+]
 
 #: Log-range of a head's weights beyond which :meth:`PositionalMechanism.basis` stays dense
 #: (the shift form holds the weights relative to one shift, which must not under- or overflow).
@@ -64,106 +76,9 @@ _KRONECKER_MIN_POSITIONS = 1024
 _SHIFT_COST = 16
 
 
-@dataclass(frozen=True)
-class RelativeOffsets:
-    """The distinct offsets of a grid and, for every pair ``(m, n)``, which one joins them.
-
-    Attributes
-    ----------
-    offsets
-        ``(O, d)`` integer offsets, row-major over the per-axis ranges.
-    index
-        ``(M, N)``: the offset id of :math:`\\mathrm{pos}(m) - \\mathrm{pos}(n)`.
-    axis_index
-        ``(d, M, N)``: per axis, the position of :math:`\\delta_i` in that axis's range.
-    lows, lengths
-        Per axis, the smallest offset and the number of offsets.
-    """
-
-    grid: tuple[int, ...]
-    boundary: str
-    offsets: np.ndarray = field(repr=False)
-    index: np.ndarray = field(repr=False)
-    axis_index: np.ndarray = field(repr=False)
-    lows: tuple[int, ...]
-    lengths: tuple[int, ...]
-    _placed: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def index_like(self, like: Array) -> Any:
-        """:attr:`index` as an integer array on the backend and device of ``like`` (made once per device)."""
-        if not is_torch(like):
-            return self.index
-        key = ("index", str(like.device))
-        placed = self._placed.get(key)
-        if placed is None:
-            placed = self._placed[key] = _as_index(self.index, like)
-        return placed
-
-
-_RELATIVE: dict[tuple[tuple[int, ...], str], RelativeOffsets] = {}
-
-
-def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeOffsets:
-    """The :class:`RelativeOffsets` of ``grid`` under ``boundary`` (cached by value)."""
-    # A plain dictionary, not functools.lru_cache: torch.compile honours a dictionary lookup (and
-    # guards on it) but traces through an lru_cache into the NumPy construction below.
-    key = (tuple(grid), boundary)
-    cached = _RELATIVE.get(key)
-    if cached is None:
-        cached = _RELATIVE[key] = _relative_offsets(*key)
-    return cached
-
-
-def _relative_offsets(grid: tuple[int, ...], boundary: str) -> RelativeOffsets:
-    g = _grid(grid)
-    if boundary not in BOUNDARIES:
-        raise ValueError(f"boundary must be one of {BOUNDARIES}, got {boundary!r}")
-    size = np.asarray(g)
-    periodic = boundary == "periodic"
-    lows = tuple(int(v) for v in (-(size // 2) if periodic else -(size - 1)))
-    lengths = tuple(int(v) for v in (size if periodic else 2 * size - 1))
-    pos = np.stack(np.meshgrid(*[np.arange(s) for s in g], indexing="ij"), -1).reshape(-1, len(g))
-    delta = pos[:, None, :] - pos[None, :, :]
-    if periodic:
-        delta = (delta + size // 2) % size - size // 2
-    axis_index = np.moveaxis(delta - np.asarray(lows), -1, 0).astype(np.int64)
-    index = np.ravel_multi_index(tuple(axis_index), lengths).astype(np.int64)
-    axes = [np.arange(lo, lo + n) for lo, n in zip(lows, lengths, strict=True)]
-    offsets = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(g)).astype(np.int64)
-    for a in (offsets, index, axis_index):
-        a.setflags(write=False)
-    return RelativeOffsets(g, boundary, offsets, index, axis_index, lows, lengths)
-
-
-_TORCH_INDEX: dict[tuple[int, str], Any] = {}
-
-
-def _as_index(index: np.ndarray, like: Array) -> Any:
-    """``index`` as an integer array on the backend and device of ``like`` (cached for the read-only tables)."""
-    if not is_torch(like):
-        return index
-    import torch
-
-    if index.flags.writeable:
-        return torch.as_tensor(index, device=like.device)
-    key = (id(index), str(like.device))
-    cached = _TORCH_INDEX.get(key)
-    if cached is None or cached[0] is not index:
-        cached = _TORCH_INDEX[key] = (index, torch.from_numpy(index.copy()).to(like.device))
-    return cached[1]
-
-
-def _constant(values: np.ndarray, like: Array) -> Any:
-    """``values`` on the backend, dtype and device of ``like``."""
-    if is_torch(like):
-        import torch
-
-        return torch.as_tensor(values, dtype=like.dtype, device=like.device)
-    return values.astype(like.dtype)
-
-
 def _detached(a: Array) -> np.ndarray:
-    return np.asarray(a.detach().double().cpu().numpy() if is_torch(a) else a, dtype=np.float64)
+    xp = namespace(a)
+    return to_numpy(xp.astype(a, xp.float64))
 
 
 class PositionalMechanism(Mechanism):
@@ -201,8 +116,7 @@ class PositionalMechanism(Mechanism):
             return None
         factors = []
         for size, scores in zip(self.grid, per_axis, strict=True):
-            index = relative_offsets((size,), self.boundary).index
-            factors.append(masked_softmax(scores[:, _as_index(index, scores)]))
+            factors.append(masked_softmax(scores[:, relative_offsets((size,), self.boundary).index_like(scores)]))
         return KroneckerBasis(factors)
 
     def dense_scores(self) -> Array:
@@ -273,7 +187,7 @@ class PositionalMechanism(Mechanism):
         heads = []
         for h in range(K):
             chosen = np.flatnonzero(keep[h])
-            weights = lib.exp(scores[h, _as_index(chosen, scores)] - float(floor[h]))[None]
+            weights = lib.exp(scores[h, as_index(chosen, scores)] - float(floor[h]))[None]
             heads.append(GridBasis(self.grid, self.grid, rel.offsets[chosen], 1, self.boundary, weights, True))
         return ConcatBasis(heads)
 
@@ -285,20 +199,6 @@ def _check_centres(centres: Array, d: int, name: str = "centres") -> int:
     return int(centres.shape[0])
 
 
-_TORCH_OFFSETS: dict[tuple[int, str, str], Any] = {}
-
-
-def _offsets_like(rel: RelativeOffsets, like: Array) -> Any:
-    """``rel.offsets`` as floats on the backend, dtype and device of ``like`` (cached on torch: no copy per call)."""
-    if not is_torch(like):
-        return rel.offsets.astype(like.dtype)
-    key = (id(rel.offsets), str(like.dtype), str(like.device))
-    cached = _TORCH_OFFSETS.get(key)
-    if cached is None or cached[0] is not rel.offsets:
-        cached = _TORCH_OFFSETS[key] = (rel.offsets, _constant(rel.offsets.astype(np.float64), like))
-    return cached[1]
-
-
 def _wrapped_difference(rel: RelativeOffsets, centres: Array) -> Array:
     """:math:`\\delta_o - \\Delta_h` for every head and offset, ``(K, O, d)``, wrapped on a torus.
 
@@ -306,13 +206,10 @@ def _wrapped_difference(rel: RelativeOffsets, centres: Array) -> Array:
     :math:`s` (half a side, not :math:`\\lfloor s/2\\rfloor`: on odd sides a non-integer
     difference of :math:`\\lfloor s/2\\rfloor + 0.7` is nearer through the border).
     """
-    diff = _offsets_like(rel, centres)[None] - centres[:, None, :]
+    diff = placed(rel, "offsets", centres)[None] - centres[:, None, :]
     if rel.boundary == "periodic":
-        size = np.asarray(rel.grid, dtype=np.float64)
-        if is_torch(centres):
-            s = _constant(size, centres)
-            return namespace(centres).remainder(diff + s / 2, s) - s / 2
-        return (diff + size / 2) % size - size / 2
+        size = of(centres).asarray(np.asarray(rel.grid, dtype=np.float64), centres)
+        return (diff + size / 2) % size - size / 2  # a Python-style remainder on both backends
     return diff
 
 
@@ -411,43 +308,6 @@ class GaussianPosition(PositionalMechanism):
         return -0.5 * (proj * proj).sum(-1)
 
 
-def _check_tables(tables: Sequence[Array], rel: RelativeOffsets) -> tuple[int, ...]:
-    if len(tables) != len(rel.grid):
-        raise ValueError(f"give one table per grid axis: {len(rel.grid)} tables, got {len(tables)}")
-    widths = []
-    for i, (t, length) in enumerate(zip(tables, rel.lengths, strict=True)):
-        check_array(t, f"tables[{i}]", (2,), ("(L, D_i)",))
-        if int(t.shape[0]) != length:
-            raise ValueError(
-                f"tables[{i}] must have {length} rows (the {rel.boundary} offsets of an axis of "
-                f"{rel.grid[i]}), got {shape_str(tuple(t.shape))}"
-            )
-        widths.append(int(t.shape[1]))
-    return tuple(widths)
-
-
-def _axis_sum(per_axis: Sequence[Array], lengths: tuple[int, ...]) -> Array:
-    """``(K, L_1) ... (K, L_d)`` -> ``(K, O)``: the sum over axes at every offset (row-major)."""
-    d = len(per_axis)
-    total = None
-    for i, s in enumerate(per_axis):
-        shape = [int(s.shape[0])] + [lengths[j] if j == i else 1 for j in range(d)]
-        term = s.reshape(shape)
-        total = term if total is None else total + term
-    assert total is not None
-    return total.reshape(int(total.shape[0]), -1)
-
-
-def _split(a: Array, widths: tuple[int, ...], axis: int) -> list[Array]:
-    out, start = [], 0
-    for w in widths:
-        index = [slice(None)] * a.ndim
-        index[axis] = slice(start, start + w)
-        out.append(a[tuple(index)])
-        start += w
-    return out
-
-
 @dataclass(frozen=True, eq=False)
 class LearnedPosition(PositionalMechanism):
     r"""Learned relative embeddings, position only: :math:`a_{hmn} = t_h\cdot r_{\delta_{mn}}`.
@@ -487,116 +347,6 @@ class LearnedPosition(PositionalMechanism):
         return _axis_sum(self.axis_scores(), self.relative.lengths)
 
 
-@dataclass(frozen=True, eq=False)
-class RelativeAttention(Mechanism):
-    r"""Content and learned relative position together: the four terms of Eq. 5.
-
-    With keys :math:`k_m = x_m W^k_h` and queries :math:`q_n = z_n W^q_h` (``key``/``query``,
-    ``(K, P, D)``), the projected embedding :math:`\hat r_\delta = \hat W_h^\top r_\delta`
-    (``rel_key``, ``(K, D_p, D)``, with :math:`r_\delta` from per-axis ``tables`` as in
-    :class:`LearnedPosition`), and the vectors ``u`` and ``v`` (``(K, D)``):
-
-    .. math:: a_{hmn} = \mathrm{scale}\,\big(q_n\cdot k_m + q_n\cdot\hat r_{\delta_{mn}} + u_h\cdot k_m
-              + v_h\cdot\hat r_{\delta_{mn}}\big).
-
-    A term is present when its parameters are given (``key`` and ``query``; ``query`` and
-    ``rel_key``; ``key`` and ``u``; ``rel_key`` and ``v``).  The query-position term is computed
-    per axis against the :math:`L_i` offsets of the axis and gathered, never through an
-    ``(M, N, D)`` tensor of embeddings.
-    """
-
-    grid: tuple[int, ...]
-    tables: tuple[Array, ...]
-    key: Array | None = None
-    query: Array | None = None
-    rel_key: Array | None = None
-    u: Array | None = None
-    v: Array | None = None
-    boundary: str = "zero"
-    scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "grid", _grid(self.grid))
-        object.__setattr__(self, "tables", tuple(self.tables))
-        widths = _check_tables(self.tables, relative_offsets(self.grid, self.boundary))
-        terms = self._terms()
-        if not any(terms):
-            raise ValueError("RelativeAttention needs one of: key+query, query+rel_key, key+u, rel_key+v")
-        named = (("key", self.key), ("query", self.query), ("rel_key", self.rel_key))
-        given = {n: a for n, a in named if a is not None}
-        for name, a in given.items():
-            check_array(a, name, (3,), (f"(K, {'D_p' if name == 'rel_key' else 'P'}, D)",))
-        dims = {(int(a.shape[0]), int(a.shape[2])) for a in given.values()}
-        for name, a in (("u", self.u), ("v", self.v)):
-            if a is not None:
-                check_array(a, name, (2,), ("(K, D)",))
-                dims.add((int(a.shape[0]), int(a.shape[1])))
-        if len(dims) != 1:
-            raise ValueError(f"key, query, rel_key, u and v must share (K, D), got {sorted(dims)}")
-        if self.rel_key is not None and int(self.rel_key.shape[1]) != sum(widths):
-            raise ValueError(
-                f"rel_key must have shape (K, D_p, D) with D_p = {sum(widths)} (the tables' widths), "
-                f"got {shape_str(tuple(self.rel_key.shape))}"
-            )
-
-    def _terms(self) -> tuple[bool, bool, bool, bool]:
-        k, q, r = self.key is not None, self.query is not None, self.rel_key is not None
-        return k and q, q and r, k and self.u is not None, r and self.v is not None
-
-    @property
-    def heads(self) -> int:
-        for a in (self.key, self.query, self.rel_key, self.u, self.v):
-            if a is not None:
-                return int(a.shape[0])
-        raise AssertionError("unreachable: __post_init__ requires a term")
-
-    @property
-    def relative(self) -> RelativeOffsets:
-        return relative_offsets(self.grid, self.boundary)
-
-    def _projected_tables(self) -> list[Array]:
-        """Per axis :math:`\\hat W_h^{(i)\\top} r^{(i)}`, ``(K, L_i, D)``."""
-        assert self.rel_key is not None
-        widths = tuple(int(t.shape[1]) for t in self.tables)
-        parts = _split(self.rel_key, widths, 1)
-        return [einsum("le,ked->kld", t, w) for t, w in zip(self.tables, parts, strict=True)]
-
-    def scores(self, x: Array, z: Array) -> Array:
-        rel = self.relative
-        M, N = rel.index.shape
-        if int(x.shape[1]) != M or int(z.shape[1]) != N:
-            raise ValueError(
-                f"RelativeAttention on the grid {self.grid} needs {M} positions, got x with "
-                f"{int(x.shape[1])} and z with {int(z.shape[1])}"
-            )
-        content, query_pos, key_bias, position = self._terms()
-        keys = einsum("bmp,kpd->bkmd", x, self.key) if self.key is not None else None
-        queries = einsum("bnp,kpd->bknd", z, self.query) if self.query is not None else None
-        B, K = int(x.shape[0]), self.heads
-        total: Any = 0.0
-        if content:
-            assert keys is not None and queries is not None
-            total = total + keys @ (queries.transpose(-1, -2) if is_torch(keys) else queries.swapaxes(-1, -2))
-        if key_bias:
-            total = total + einsum("bkmd,kd->bkm", keys, self.u)[..., None]
-        if query_pos or position:
-            projected = self._projected_tables()
-        if query_pos:
-            for i, table in enumerate(projected):
-                per_offset = einsum("bknd,kld->bknl", queries, table)  # (B, K, N, L_i)
-                idx = _as_index(np.ascontiguousarray(rel.axis_index[i].T), per_offset)  # (N, M)
-                if is_torch(per_offset):
-                    gathered = per_offset.gather(-1, idx.expand(B, K, N, M))
-                else:
-                    gathered = np.take_along_axis(per_offset, np.broadcast_to(idx, (B, K, N, M)), -1)
-                total = total + (gathered.transpose(-1, -2) if is_torch(gathered) else gathered.swapaxes(-1, -2))
-        if position:
-            per_axis = [einsum("kld,kd->kl", t, self.v) for t in projected]
-            offset_scores = _axis_sum(per_axis, rel.lengths)
-            total = total + offset_scores[:, rel.index_like(offset_scores)][None]
-        return total * self.scale if self.scale != 1.0 else total
-
-
 def positional_basis(
     grid: Any,
     centres: Array,
@@ -620,6 +370,6 @@ def positional_basis(
     offsets = _detached(centres)
     if not np.allclose(offsets, np.round(offsets)):
         raise ValueError("hard attention (alpha=None) needs integer centres (the offsets it attends to)")
-    like = centres if is_torch(centres) and centres.is_floating_point() else None
+    like = centres if is_floating(centres) else None
     shifts = GridBasis(g, g, np.round(offsets).astype(np.int64), 1, boundary, like=like)
     return DenseBasis(shifts.to_dense())

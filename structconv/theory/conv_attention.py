@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, is_torch, shape_str, to_numpy
+from ..backend import Array, as_index, is_floating, namespace, of, shape_str, to_numpy
 from ..backend.checks import check_array
-from ..bases.base import Basis, as_basis
+from ..bases.base import Basis
+from ..bases.convert import as_basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 
@@ -44,11 +45,8 @@ def attention_alpha_bound(dtype: Any, ndim: int = 2) -> float:
 
 
 def _like(values: np.ndarray, like: Array) -> Any:
-    if is_torch(like):
-        import torch
-
-        return torch.as_tensor(values, dtype=like.dtype, device=like.device)
-    return values.astype(like.dtype)
+    """``values`` as a new array with the backend, dtype and device of ``like``."""
+    return of(like).asarray(values.astype(np.float64), like)
 
 
 def _padded_heads(grid: tuple[int, ...], pad: tuple[int, ...], centres: Any, alpha: Any) -> DenseBasis:
@@ -60,11 +58,7 @@ def _padded_heads(grid: tuple[int, ...], pad: tuple[int, ...], centres: Any, alp
     inner = np.ravel_multi_index(
         tuple(np.meshgrid(*[np.arange(p, p + g) for g, p in zip(grid, pad, strict=True)], indexing="ij")), big
     ).reshape(-1)
-    index: Any = inner
-    if is_torch(heads):
-        import torch
-
-        index = torch.as_tensor(inner, device=heads.device)
+    index = as_index(inner, heads)
     return DenseBasis(heads[:, index][:, :, index])
 
 
@@ -151,7 +145,7 @@ def conv_to_attention(
         basis: Basis = _padded_heads(g, tuple(k // 2 for k in kernel), centres, widths)
     else:
         basis = positional_basis(g, centres, widths, "zero" if boundary == "padded" else boundary)
-    theta = weight.flatten(2).permute(2, 1, 0) if is_torch(weight) else weight.reshape(Q, P, -1).transpose(2, 1, 0)
+    theta = namespace(weight).permute_dims(weight.reshape(Q, P, -1), (2, 1, 0))
     if head_dim is None and out_dim is None:
         return basis, theta, bias
     Dh = head_dim if head_dim is not None else Q
@@ -264,14 +258,6 @@ def attention_to_conv(
         )
     unique, inverse = np.unique(fit.offsets, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
-    merged: Any
-    if is_torch(theta):
-        import torch
-
-        merged = torch.zeros((len(unique),) + tuple(theta.shape[1:]), dtype=theta.dtype, device=theta.device)
-        merged = merged.index_add(0, torch.as_tensor(inverse, device=theta.device), theta)
-    else:
-        merged = np.zeros((len(unique),) + tuple(theta.shape[1:]), dtype=theta.dtype)
-        np.add.at(merged, inverse, theta)
-    like = theta if is_torch(theta) else None
+    merged = of(theta).scatter_add(theta, as_index(inverse, theta), len(unique))
+    like = theta if is_floating(theta) else None
     return GridBasis(fit.grid, fit.grid, unique, 1, boundary, like=like), merged

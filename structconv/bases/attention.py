@@ -1,0 +1,274 @@
+r"""The attention basis: softmax-normalised scores of a mechanism, computed when an order needs them.
+
+:class:`AttentionBasis` is the representation of :math:`A_{bk} = \mathrm{softmax}_m(\mathrm{mask}(a(x_b,
+z_b; \Xi_k)))`; the mechanisms :math:`a` and the builder :func:`~structconv.attention_basis` live in
+:mod:`structconv.structures.attention`.  The basis is a value: it holds its inputs, mechanism and
+mask and computes the weights from them on every use, so a parameter changed in place (an
+optimiser step) is always seen.  A caller that needs the weights several times holds on to
+:meth:`AttentionBasis.weights`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ..backend import Array, concatenate, device_of, namespace, of, x_theta, zeros
+from .base import Basis, Cost
+from .dense import DenseBasis
+
+
+class ScoreFunction(Protocol):
+    """What the basis needs of a mechanism: its head count and its scores ``(B or 1, K, M, N)``."""
+
+    @property
+    def heads(self) -> int: ...
+
+    def scores(self, x: Array, z: Array) -> Array: ...
+
+
+def allowed_mask(mask: Array) -> Array:
+    """A boolean mask (``True`` = allowed) from a boolean or additive ``{-inf, 0}`` mask."""
+    if str(mask.dtype).endswith("bool"):
+        return mask
+    lib = namespace(mask)
+    finite = lib.isfinite(mask)
+    if bool(lib.isnan(mask).any()) or bool((mask[finite] != 0).any()) or bool((mask[~finite] > 0).any()):
+        raise ValueError("mask must be boolean (True = allowed) or hold only -inf and 0")
+    return finite
+
+
+def masked_softmax(scores: Array, mask: Array | None = None) -> Array:
+    r"""Column-wise softmax over :math:`m` (axis ``-2``) with log-domain masking.
+
+    .. math:: w_{mn} = \frac{\mathbb 1_{\Omega}(m, n)\, e^{s_{mn} - c_n}}
+              {\sum_{m'} \mathbb 1_{\Omega}(m', n)\, e^{s_{m'n} - c_n}},
+              \qquad c_n = \max_{m:\,(m, n)\in\Omega} s_{mn},
+
+    over the allowed set :math:`\Omega`; a column :math:`n` with no allowed entry is 0.
+
+    Parameters
+    ----------
+    scores
+        Scores, at least 2-D; the softmax runs over axis ``-2``.
+    mask
+        Broadcasts to ``scores``: booleans (``True`` = allowed) or additive values in
+        :math:`\{-\infty, 0\}`.
+
+    Returns
+    -------
+    Array
+        Weights of the dtype of ``scores``.  A column with no allowed entry gives zeros (never
+        ``NaN``) in every floating dtype, and its gradient is zero.
+    """
+    backend = of(scores)
+    # NumPy and torch spell every call below alike (a hot path: no array API wrappers).
+    lib = backend.native()
+    if mask is not None:
+        scores = lib.where(allowed_mask(mask), scores, -float("inf"))
+    peak = backend.detach(lib.amax(scores, axis=-2, keepdims=True))
+    peak = lib.where(lib.isfinite(peak), peak, 0.0)  # an empty column: exp(-inf) = 0 below
+    exp = lib.exp(scores - peak)
+    total = exp.sum(-2, keepdims=True)
+    # A non-empty column sums to at least 1 (its peak gives exp(0)); an empty one sums to 0 and is
+    # divided by 1 instead (a clamp to a tiny value underflows to 0 in float32 and below, and
+    # 1/tiny overflows in the backward).
+    return exp / lib.where(total > 0, total, 1.0)
+
+
+def normalise(scores: Array, mask: Array | None, leaky_relu: float | None, normalize: bool) -> Array:
+    """LeakyReLU, log-domain mask and column-wise softmax of raw scores."""
+    lib = of(scores).native()
+    if leaky_relu is not None:
+        scores = lib.where(scores >= 0, scores, scores * leaky_relu)
+    if normalize:
+        return masked_softmax(scores, mask)
+    return scores if mask is None else lib.where(allowed_mask(mask), scores, 0.0)
+
+
+class AttentionBasis(Basis):
+    r"""Softmax attention :math:`A_{bk} = \mathrm{softmax}_m(\mathrm{mask}(a(x_b, z_b; \Xi_k)))`, ``(B, K, M, N)``.
+
+    The weights are materialised only when an order needs them (:meth:`to_dense`, the triangle's
+    orders), afresh each time (the basis keeps no copy that a parameter changed in place would
+    leave stale).  For a Transformer mechanism (:attr:`~structconv.BiAffine.transformer`) on a
+    backend with a fused kernel (torch) the engine may instead run the whole layer as
+    ``"sdpa"``: keys, queries and :math:`x\Theta_k` (or :math:`xU_k` for a
+    :class:`~structconv.LowRank` parameter) by GEMMs, then
+    ``torch.nn.functional.scaled_dot_product_attention``, which never stores the :math:`M\times N`
+    weights.  Both paths compute the same :math:`\sum_k A_k^\top x\Theta_k`.  Build it with
+    :func:`~structconv.attention_basis`.
+    """
+
+    __slots__ = ("_x", "_z", "leaky_relu", "mask", "mechanism", "normalize")
+    representation = "attention"
+
+    def __init__(
+        self,
+        x: Array,
+        z: Array,
+        mechanism: ScoreFunction,
+        mask: Array | None = None,
+        leaky_relu: float | None = None,
+        normalize: bool = True,
+    ) -> None:
+        self._x, self._z, self.mechanism = x, z, mechanism
+        self.mask, self.leaky_relu, self.normalize = mask, leaky_relu, normalize
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (int(self._x.shape[0]), self.mechanism.heads, int(self._x.shape[1]), int(self._z.shape[1]))
+
+    @property
+    def backend(self) -> str:
+        return of(self._x).name
+
+    @property
+    def dtype(self) -> Any:
+        return self._x.dtype
+
+    @property
+    def device(self) -> str:
+        return device_of(self._x)
+
+    def weights(self) -> DenseBasis:
+        """The weights as a :class:`~structconv.DenseBasis`, from the current inputs and parameters."""
+        scores = self.mechanism.scores(self._x, self._z)
+        lib = of(scores).native()
+        if int(scores.shape[0]) != self.shape[0]:  # a position-only mechanism: one copy per instance
+            scores = lib.broadcast_to(scores, self.shape)
+        # Under autocast the scores may be 16-bit: normalise in float32, store in the inputs' dtype.
+        if scores.dtype.itemsize >= 4:
+            return DenseBasis.of_weights(normalise(scores, self.mask, self.leaky_relu, self.normalize))
+        xp = namespace(scores)
+        weights = normalise(xp.astype(scores, xp.float32), self.mask, self.leaky_relu, self.normalize)
+        return DenseBasis.of_weights(xp.astype(weights, self._x.dtype))
+
+    def to_dense(self) -> Array:
+        return self.weights().to_dense()
+
+    def transpose(self) -> Basis:
+        return self.weights().transpose()
+
+    def select(self, members: Sequence[int]) -> Basis:
+        return self.weights().select(members)
+
+    def to(self, device: Any = None, dtype: Any = None) -> Basis:
+        """A dtype change stays lazy (the inputs are converted); a device change materialises the weights."""
+        if device is None:
+            lib = namespace(self._x)
+            x, z = ((a if dtype is None else lib.astype(a, dtype)) for a in (self._x, self._z))
+            return AttentionBasis(x, z, self.mechanism, self.mask, self.leaky_relu, self.normalize)
+        return self.weights().to(device, dtype)
+
+    def plan_key(self) -> tuple[Any, ...]:
+        return (type(self).__name__, self.shape, self.special_orders(), self._depth())
+
+    def _depth(self) -> int:
+        """The width ``D`` the scores are computed through (for the cost model)."""
+        key = getattr(self.mechanism, "key", None)
+        return int(key.shape[2]) if key is not None else int(self._x.shape[-1])
+
+    def _score_cost(self, batch: int) -> Cost:
+        B, K, M, N = self.shape
+        D, P = self._depth(), int(self._x.shape[-1])
+        return Cost(2.0 * B * K * (M * N * D + (M + N) * P * D), 2.0 * B * K * M * N)
+
+    def apply_each(self, x: Array) -> Array:
+        return self.weights().apply_each(x)
+
+    def apply_members(self, s: Array, reduce: bool) -> Array:
+        return self.weights().apply_members(s, reduce)
+
+    def apply_combined(self, x: Array, theta: Array) -> Array:
+        return self.weights().apply_combined(x, theta)
+
+    def cost_each(self, batch: int, channels: int) -> Cost:
+        B, K, M, N = self.shape
+        return self._score_cost(batch) + Cost(2.0 * B * K * M * N * channels, float(batch * K * N * channels))
+
+    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
+        B, K, M, N = self.shape
+        out = batch * N * channels * (1 if reduce else K)
+        return self._score_cost(batch) + Cost(2.0 * B * K * M * N * channels, float(out))
+
+    # --- the fused order -------------------------------------------------------------------
+    def special_orders(self) -> tuple[str, ...]:
+        fused = (
+            of(self._x).fused_attention
+            and getattr(self.mechanism, "transformer", False)
+            and self.normalize
+            and self.leaky_relu is None
+        )
+        return ("sdpa",) if fused else ()
+
+    def factor_orders(self) -> tuple[str, ...]:
+        return self.special_orders()
+
+    def _sdpa(self, values: Array) -> Array | None:
+        r"""Per-head outputs :math:`A_k^\top v_k`, ``(B, K, N, R)``, or ``None`` if a column is fully masked."""
+        mech: Any = self.mechanism
+        allowed = None
+        if self.mask is not None:
+            allowed = allowed_mask(self.mask)
+            if not bool(allowed.any(-2).all()):  # the fused kernel gives NaN there; the dense path zeros
+                return None
+            allowed = allowed.swapaxes(-1, -2)  # the kernel's layout is [query, key]
+        keys, queries = mech.projections(self._x, self._z)
+        out: Array = of(values).attention(queries, keys, values, allowed, mech.scale)
+        return out
+
+    def _fused(self, x: Array, value: Array) -> Array | None:
+        """Self-attention without a mask: keys, queries and values from one GEMM, then the fused kernel."""
+        mech: Any = self.mechanism
+        if self.mask is not None or x is not self._x or self._z is not self._x:
+            return None
+        B, M, P = (int(s) for s in x.shape)
+        K, _, D = (int(s) for s in mech.key.shape)
+        R = int(value.shape[2])
+        wide = concatenate([w.swapaxes(0, 1).reshape(P, -1) for w in (mech.key, mech.query, value)], 1)
+        flat = x.reshape(B * M, P)
+        backend = of(flat)
+        if mech.key_bias is not None or mech.query_bias is not None:
+            zeros_kd = zeros((K * D,), like=flat)
+            biases = [b.reshape(-1) if b is not None else zeros_kd for b in (mech.key_bias, mech.query_bias)]
+            out = backend.addmm(concatenate([*biases, zeros((K * R,), like=flat)], 0), flat, wide)
+        else:
+            out = flat @ wide
+        keys = out[:, : K * D].reshape(B, M, K, D).swapaxes(1, 2)
+        queries = out[:, K * D : 2 * K * D].reshape(B, M, K, D).swapaxes(1, 2)
+        values = out[:, 2 * K * D :].reshape(B, M, K, R).swapaxes(1, 2)
+        heads: Array = backend.attention(queries, keys, values, None, mech.scale)
+        return heads
+
+    def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
+        if order != "sdpa":
+            return None
+        heads = self._fused(x, theta)
+        if heads is None:
+            heads = self._sdpa(x_theta(x, theta))
+        if heads is None:
+            return self.apply_members(x_theta(x, theta), reduce=True)
+        return heads.sum(1)
+
+    def run_factored(self, order: str, x: Array, value: Array, out: Array) -> Array:
+        heads = self._fused(x, value)
+        if heads is None:
+            heads = self._sdpa(x_theta(x, value))
+        if heads is None:
+            heads = self.apply_members(x_theta(x, value), reduce=False)
+        B, K, N, R = (int(s) for s in heads.shape)
+        wide = out.swapaxes(1, 2).reshape(K * R, int(out.shape[1]))  # (K, Q, R) -> (K R, Q)
+        y: Array = heads.swapaxes(1, 2).reshape(B, N, K * R) @ wide
+        return y
+
+    def cost_order(self, order: str, batch: int, p: int, q: int) -> Cost | None:
+        return self.cost_factored(order, batch, p, q, q) if order == "sdpa" else None
+
+    def cost_factored(self, order: str, batch: int, p: int, q: int, rank: int) -> Cost:
+        B, K, M, N = self.shape
+        D = self._depth()
+        project = 2.0 * B * K * ((M + N) * p * D + M * p * rank)
+        attend = 4.0 * B * K * M * N * max(D, rank)
+        mix = 2.0 * B * N * K * rank * q
+        return Cost(project + attend + mix, float(B * K * ((M + N) * D + M * rank + N * rank) + B * N * q))

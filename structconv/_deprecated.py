@@ -22,7 +22,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "factor": ("structconv.bases.factor",),
     "edges": ("structconv.bases.edges",),
     "contract": ("structconv.engine.contract",),
-    "grid": ("structconv.structures.grid",),
+    "grid": ("structconv.structures.grid", "structconv.bases.grid"),
     "graph": (
         "structconv.structures.graph",
         "structconv.structures.edge_list",

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .stencil import Geometry
+
 Array = Any
 """An array of a supported backend (``numpy.ndarray`` or ``torch.Tensor``)."""
 
@@ -108,6 +110,34 @@ class Backend(ABC):
         """``out[index[i]] += values[i]`` along axis 0 into ``size`` rows of zeros."""
 
     # --- structures: grid (shift kernels) ------------------------------------------------------
+    @abstractmethod
+    def placed(self, a: Array, device: Any = None, dtype: Any = None) -> Array:
+        """``a`` moved to ``device`` and cast to ``dtype`` (``None`` keeps either)."""
+
+    @abstractmethod
+    def frame(self, xg: Array, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> Array:
+        """Pad axes ``1..d`` of ``xg`` (``(B, *grid, C)``) by ``lo``/``hi`` zeros, or wrapped entries if periodic."""
+
+    @abstractmethod
+    def shift_gemm(self, buf: Array, thetas: Array, shifts: tuple[int, ...], rows: int) -> Array:
+        r""":math:`Y = \sum_j X_{[f_j,\,f_j + R)}\,\Theta_j`: one GEMM per tap on contiguous rows of ``buf``."""
+
+    @abstractmethod
+    def gemm_shift(self, buf: Array, thetas: Array, shifts: tuple[int, ...], rows: int) -> Array:
+        r"""One GEMM :math:`S = X\,[\Theta_1 \cdots \Theta_J]`, then :math:`Y = \sum_j S_{[f_j,\,f_j + R),\,j}`."""
+
+    @abstractmethod
+    def native_stencil_ndim(self) -> int:
+        """The most grid dimensions a native convolution of this backend takes (0: none)."""
+
+    @abstractmethod
+    def native_stencil(self, x: Array, thetas: Array, geo: Geometry) -> Array:
+        """A shift basis with one ``(P, Q)`` map per tap as one native convolution: ``(B, M, P) -> (B, N, Q)``."""
+
+    @abstractmethod
+    def native_depthwise(self, x: Array, weights: Array, geo: Geometry) -> Array:
+        """Each member of a shift basis with ``(K, J)`` tap weights, per channel: ``(B, M, C) -> (B, K, N, C)``."""
+
     # --- structures: graph ---------------------------------------------------------------------
     @abstractmethod
     def default_float(self) -> Any:

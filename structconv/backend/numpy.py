@@ -82,6 +82,45 @@ class NumpyBackend(Backend):
         np.add.at(out, index, values)
         return out
 
+    # --- structures: grid (shift kernels) ------------------------------------------------------
+    def placed(self, a: Array, device: Any = None, dtype: Any = None) -> Array:
+        if device not in (None, "cpu"):
+            raise ValueError(f"device={device!r}: a NumPy basis lives on the CPU; build it with a torch `like`")
+        return a if dtype is None else a.astype(dtype)
+
+    def frame(self, xg: Array, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> Array:
+        if not any(lo) and not any(hi):
+            return xg
+        if boundary == "periodic":
+            for i in range(len(lo)):
+                size = int(xg.shape[1 + i])
+                xg = np.take(xg, np.arange(-lo[i], size + hi[i]) % size, axis=1 + i)
+            return xg
+        return np.pad(xg, [(0, 0), *zip(lo, hi, strict=True), (0, 0)])
+
+    def shift_gemm(self, buf: Array, thetas: Array, shifts: tuple[int, ...], rows: int) -> Array:
+        y = buf[shifts[0] : shifts[0] + rows] @ thetas[0]
+        for j in range(1, len(shifts)):
+            y += buf[shifts[j] : shifts[j] + rows] @ thetas[j]
+        return y
+
+    def gemm_shift(self, buf: Array, thetas: Array, shifts: tuple[int, ...], rows: int) -> Array:
+        J, P, Q = (int(v) for v in thetas.shape)
+        s = (buf @ thetas.transpose(1, 0, 2).reshape(P, J * Q)).reshape(-1, J, Q)
+        y = s[shifts[0] : shifts[0] + rows, 0].copy()
+        for j in range(1, J):
+            y += s[shifts[j] : shifts[j] + rows, j]
+        return y
+
+    def native_stencil_ndim(self) -> int:
+        return 0  # NumPy has no convolution kernels; the slicing kernels run instead
+
+    def native_stencil(self, x: Array, thetas: Array, geo: Any) -> Array:
+        raise NotImplementedError("NumPy has no native convolution (native_stencil_ndim() is 0)")
+
+    def native_depthwise(self, x: Array, weights: Array, geo: Any) -> Array:
+        raise NotImplementedError("NumPy has no native convolution (native_stencil_ndim() is 0)")
+
     # --- structures: attention and positions ----------------------------------------------------
     def attention(self, q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
         scores = (q @ k.swapaxes(-1, -2)) * scale

@@ -1,6 +1,8 @@
-r"""Torch-only pieces of the shift kernels: fused autograd functions and native dispatch.
+r"""The torch shift kernels: framing, fused autograd functions and the native convolution calls.
 
-Imported lazily, so that the NumPy path never imports torch.
+Part of the torch backend (:class:`~structconv.backend.torch.TorchBackend` forwards its grid
+methods here; ``structconv.nn``'s grid layers call :func:`conv_image` directly), so it is
+imported only once a torch tensor is seen and the NumPy path never imports torch.
 
 :class:`ShiftGemm` and :class:`ShiftAdd` have hand-written backward passes because autograd's
 own backward of a row slice allocates a zero tensor the size of the whole input for every tap
@@ -19,10 +21,27 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 
-from ..bases.shift import Geometry
+from .stencil import Geometry
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+def frame(xg: torch.Tensor, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> torch.Tensor:
+    """Pad the grid axes ``1..d`` of ``xg`` (``(B, *grid, C)``) with zeros or, if periodic, wrapped entries."""
+    d = len(lo)
+    if not any(lo) and not any(hi):
+        return xg
+    if boundary == "periodic":
+        for i in range(d):
+            size = int(xg.shape[1 + i])
+            idx = torch.arange(-lo[i], size + hi[i], device=xg.device) % size
+            xg = xg.index_select(1 + i, idx)
+        return xg
+    pads: list[int] = [0, 0]  # F.pad lists the last axis first: the channel axis is not padded
+    for i in reversed(range(d)):
+        pads += [lo[i], hi[i]]
+    return F.pad(xg, pads)
 
 
 class ShiftGemm(torch.autograd.Function):
@@ -80,6 +99,14 @@ class ShiftAdd(torch.autograd.Function):
         for j, f in enumerate(ctx.shifts):
             grad_s[f : f + ctx.rows, j] = grad
         return grad_s, None, None
+
+
+def gemm_shift(buf: torch.Tensor, thetas: torch.Tensor, shifts: tuple[int, ...], rows: int) -> torch.Tensor:
+    r"""One GEMM :math:`S = X\,[\Theta_1\cdots\Theta_J]`, then :class:`ShiftAdd` (the fused x·Θ order)."""
+    J, P, Q = (int(v) for v in thetas.shape)
+    s = (buf @ thetas.permute(1, 0, 2).reshape(P, J * Q)).reshape(-1, J, Q)
+    y: torch.Tensor = ShiftAdd.apply(s, shifts, rows)  # type: ignore[no-untyped-call]
+    return y
 
 
 def window_image(x: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, tuple[int, ...]]:

@@ -12,6 +12,7 @@ import array_api_compat.torch as xp_torch
 import numpy as np
 import torch
 
+from . import shift_torch
 from .interface import Array, Backend
 
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
@@ -90,6 +91,29 @@ class TorchBackend(Backend):
 
     def scatter_add(self, values: Array, index: Array, size: int) -> Array:
         return values.new_zeros((size, *values.shape[1:])).index_add(0, index, values)
+
+    # --- structures: grid (shift kernels) ------------------------------------------------------
+    def placed(self, a: Array, device: Any = None, dtype: Any = None) -> Array:
+        return a.to(device=device, dtype=dtype)
+
+    def frame(self, xg: Array, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> Array:
+        return shift_torch.frame(xg, lo, hi, boundary)
+
+    def shift_gemm(self, buf: Array, thetas: Array, shifts: tuple[int, ...], rows: int) -> Array:
+        return shift_torch.shift_gemm(buf, thetas, shifts, rows)
+
+    def gemm_shift(self, buf: Array, thetas: Array, shifts: tuple[int, ...], rows: int) -> Array:
+        return shift_torch.gemm_shift(buf, thetas, shifts, rows)
+
+    def native_stencil_ndim(self) -> int:
+        return 3  # F.conv1d, F.conv2d, F.conv3d
+
+    def native_stencil(self, x: Array, thetas: Array, geo: Any) -> Array:
+        return shift_torch.native_conv(x, thetas, geo)
+
+    def native_depthwise(self, x: Array, weights: Array, geo: Any) -> Array:
+        return shift_torch.native_depthwise(x, weights, geo)
+
 
     # --- structures: attention and positions ----------------------------------------------------
     fused_attention = True

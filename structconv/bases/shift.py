@@ -16,179 +16,27 @@ The flat layout works because a shift by :math:`o` on a row-major grid is a shif
 padded frame).  Outputs near the right edge of a row then read into the next row; leaving a
 zero gap of :math:`\max(\text{pad before}, \text{pad after})` entries after each row (and each
 image) makes every such read land on a zero, and the extra output rows are cropped.
+
+The basis geometry (:class:`~structconv.backend.stencil.Geometry`) and the per-backend kernels
+(framing, the per-tap GEMMs, the shift-and-add, native convolutions) are methods of the array's
+:class:`~structconv.backend.interface.Backend`; this module only lays the problem out.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from ..backend import Array, is_torch
-
-
-@dataclass(frozen=True)
-class Window:
-    """The input window of a native call: a crop, or wrapped indices, then padding.
-
-    ``padding`` is the symmetric zero padding the native call applies itself; ``frame_lo`` and
-    ``frame_hi`` the asymmetric zero padding applied before it (all zeros when none).
-    """
-
-    crop: tuple[slice, ...] | None
-    wrap: tuple[np.ndarray, ...] | None
-    padding: tuple[int, ...]
-    frame_lo: tuple[int, ...]
-    frame_hi: tuple[int, ...]
-
-
-@dataclass(frozen=True, eq=False)
-class Geometry:
-    """Input grid, output grid, stride, tap offsets and boundary of a shift basis."""
-
-    grid: tuple[int, ...]
-    out_grid: tuple[int, ...]
-    stride: tuple[int, ...]
-    offsets: np.ndarray  # (J, d) int64, input offset of each tap relative to stride * n
-    boundary: str
-
-    @property
-    def ndim(self) -> int:
-        return len(self.grid)
-
-    @property
-    def taps(self) -> int:
-        return int(self.offsets.shape[0])
-
-    @cached_property
-    def key(self) -> tuple[Any, ...]:
-        """A hashable summary (used in plan keys)."""
-        return (self.grid, self.out_grid, self.stride, self.boundary, self.offsets.tobytes(), self.offsets.shape)
-
-    @cached_property
-    def reach(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Entries read before the first and after the last input entry, per dimension."""
-        lo = tuple(max(0, -int(self.offsets[:, i].min())) for i in range(self.ndim))
-        hi = tuple(
-            max(0, self.stride[i] * (self.out_grid[i] - 1) + int(self.offsets[:, i].max()) - (self.grid[i] - 1))
-            for i in range(self.ndim)
-        )
-        return lo, hi
-
-    @property
-    def unit_stride(self) -> bool:
-        return all(s == 1 for s in self.stride)
-
-    @cached_property
-    def box(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], np.ndarray]:
-        """The smallest dilated box holding every tap: (origin, dilation, size, tap -> box index)."""
-        origin = tuple(int(self.offsets[:, i].min()) for i in range(self.ndim))
-        rel = self.offsets - np.asarray(origin, dtype=np.int64)
-        dilation = tuple(max(1, math.gcd(*(int(v) for v in rel[:, i]))) for i in range(self.ndim))
-        rel = rel // np.asarray(dilation, dtype=np.int64)
-        size = tuple(int(rel[:, i].max()) + 1 for i in range(self.ndim))
-        index = np.ravel_multi_index(tuple(rel.T), size).astype(np.int64) if self.ndim else np.zeros(0, np.int64)
-        return origin, dilation, size, index
-
-    @property
-    def box_volume(self) -> int:
-        return math.prod(self.box[2])
-
-    @cached_property
-    def is_full_box(self) -> bool:
-        """Whether the taps are exactly the box, in row-major order (a plain torch kernel)."""
-        index = self.box[3]
-        return self.taps == self.box_volume and bool((index == np.arange(self.taps)).all())
-
-    @cached_property
-    def window(self) -> Window:
-        """Where the native call reads the input: computed once, since every call reads the same window."""
-        origin, dilation, size, _ = self.box
-        spans = []
-        for i in range(self.ndim):
-            extent = self.stride[i] * (self.out_grid[i] - 1) + dilation[i] * (size[i] - 1) + 1
-            spans.append((origin[i], origin[i] + extent))
-        if self.boundary == "periodic":
-            wrap = tuple(np.arange(begin, end) % g for (begin, end), g in zip(spans, self.grid, strict=True))
-            return Window(None, wrap, (0,) * self.ndim, (0,) * self.ndim, (0,) * self.ndim)
-        # The native call's own symmetric padding p reads the same entries whenever the window
-        # starts at -p and the call then yields exactly the output grid (e.g. a strided kernel whose
-        # last padded column is never read): no crop and no padded copy are needed.
-        pads = tuple(-begin for begin, _ in spans)
-        native = tuple(
-            (g + 2 * p - dl * (k - 1) - 1) // st + 1
-            for g, p, dl, k, st in zip(self.grid, pads, dilation, size, self.stride, strict=True)
-        )
-        if all(p >= 0 for p in pads) and native == self.out_grid:
-            return Window(None, None, pads, (0,) * self.ndim, (0,) * self.ndim)
-        lo, hi, cut = [], [], []
-        for (begin, end), g in zip(spans, self.grid, strict=True):
-            a = min(max(begin, 0), g)
-            b = max(min(end, g), a)
-            cut.append(slice(a, b))
-            # A window wholly outside the grid reads nothing: all of it is padding.
-            lo.append(a - begin if b > a else end - begin)
-            hi.append(end - b if b > a else 0)
-        crop = any(c.start > 0 or c.stop < g for c, g in zip(cut, self.grid, strict=True))
-        if lo == hi:
-            return Window(tuple(cut) if crop else None, None, tuple(lo), (0,) * self.ndim, (0,) * self.ndim)
-        return Window(tuple(cut) if crop else None, None, (0,) * self.ndim, tuple(lo), tuple(hi))
-
-    @cached_property
-    def tap_index(self) -> np.ndarray:
-        """Flat input index read by each (tap, output), ``-1`` where it leaves a zero boundary."""
-        coords = np.stack(np.meshgrid(*[np.arange(n) for n in self.out_grid], indexing="ij"), -1).reshape(-1, self.ndim)
-        pos = coords[None] * np.asarray(self.stride) + self.offsets[:, None, :]
-        size = np.asarray(self.grid)
-        if self.boundary == "periodic":
-            pos = pos % size
-            wrapped: np.ndarray = np.ravel_multi_index(tuple(np.moveaxis(pos, -1, 0)), self.grid)
-            return wrapped.astype(np.int64)
-        inside = ((pos >= 0) & (pos < size)).all(-1)
-        flat = np.ravel_multi_index(tuple(np.moveaxis(np.where(inside[..., None], pos, 0), -1, 0)), self.grid)
-        return np.where(inside, flat, -1).astype(np.int64)
-
-    @cached_property
-    def valid_counts(self) -> np.ndarray:
-        """For each tap and output, 1 if the read is inside the grid (``(J, N)`` float)."""
-        return (self.tap_index >= 0).astype(np.float64)
-
-
-# --- backend-neutral array helpers ------------------------------------------------------------
-def _torch() -> Any:
-    import torch
-
-    return torch
+from ..backend import Array, namespace, of
+from ..backend.stencil import Geometry
 
 
 def frame(xg: Array, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> Array:
     """Pad the grid axes ``1..d`` of ``xg`` (shape ``(B, *grid, C)``) with zeros or wrapped entries."""
-    d = len(lo)
-    if not any(lo) and not any(hi):
-        return xg
-    if boundary == "periodic":
-        out = xg
-        for i in range(d):
-            size = int(xg.shape[1 + i])
-            idx = np.arange(-lo[i], size + hi[i]) % size
-            if is_torch(out):
-                out = out.index_select(1 + i, _torch().as_tensor(idx, device=out.device))
-            else:
-                out = np.take(out, idx, axis=1 + i)
-        return out
-    if is_torch(xg):
-        pads: list[int] = [0, 0]
-        for i in reversed(range(d)):
-            pads += [lo[i], hi[i]]
-        return _torch().nn.functional.pad(xg, pads)
-    return np.pad(xg, [(0, 0)] + list(zip(lo, hi, strict=True)) + [(0, 0)])
-
-
-def _stack(arrays: list[Array], axis: int) -> Array:
-    return _torch().stack(arrays, axis) if is_torch(arrays[0]) else np.stack(arrays, axis)
+    return of(xg).frame(xg, lo, hi, boundary)
 
 
 def _tap_slices(geo: Geometry, j: int, lo: tuple[int, ...]) -> tuple[slice, ...]:
@@ -217,9 +65,10 @@ def gather_taps(v: Array, geo: Geometry, layout: str = "bjnc", diagonal: bool = 
         head: tuple[Any, ...] = (slice(None), j) if diagonal else (slice(None),)
         views.append(padded[head + _tap_slices(geo, j, lo)])
     N = math.prod(geo.out_grid)
+    xp = namespace(v)
     if layout == "bnjc":
-        return _stack(views, 1 + geo.ndim).reshape(B, N, geo.taps, C)
-    return _stack(views, 1).reshape(B, geo.taps, N, C)
+        return xp.stack(views, axis=1 + geo.ndim).reshape(B, N, geo.taps, C)
+    return xp.stack(views, axis=1).reshape(B, geo.taps, N, C)
 
 
 @dataclass(frozen=True)
@@ -268,12 +117,9 @@ def flat_input(x: Array, geo: Geometry) -> tuple[Array, FlatLayout]:
     rows = layout.rows(B)
     total = layout.lead + rows + layout.tail
     inner = tuple(slice(0, g) for g in layout.grid)
-    if is_torch(x):
-        buf = x.new_zeros((total, C))
-        buf[layout.lead : layout.lead + rows].view(B, *layout.frame, C)[(slice(None), *inner)] = xg
-    else:
-        buf = np.zeros((total, C), dtype=x.dtype)
-        buf[layout.lead : layout.lead + rows].reshape(B, *layout.frame, C)[(slice(None), *inner)] = xg
+    buf = of(x).zeros((total, C), x)
+    # Rows of a contiguous matrix: the reshape is a view on either backend, so this writes into buf.
+    buf[layout.lead : layout.lead + rows].reshape(B, *layout.frame, C)[(slice(None), *inner)] = xg
     return buf, layout
 
 
@@ -290,36 +136,11 @@ def shift_then_gemm(x: Array, thetas: Array, geo: Geometry) -> Array:
     r""":math:`y_{bn} = \sum_j x_{b,\,n+o_j}\,\Theta'_j` with one GEMM per tap on contiguous rows (stride 1)."""
     buf, layout = flat_input(x, geo)
     B = int(x.shape[0])
-    rows = layout.rows(B)
-    if is_torch(x):
-        from ..backend.shift_torch import shift_gemm
-
-        y_ext = shift_gemm(buf, thetas, layout.shifts, rows)
-    else:
-        y_ext = buf[layout.shifts[0] : layout.shifts[0] + rows] @ thetas[0]
-        for j in range(1, len(layout.shifts)):
-            f = layout.shifts[j]
-            y_ext += buf[f : f + rows] @ thetas[j]
-    return crop_output(y_ext, layout, B)
+    return crop_output(of(x).shift_gemm(buf, thetas, layout.shifts, layout.rows(B)), layout, B)
 
 
 def gemm_then_shift(x: Array, thetas: Array, geo: Geometry) -> Array:
     r"""One GEMM :math:`S = x\,[\Theta'_1\cdots\Theta'_J]`, then :math:`y_{bn} = \sum_j S_{b,n+o_j,j}` (stride 1)."""
     buf, layout = flat_input(x, geo)
     B = int(x.shape[0])
-    J, P, Q = (int(s) for s in thetas.shape)
-    rows = layout.rows(B)
-    wide = (thetas.permute(1, 0, 2) if is_torch(thetas) else thetas.transpose(1, 0, 2)).reshape(P, J * Q)
-    s = (buf @ wide).reshape(-1, J, Q)
-    if is_torch(x):
-        from ..backend.shift_torch import ShiftAdd
-
-        y_ext = ShiftAdd.apply(  # type: ignore[no-untyped-call]
-            s, layout.shifts, rows
-        )
-    else:
-        y_ext = s[layout.shifts[0] : layout.shifts[0] + rows, 0].copy()
-        for j in range(1, J):
-            f = layout.shifts[j]
-            y_ext += s[f : f + rows, j]
-    return crop_output(y_ext, layout, B)
+    return crop_output(of(x).gemm_shift(buf, thetas, layout.shifts, layout.rows(B)), layout, B)

@@ -4,7 +4,8 @@ from .attention import MultiHeadSelfAttention
 from .cheb import ChebConv
 from .gat import GATConv
 from .gcn import GCNConv, SGConv
-from .grid import AvgPool1d, AvgPool2d, AvgPool3d, GridConv1d, GridConv2d, GridConv3d
+from .grid import GridConv1d, GridConv2d, GridConv3d
+from .pool import AvgPool1d, AvgPool2d, AvgPool3d
 from .positional import PositionalAttention
 from .rgcn import RGCNConv
 from .structconv import StructConv

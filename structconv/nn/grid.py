@@ -1,10 +1,10 @@
-r"""Drop-in grid layers: ``GridConv{1,2,3}d`` and ``AvgPool{1,2,3}d`` over shift bases.
+r"""Drop-in grid convolutions: ``GridConv{1,2,3}d`` over shift bases.
 
-Each layer is :func:`structconv.grid_basis` (or :func:`structconv.avg_pool_basis`) for the
-input's grid plus a parameter, contracted by :func:`structconv.conv`.  They take torch's
-layouts (``(B, C, *grid)`` or unbatched ``(C, *grid)``) and torch's constructor arguments, and
-the convolutions keep torch's parameter names and shapes, so ``load_state_dict`` accepts the
-state of a ``torch.nn.Conv{1,2,3}d``.
+Each layer is :func:`structconv.grid_basis` for the input's grid plus a parameter, contracted
+by :func:`structconv.conv`.  They take torch's layouts (``(B, C, *grid)`` or unbatched
+``(C, *grid)``) and torch's constructor arguments, and keep torch's parameter names and
+shapes, so ``load_state_dict`` accepts the state of a ``torch.nn.Conv{1,2,3}d``.  The pooling
+layers over the same bases are in ``structconv.nn.pool``.
 
 Every option of torch's layers is expressed in the formula:
 
@@ -23,22 +23,20 @@ Every option of torch's layers is expressed in the formula:
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 
 from ..backend.shift_torch import conv_image
+from ..bases.grid import GridBasis, Size, _ints
 from ..engine.contract import conv, explain
-from ..structures.grid import GridBasis, Padding, Size, _ints, _padding, apply_shifts, avg_pool_basis, grid_basis
+from ..structures.grid import Padding, _padding, grid_basis
+from ._grid_common import BasisCache, split_input
 
-_T = TypeVar("_T")
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "zero", "replicate": "zero"}
 _FRAMED = ("reflect", "replicate")  # framed explicitly by F.pad, then a basis with no padding
-_CACHE_SIZE = 8
 _ORDERS = ("auto", "native", "ax", "xtheta", "atheta")
 
 
@@ -74,40 +72,6 @@ class _Entry:
                 chosen = explain(self.basis, flat, theta, layer.order).chosen == "native"
             self._chosen[key] = chosen
         return chosen
-
-
-class _BasisCache(Generic[_T]):
-    """The bases of the last few input grids (bases are immutable values; this only saves rebuilding)."""
-
-    def __init__(self) -> None:
-        self._items: OrderedDict[tuple[Any, ...], _T] = OrderedDict()
-
-    def get(self, key: tuple[Any, ...], build: Callable[[], _T]) -> _T:
-        basis = self._items.get(key)
-        if basis is None:
-            basis = build()
-            self._items[key] = basis
-            if len(self._items) > _CACHE_SIZE:
-                self._items.popitem(last=False)
-        else:
-            self._items.move_to_end(key)
-        return basis
-
-
-def _split_input(x: torch.Tensor, ndim: int, channels: int | None, layer: str) -> tuple[torch.Tensor, bool]:
-    """Check a ``(B, C, *grid)`` or ``(C, *grid)`` input; return it batched and whether it was unbatched."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{layer}: input must be a torch.Tensor, got {type(x).__name__}")
-    if x.ndim not in (ndim + 1, ndim + 2):
-        raise ValueError(
-            f"{layer}: input must have shape (B, C, {', '.join('S' + str(i + 1) for i in range(ndim))}) or "
-            f"unbatched (C, ...), got {tuple(x.shape)}"
-        )
-    unbatched = x.ndim == ndim + 1
-    xb = x[None] if unbatched else x
-    if channels is not None and int(xb.shape[1]) != channels:
-        raise ValueError(f"{layer}: expected {channels} input channels (dim 1), got input of shape {tuple(x.shape)}")
-    return xb, unbatched
 
 
 class _GridConvNd(nn.Module):
@@ -156,7 +120,7 @@ class _GridConvNd(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size, **factory))
         self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
-        self._bases: _BasisCache[_Entry] = _BasisCache()
+        self._bases: BasisCache[_Entry] = BasisCache()
         self.reset_parameters()
 
     def _geometry(self, framed: bool = False) -> dict[str, Any]:
@@ -227,7 +191,7 @@ class _GridConvNd(nn.Module):
         call: the per-call Python cost is then close to ``torch.nn.Conv{d}d``'s.  Other plans go
         through :func:`structconv.conv`.  Tests hold both routes to ``conv`` and to torch.
         """
-        xb, unbatched = _split_input(x, self._ndim, self.in_channels, type(self).__name__)
+        xb, unbatched = split_input(x, self._ndim, self.in_channels, type(self).__name__)
         B = int(xb.shape[0])
         entry = self._entry(tuple(int(s) for s in xb.shape[2:]), xb)
         if entry.pads is not None:  # reflect / replicate: torch's explicit framing
@@ -288,88 +252,5 @@ class GridConv2d(_GridConvNd):
 
 class GridConv3d(_GridConvNd):
     r"""``torch.nn.Conv3d`` as :math:`y = \sum_k A_k^\top x\,\Theta_k + \beta` with a 3-D shift basis."""
-
-    _ndim = 3
-
-
-class _AvgPoolNd(nn.Module):
-    _ndim = 0
-
-    def __init__(
-        self,
-        kernel_size: Size,
-        stride: Size | None = None,
-        padding: Padding = 0,
-        ceil_mode: bool = False,
-        count_include_pad: bool = True,
-        divisor_override: int | None = None,
-        method: str = "auto",
-    ) -> None:
-        super().__init__()
-        name = type(self).__name__
-        if divisor_override is not None and (isinstance(divisor_override, bool) or divisor_override <= 0):
-            raise ValueError(f"{name}: divisor_override must be a positive int or None, got {divisor_override!r}")
-        d = self._ndim
-        self.kernel_size = _ints(kernel_size, d, "kernel_size", 1)
-        self.stride = self.kernel_size if stride is None else _ints(stride, d, "stride", 1)
-        self.padding = padding
-        self.ceil_mode = bool(ceil_mode)
-        self.count_include_pad = count_include_pad
-        self.divisor_override = divisor_override
-        self.method = method
-        self._bases: _BasisCache[GridBasis] = _BasisCache()
-
-    def basis(self, grid: tuple[int, ...], like: torch.Tensor) -> GridBasis:
-        """The one-member averaging basis this layer uses on an input grid of sizes ``grid``."""
-
-        def build() -> GridBasis:
-            b = avg_pool_basis(
-                grid, self.kernel_size, self.stride, self.padding, self.count_include_pad, like=like,
-                ceil_mode=self.ceil_mode,
-            )  # fmt: skip
-            if self.divisor_override is None:
-                return b
-            g = b.geometry
-            w = torch.full((1, g.taps), 1.0 / self.divisor_override, dtype=like.dtype, device=like.device)
-            return GridBasis(g.grid, g.out_grid, g.offsets, g.stride, g.boundary, weights=w)
-
-        settings = (self.kernel_size, self.stride, str(self.padding), self.ceil_mode, self.count_include_pad,
-                    self.divisor_override)  # fmt: skip
-        return self._bases.get((grid, like.dtype, str(like.device), settings), build)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Average ``x`` of shape ``(B, C, *grid)`` (or unbatched) like ``torch.nn.AvgPool{d}d``.
-
-        A pooling layer has :math:`\\Theta = I` per channel, so it evaluates :math:`A^\\top x`
-        (:func:`structconv.apply_shifts`) instead of spending a GEMM on the identity.
-        """
-        xb, unbatched = _split_input(x, self._ndim, None, type(self).__name__)
-        B, C = int(xb.shape[0]), int(xb.shape[1])
-        basis = self.basis(tuple(int(s) for s in xb.shape[2:]), xb)
-        flat = xb.flatten(2).transpose(1, 2)
-        # An empty batch (or no channels): apply_shifts refuses empty arrays, the slicing kernel does not.
-        y: torch.Tensor = (apply_shifts(basis, flat, self.method) if B and C else basis.apply_each(flat))[:, 0]
-        y = y.transpose(1, 2).reshape(B, C, *basis.out_grid)
-        return y[0] if unbatched else y
-
-    def extra_repr(self) -> str:
-        s = f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding!r}"
-        return s + (", ceil_mode=True" if self.ceil_mode else "")
-
-
-class AvgPool1d(_AvgPoolNd):
-    """``torch.nn.AvgPool1d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
-
-    _ndim = 1
-
-
-class AvgPool2d(_AvgPoolNd):
-    """``torch.nn.AvgPool2d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
-
-    _ndim = 2
-
-
-class AvgPool3d(_AvgPoolNd):
-    """``torch.nn.AvgPool3d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
 
     _ndim = 3

@@ -1,0 +1,46 @@
+"""What the grid layers share: a small cache of bases per input grid, and input checks."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import torch
+
+_T = TypeVar("_T")
+_CACHE_SIZE = 8
+
+
+class BasisCache(Generic[_T]):
+    """The bases of the last few input grids (bases are immutable values; this only saves rebuilding)."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[tuple[Any, ...], _T] = OrderedDict()
+
+    def get(self, key: tuple[Any, ...], build: Callable[[], _T]) -> _T:
+        basis = self._items.get(key)
+        if basis is None:
+            basis = build()
+            self._items[key] = basis
+            if len(self._items) > _CACHE_SIZE:
+                self._items.popitem(last=False)
+        else:
+            self._items.move_to_end(key)
+        return basis
+
+
+def split_input(x: torch.Tensor, ndim: int, channels: int | None, layer: str) -> tuple[torch.Tensor, bool]:
+    """Check a ``(B, C, *grid)`` or ``(C, *grid)`` input; return it batched and whether it was unbatched."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{layer}: input must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim not in (ndim + 1, ndim + 2):
+        raise ValueError(
+            f"{layer}: input must have shape (B, C, {', '.join('S' + str(i + 1) for i in range(ndim))}) or "
+            f"unbatched (C, ...), got {tuple(x.shape)}"
+        )
+    unbatched = x.ndim == ndim + 1
+    xb = x[None] if unbatched else x
+    if channels is not None and int(xb.shape[1]) != channels:
+        raise ValueError(f"{layer}: expected {channels} input channels (dim 1), got input of shape {tuple(x.shape)}")
+    return xb, unbatched

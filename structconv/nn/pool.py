@@ -1,0 +1,101 @@
+r"""Drop-in average pooling: ``AvgPool{1,2,3}d`` as one-member shift bases.
+
+Each layer is :func:`structconv.avg_pool_basis` for the input's grid, with :math:`\Theta = I`
+per channel, so it evaluates :math:`A^\top x` (:func:`structconv.apply_shifts`: the native
+``F.avg_pool{d}d`` or depthwise ``F.conv{d}d`` on torch, slicing otherwise) instead of spending a
+GEMM on the identity.  The layers take torch's layouts (``(B, C, *grid)`` or unbatched
+``(C, *grid)``) and torch's constructor arguments, ``ceil_mode`` and ``divisor_override``
+included.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..bases.grid import GridBasis, Size, _ints
+from ..structures.grid import Padding, apply_shifts, avg_pool_basis
+from ._grid_common import BasisCache, split_input
+
+
+class _AvgPoolNd(nn.Module):
+    _ndim = 0
+
+    def __init__(
+        self,
+        kernel_size: Size,
+        stride: Size | None = None,
+        padding: Padding = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: int | None = None,
+        method: str = "auto",
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if divisor_override is not None and (isinstance(divisor_override, bool) or divisor_override <= 0):
+            raise ValueError(f"{name}: divisor_override must be a positive int or None, got {divisor_override!r}")
+        d = self._ndim
+        self.kernel_size = _ints(kernel_size, d, "kernel_size", 1)
+        self.stride = self.kernel_size if stride is None else _ints(stride, d, "stride", 1)
+        self.padding = padding
+        self.ceil_mode = bool(ceil_mode)
+        self.count_include_pad = count_include_pad
+        self.divisor_override = divisor_override
+        self.method = method
+        self._bases: BasisCache[GridBasis] = BasisCache()
+
+    def basis(self, grid: tuple[int, ...], like: torch.Tensor) -> GridBasis:
+        """The one-member averaging basis this layer uses on an input grid of sizes ``grid``."""
+
+        def build() -> GridBasis:
+            b = avg_pool_basis(
+                grid, self.kernel_size, self.stride, self.padding, self.count_include_pad, like=like,
+                ceil_mode=self.ceil_mode,
+            )  # fmt: skip
+            if self.divisor_override is None:
+                return b
+            g = b.geometry
+            w = torch.full((1, g.taps), 1.0 / self.divisor_override, dtype=like.dtype, device=like.device)
+            return GridBasis(g.grid, g.out_grid, g.offsets, g.stride, g.boundary, weights=w)
+
+        settings = (self.kernel_size, self.stride, str(self.padding), self.ceil_mode, self.count_include_pad,
+                    self.divisor_override)  # fmt: skip
+        return self._bases.get((grid, like.dtype, str(like.device), settings), build)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Average ``x`` of shape ``(B, C, *grid)`` (or unbatched) like ``torch.nn.AvgPool{d}d``.
+
+        A pooling layer has :math:`\\Theta = I` per channel, so it evaluates :math:`A^\\top x`
+        (:func:`structconv.apply_shifts`) instead of spending a GEMM on the identity.
+        """
+        xb, unbatched = split_input(x, self._ndim, None, type(self).__name__)
+        B, C = int(xb.shape[0]), int(xb.shape[1])
+        basis = self.basis(tuple(int(s) for s in xb.shape[2:]), xb)
+        flat = xb.flatten(2).transpose(1, 2)
+        # An empty batch (or no channels): apply_shifts refuses empty arrays, the slicing kernel does not.
+        y: torch.Tensor = (apply_shifts(basis, flat, self.method) if B and C else basis.apply_each(flat))[:, 0]
+        y = y.transpose(1, 2).reshape(B, C, *basis.out_grid)
+        return y[0] if unbatched else y
+
+    def extra_repr(self) -> str:
+        s = f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding!r}"
+        return s + (", ceil_mode=True" if self.ceil_mode else "")
+
+
+class AvgPool1d(_AvgPoolNd):
+    """``torch.nn.AvgPool1d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
+
+    _ndim = 1
+
+
+class AvgPool2d(_AvgPoolNd):
+    """``torch.nn.AvgPool2d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
+
+    _ndim = 2
+
+
+class AvgPool3d(_AvgPoolNd):
+    """``torch.nn.AvgPool3d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
+
+    _ndim = 3

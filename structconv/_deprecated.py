@@ -14,14 +14,19 @@ import warnings
 from typing import Any
 
 MOVED: dict[str, tuple[str, ...]] = {
-    "basis": ("structconv.bases.base",),
+    "basis": ("structconv.bases.base", "structconv.bases.convert"),
     "dense": ("structconv.bases.dense",),
     "sparse": ("structconv.bases.sparse",),
     "kronecker": ("structconv.bases.kronecker",),
     "composite": ("structconv.bases.composite",),
     "factor": ("structconv.bases.factor",),
     "edges": ("structconv.bases.edges",),
-    "contract": ("structconv.engine.contract",),
+    "contract": (
+        "structconv.engine.contract",
+        "structconv.engine.plan",
+        "structconv.engine.orders",
+        "structconv.engine.operands",
+    ),
     "grid": ("structconv.structures.grid", "structconv.bases.grid"),
     "graph": (
         "structconv.structures.graph",

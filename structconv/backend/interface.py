@@ -109,6 +109,34 @@ class Backend(ABC):
     def scatter_add(self, values: Array, index: Array, size: int) -> Array:
         """``out[index[i]] += values[i]`` along axis 0 into ``size`` rows of zeros."""
 
+    # --- core/engine -----------------------------------------------------------------------------
+    @abstractmethod
+    def from_numpy(self, a: np.ndarray) -> Array:
+        """``a`` as an array of this backend on its default device (sharing memory where it can)."""
+
+    @abstractmethod
+    def sparse_product(
+        self, left: tuple[Array, Array, Array], right: tuple[Array, Array, Array], shapes: tuple[int, int, int]
+    ) -> tuple[Array, Array, Array]:
+        """Coordinates ``(rows, cols, values)`` of the product of two sparse matrices.
+
+        ``left`` and ``right`` are ``(rows, cols, values)`` of an ``(L, J)`` and a ``(J, R)``
+        matrix, ``shapes`` is ``(L, J, R)``; repeated coordinates add up, the result has none.
+        """
+
+    @abstractmethod
+    def dense_gemms(self, order: str, a: Array, x: Array, theta: Array) -> Array | None:
+        r""":math:`y_b = \sum_k A_k^\top x_b \Theta_k` for a dense basis as plain 2-D GEMMs, or ``None``.
+
+        ``order`` is ``"ax"`` or ``"xtheta"``, ``a`` is ``(K, M, N)`` or ``(B, K, M, N)``, ``x``
+        ``(B, M, P)``, ``theta`` ``(K, P, Q)``.  ``None`` where this backend has no such kernel
+        (then the engine contracts by einsum).
+        """
+
+    @abstractmethod
+    def dense_gemms_lowrank(self, a: Array, x: Array, value: Array, out: Array) -> Array | None:
+        r"""As :meth:`dense_gemms`, x·Θ first, for :math:`\Theta_k = V_k O_k^\top` and a ``(K, M, N)`` basis."""
+
     # --- structures: grid (shift kernels) ------------------------------------------------------
     @abstractmethod
     def placed(self, a: Array, device: Any = None, dtype: Any = None) -> Array:

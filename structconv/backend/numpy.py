@@ -82,6 +82,27 @@ class NumpyBackend(Backend):
         np.add.at(out, index, values)
         return out
 
+    # --- core/engine -----------------------------------------------------------------------------
+    def from_numpy(self, a: np.ndarray) -> Array:
+        return np.asarray(a)
+
+    def sparse_product(
+        self, left: tuple[Array, Array, Array], right: tuple[Array, Array, Array], shapes: tuple[int, int, int]
+    ) -> tuple[Array, Array, Array]:
+        import scipy.sparse
+
+        L, J, R = shapes
+        lhs = scipy.sparse.csr_array((left[2], (left[0], left[1])), shape=(L, J))
+        rhs = scipy.sparse.csr_array((right[2], (right[0], right[1])), shape=(J, R))
+        prod = scipy.sparse.coo_array(lhs @ rhs)  # a product of CSR arrays holds no duplicates
+        return prod.row.astype(np.int64), prod.col.astype(np.int64), prod.data
+
+    def dense_gemms(self, order: str, a: Array, x: Array, theta: Array) -> Array | None:
+        return None  # opt_einsum's BLAS path is as fast on NumPy
+
+    def dense_gemms_lowrank(self, a: Array, x: Array, value: Array, out: Array) -> Array | None:
+        return None
+
     # --- structures: grid (shift kernels) ------------------------------------------------------
     def placed(self, a: Array, device: Any = None, dtype: Any = None) -> Array:
         if device not in (None, "cpu"):
@@ -120,17 +141,6 @@ class NumpyBackend(Backend):
 
     def native_depthwise(self, x: Array, weights: Array, geo: Any) -> Array:
         raise NotImplementedError("NumPy has no native convolution (native_stencil_ndim() is 0)")
-
-    # --- structures: attention and positions ----------------------------------------------------
-    def attention(self, q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
-        scores = (q @ k.swapaxes(-1, -2)) * scale
-        if allowed is not None:
-            scores = np.where(allowed, scores, -np.inf)
-        weights = np.exp(scores - scores.max(-1, keepdims=True))
-        return (weights / weights.sum(-1, keepdims=True)) @ v
-
-    def addmm(self, bias: Array, a: Array, b: Array) -> Array:
-        return a @ b + bias
 
     # --- structures: graph ---------------------------------------------------------------------
     def default_float(self) -> Any:
@@ -181,6 +191,17 @@ class NumpyBackend(Backend):
             coo.sum_duplicates()
             out.append((coo.row.astype(np.int64), coo.col.astype(np.int64), coo.data.astype(values.dtype)))
         return out
+
+    # --- structures: attention and positions ----------------------------------------------------
+    def attention(self, q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
+        scores = (q @ k.swapaxes(-1, -2)) * scale
+        if allowed is not None:
+            scores = np.where(allowed, scores, -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        return (weights / weights.sum(-1, keepdims=True)) @ v
+
+    def addmm(self, bias: Array, a: Array, b: Array) -> Array:
+        return a @ b + bias
 
 
 class _ScipyProduct:

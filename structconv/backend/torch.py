@@ -92,39 +92,72 @@ class TorchBackend(Backend):
     def scatter_add(self, values: Array, index: Array, size: int) -> Array:
         return values.new_zeros((size, *values.shape[1:])).index_add(0, index, values)
 
-    # --- structures: grid (shift kernels) ------------------------------------------------------
-    def placed(self, a: Array, device: Any = None, dtype: Any = None) -> Array:
-        return a.to(device=device, dtype=dtype)
+    # --- core/engine -----------------------------------------------------------------------------
+    def from_numpy(self, a: np.ndarray) -> Array:
+        return torch.from_numpy(a)
 
-    def frame(self, xg: Array, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> Array:
-        return shift_torch.frame(xg, lo, hi, boundary)
+    def sparse_product(
+        self, left: tuple[Array, Array, Array], right: tuple[Array, Array, Array], shapes: tuple[int, int, int]
+    ) -> tuple[Array, Array, Array]:
+        L, J, R = shapes
+        lhs = torch.sparse_coo_tensor(torch.stack(left[:2]), left[2], (L, J), check_invariants=False).coalesce()
+        rhs = torch.sparse_coo_tensor(torch.stack(right[:2]), right[2], (J, R), check_invariants=False).coalesce()
+        with warnings.catch_warnings():  # torch's note that sparse support is in beta
+            warnings.simplefilter("ignore", UserWarning)
+            prod = torch.sparse.mm(lhs, rhs).coalesce()
+        rows, cols = prod.indices()
+        return rows, cols, prod.values()
 
-    def shift_gemm(self, buf: Array, thetas: Array, shifts: tuple[int, ...], rows: int) -> Array:
-        return shift_torch.shift_gemm(buf, thetas, shifts, rows)
+    def dense_gemms(self, order: str, a: Array, x: Array, theta: Array) -> Array | None:
+        r"""Plain 2-D GEMMs, nothing broadcast or refolded.
 
-    def gemm_shift(self, buf: Array, thetas: Array, shifts: tuple[int, ...], rows: int) -> Array:
-        return shift_torch.gemm_shift(buf, thetas, shifts, rows)
+        The batch is moved next to the channels once (``x`` as :math:`(M, B P)`, a copy of the
+        input only), so that every product is one GEMM over the whole batch and the large
+        intermediate (:math:`K` times the activations) is written once and read in place:
+        ``"xtheta"`` computes :math:`S_k = x\,\Theta_k` as :math:`(M, B Q)`, then
+        :math:`y \mathrel{+}= A_k^\top S_k`; ``"ax"`` computes :math:`R_k = A_k^\top x` as
+        :math:`(N B, P)`, then :math:`y \mathrel{+}= R_k \Theta_k`.  Broadcasting the shared basis
+        over the batch instead (``torch.matmul`` of a matrix with a batch) makes torch copy or
+        transpose the :math:`K`-fold intermediate (measured: 13 % of a CPU forward and backward
+        at 16x16 tokens, 9 heads, width 400).  The result is the ``(B, N, Q)`` view of an
+        ``(N, B, Q)`` array.  A per-instance basis runs :func:`_instance_gemms` (x·Θ first only).
+        """
+        if order not in ("ax", "xtheta"):
+            return None
+        if a.ndim == 4:
+            return _instance_gemms(a, x, theta) if order == "xtheta" else None
+        K, M, N = (int(s) for s in a.shape)
+        B, P, Q = int(x.shape[0]), int(theta.shape[1]), int(theta.shape[2])
+        # Members as separate GEMMs: unbinding a stacked K-fold intermediate would stack its gradient again.
+        members, thetas = a.unbind(0), theta.unbind(0)
+        if order == "xtheta":
+            xm = x.transpose(0, 1).reshape(M * B, P)
+            y = members[0].T @ (xm @ thetas[0]).reshape(M, B * Q)
+            for k in range(1, K):
+                y = y.addmm(members[k].T, (xm @ thetas[k]).reshape(M, B * Q))
+        else:
+            xm = x.transpose(0, 1).reshape(M, B * P)
+            y = (members[0].T @ xm).reshape(N * B, P) @ thetas[0]
+            for k in range(1, K):
+                y = y.addmm((members[k].T @ xm).reshape(N * B, P), thetas[k])
+        return y.reshape(N, B, Q).transpose(0, 1)
 
-    def native_stencil_ndim(self) -> int:
-        return 3  # F.conv1d, F.conv2d, F.conv3d
+    def dense_gemms_lowrank(self, a: Array, x: Array, value: Array, out: Array) -> Array | None:
+        r"""Three GEMMs for :math:`\Theta_k = V_k O_k^\top`.
 
-    def native_stencil(self, x: Array, thetas: Array, geo: Any) -> Array:
-        return shift_torch.native_conv(x, thetas, geo)
-
-    def native_depthwise(self, x: Array, weights: Array, geo: Any) -> Array:
-        return shift_torch.native_depthwise(x, weights, geo)
-
-
-    # --- structures: attention and positions ----------------------------------------------------
-    fused_attention = True
-
-    def attention(self, q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
-        if not (q.requires_grad or k.requires_grad or v.requires_grad):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
-        return _TwiceDifferentiableSDPA.apply(q, k, v, allowed, scale)  # type: ignore[no-untyped-call]
-
-    def addmm(self, bias: Array, a: Array, b: Array) -> Array:
-        return torch.addmm(bias, a, b)
+        :math:`S = x\,[V_1 \cdots V_K]` in one GEMM, :math:`Z_k = A_k^\top S_k` in one batched GEMM,
+        then :math:`y = [Z_1 \cdots Z_K]\,[O_1 \cdots O_K]^\top`.
+        """
+        if a.ndim == 4:
+            return None
+        K, M, N = (int(s) for s in a.shape)
+        B, P, D, Q = int(x.shape[0]), int(value.shape[1]), int(value.shape[2]), int(out.shape[1])
+        xm = x.transpose(0, 1).reshape(M * B, P)
+        s = (xm @ value.permute(1, 0, 2).reshape(P, K * D)).reshape(M, B, K, D).permute(2, 0, 1, 3)
+        z = a.transpose(1, 2) @ s.reshape(K, M, B * D)  # (K, N, B D): one batched GEMM, nothing broadcast
+        z = z.reshape(K, N * B, D).permute(1, 0, 2).reshape(N * B, K * D)
+        y = z @ out.permute(0, 2, 1).reshape(K * D, Q)
+        return y.reshape(N, B, Q).transpose(0, 1)
 
     # --- structures: graph ---------------------------------------------------------------------
     def default_float(self) -> Any:
@@ -182,6 +215,39 @@ class TorchBackend(Backend):
             part = mats[d].coalesce()
             out.append((part.indices()[0], part.indices()[1], part.values()))
         return out
+
+    # --- structures: attention and positions ----------------------------------------------------
+    fused_attention = True
+
+    def attention(self, q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
+        if not (q.requires_grad or k.requires_grad or v.requires_grad):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+        return _TwiceDifferentiableSDPA.apply(q, k, v, allowed, scale)  # type: ignore[no-untyped-call]
+
+    def addmm(self, bias: Array, a: Array, b: Array) -> Array:
+        return torch.addmm(bias, a, b)
+
+    # --- structures: grid (shift kernels) ------------------------------------------------------
+    def placed(self, a: Array, device: Any = None, dtype: Any = None) -> Array:
+        return a.to(device=device, dtype=dtype)
+
+    def frame(self, xg: Array, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> Array:
+        return shift_torch.frame(xg, lo, hi, boundary)
+
+    def shift_gemm(self, buf: Array, thetas: Array, shifts: tuple[int, ...], rows: int) -> Array:
+        return shift_torch.shift_gemm(buf, thetas, shifts, rows)
+
+    def gemm_shift(self, buf: Array, thetas: Array, shifts: tuple[int, ...], rows: int) -> Array:
+        return shift_torch.gemm_shift(buf, thetas, shifts, rows)
+
+    def native_stencil_ndim(self) -> int:
+        return 3  # F.conv1d, F.conv2d, F.conv3d
+
+    def native_stencil(self, x: Array, thetas: Array, geo: Any) -> Array:
+        return shift_torch.native_conv(x, thetas, geo)
+
+    def native_depthwise(self, x: Array, weights: Array, geo: Any) -> Array:
+        return shift_torch.native_depthwise(x, weights, geo)
 
 
 class SparseMatrix:
@@ -315,6 +381,27 @@ class _TwiceDifferentiableSDPA(torch.autograd.Function):
             # graph holds only what the output does, plus the kernel's row statistics
             found = iter(torch.autograd.grad(ctx.out, inputs, grad, retain_graph=True))
         return (*(next(found) if w else None for w in wanted), None, None)
+
+
+# --- core/engine (module level) -------------------------------------------------------------------
+def _instance_gemms(a: Array, x: Array, theta: Array) -> Array:
+    r"""A per-instance dense basis ``(B, K, M, N)``, x·Θ first, as two GEMMs.
+
+    :math:`S_b = x_b [\Theta_1 \cdots \Theta_K]` is one GEMM over the whole batch, laid out as
+    :math:`(B, M K, Q)`; then :math:`y_b = A_b'^\top S_b` is one batched GEMM, with
+    :math:`A'_b` the basis of instance :math:`b` read as :math:`(M K, N)`.  That reading is a view
+    when the basis is stored in ``(B, M, K, N)`` memory order (as
+    :class:`~structconv.nn.PositionalAttention` builds its dropped-out heads) and one copy of the
+    basis otherwise.  Measured on CPU (batch 25, 9 heads, 256 positions, width 400, forward and
+    backward): 554 ms against 663 ms for opt_einsum's ``tensordot`` path, which permutes both the
+    basis and the :math:`K`-fold intermediate.  (A per-head batched GEMM for ``"ax"`` measured
+    slower than opt_einsum, 846 against 623 ms, so that order keeps the einsum path.)
+    """
+    B, K, M, N = (int(s) for s in a.shape)
+    P, Q = int(theta.shape[1]), int(theta.shape[2])
+    s = (x.reshape(B * M, P) @ theta.permute(1, 0, 2).reshape(P, K * Q)).reshape(B, M * K, Q)
+    stacked = a.permute(0, 2, 1, 3).reshape(B, M * K, N)  # a view for (B, M, K, N) memory, else one copy
+    return stacked.transpose(1, 2) @ s
 
 
 BACKEND = TorchBackend()

@@ -9,8 +9,8 @@ import sys
 
 from . import _deprecated
 from .bases.base import Basis, Cost
-from .bases.convert import as_basis
 from .bases.composite import ComposedBasis, ConcatBasis, SelectBasis, concat
+from .bases.convert import as_basis
 from .bases.dense import DenseBasis
 from .bases.edges import EdgeBasis
 from .bases.factor import LowRank, Separable

@@ -3,12 +3,20 @@
 For every kind of basis the public API builds, on NumPy and on torch, the test snapshots the
 basis' whole state (each attribute of ``vars`` and ``__slots__``, recursively; arrays by value
 and by identity), runs :func:`structconv.conv` twice in every order :func:`structconv.explain`
-lists, and compares.  Caches filled on first use count as changes: a value must not grow state.
+lists, and compares.
+
+Derived data is allowed in exactly two explicit forms, which the snapshot reads as caches:
+a :class:`~structconv.bases.sparse.Derived` object (each basis creates its own, empty) and a
+``functools.cached_property`` of a frozen value.  Everything else counts: a value must not grow
+state.  The caches themselves are tested for purity: after use they hold what a fresh, equal
+basis computes, and a basis made from another (``to``, ``select``, ``transpose``) never shares
+its cache.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +26,7 @@ import torch
 
 import structconv as sc
 from structconv.backend import find, to_numpy
+from structconv.bases.sparse import Derived
 
 _SEEN_LIMIT = 4  # how deep nested objects are followed
 
@@ -44,10 +53,13 @@ def snapshot(obj: Any, depth: int = 0) -> Any:
         return ("dict", id(obj), {k: snapshot(v, depth) for k, v in obj.items()})
     if callable(obj) and not hasattr(obj, "__dict__") and not _slots(obj):
         return ("callable", id(obj))
+    if isinstance(obj, Derived):
+        return ("cache", id(obj))
     if depth >= _SEEN_LIMIT:
         return ("object", id(obj))
     state = {name: getattr(obj, name) for name in _slots(obj) if hasattr(obj, name)}
-    state.update(getattr(obj, "__dict__", {}))
+    memo = {n for n, v in vars(type(obj)).items() if isinstance(v, functools.cached_property)}
+    state.update({k: v for k, v in getattr(obj, "__dict__", {}).items() if k not in memo})
     return ("object", type(obj).__name__, id(obj), {k: snapshot(v, depth + 1) for k, v in sorted(state.items())})
 
 
@@ -92,11 +104,15 @@ _DENSE = _RNG.normal(size=(3, 6, 5)) * (_RNG.random((3, 6, 5)) < 0.5)
 _BATCHED = _RNG.normal(size=(2, 3, 6, 5)) * (_RNG.random((2, 3, 6, 5)) < 0.5)
 _EDGES = _RNG.integers(0, 6, size=(2, 14))
 _TOKENS = _RNG.normal(size=(2, 6, 4))
+_EDGE_WEIGHTS = _RNG.uniform(0.5, 1.5, size=14)
+_EDGE_VALUES = _RNG.normal(size=(14, 3))
+_FACTORS = (_RNG.random((2, 2, 3)), _RNG.random((2, 3, 2)))
+_BILINEAR = _RNG.normal(size=(2, 4, 4))
 
 
 def _graph(kind: str) -> Callable[[Convert], Any]:
     def build(cv: Convert) -> Any:
-        return sc.graph_basis(cv(_EDGES), kind, K=3, num_nodes=6, edge_weight=cv(_RNG.uniform(0.5, 1.5, size=14)))
+        return sc.graph_basis(cv(_EDGES), kind, K=3, num_nodes=6, edge_weight=cv(_EDGE_WEIGHTS))
 
     return build
 
@@ -106,8 +122,8 @@ KINDS: dict[str, Callable[[Convert], Any]] = {
     "dense-batched": lambda cv: sc.DenseBasis(cv(_BATCHED)),
     "sparse": lambda cv: sc.SparseBasis.from_dense(cv(_DENSE)),
     "sparse-batched": lambda cv: sc.SparseBasis.from_dense(cv(_BATCHED)),
-    "edges": lambda cv: sc.EdgeBasis(cv(_EDGES[0]), cv(_EDGES[1]), cv(_RNG.normal(size=(14, 3))), (6, 6)),
-    "kronecker": lambda cv: sc.bases.kronecker.KroneckerBasis([cv(_RNG.random((2, 2, 3))), cv(_RNG.random((2, 3, 2)))]),
+    "edges": lambda cv: sc.EdgeBasis(cv(_EDGES[0]), cv(_EDGES[1]), cv(_EDGE_VALUES), (6, 6)),
+    "kronecker": lambda cv: sc.bases.kronecker.KroneckerBasis([cv(f) for f in _FACTORS]),
     "concat": lambda cv: sc.ConcatBasis([sc.DenseBasis(cv(_DENSE[:1])), sc.SparseBasis.from_dense(cv(_DENSE[1:]))]),
     "composed": lambda cv: sc.ComposedBasis(
         sc.SparseBasis.from_dense(cv(_DENSE)), sc.DenseBasis(cv(_DENSE[:2, :5, :4]))
@@ -117,9 +133,7 @@ KINDS: dict[str, Callable[[Convert], Any]] = {
     "avg-pool": lambda cv: sc.avg_pool_basis((4, 4), 2, like=cv(np.zeros(1))),
     "graph-powers": _graph("powers"),
     "graph-chebyshev": _graph("chebyshev"),
-    "attention": lambda cv: sc.attention_basis(
-        cv(_TOKENS), mechanism=sc.BiAffine(bilinear=cv(_RNG.normal(size=(2, 4, 4))))
-    ),
+    "attention": lambda cv: sc.attention_basis(cv(_TOKENS), mechanism=sc.BiAffine(bilinear=cv(_BILINEAR))),
     "positional": lambda cv: sc.QuadraticPosition(
         (3, 3), cv(np.array([[0.0, 1.0], [1.0, -1.0]])), cv(np.array([1.0, 2.0]))
     ).basis(threshold=0.05),
@@ -156,17 +170,83 @@ def test_applying_a_basis_in_every_order_leaves_it_unchanged(kind: str, backend:
     assert_same(before, snapshot(basis))
 
 
-def _frozen(obj: object) -> bool:
-    params = getattr(type(obj), "__dataclass_params__", None)
-    return bool(params is not None and params.frozen)
+def _caches(obj: Any, depth: int = 0) -> list[Derived]:
+    """Every explicit cache reachable from ``obj``, in a stable order."""
+    if isinstance(obj, Derived):
+        return [obj]
+    if depth >= _SEEN_LIMIT or find(obj) is not None or obj is None:
+        return []
+    if isinstance(obj, tuple | list):
+        return [c for v in obj for c in _caches(v, depth)]
+    state = [getattr(obj, n) for n in _slots(obj) if hasattr(obj, n)]
+    state += list(getattr(obj, "__dict__", {}).values())
+    return [c for v in state for c in _caches(v, depth + 1)]
+
+
+def _cache_values(cache: Derived) -> dict[str, Any]:
+    return {k: snapshot(v) for k, v in cache._items.items()}
+
+
+def _strip_ids(picture: Any) -> Any:
+    if isinstance(picture, tuple) and picture and picture[0] == "array":
+        return ("array", *picture[2:4], picture[4].tolist())
+    if isinstance(picture, tuple):
+        return tuple(_strip_ids(p) for p in picture if not isinstance(p, int) or isinstance(p, bool))
+    if isinstance(picture, list):
+        return [_strip_ids(p) for p in picture]
+    if isinstance(picture, dict):
+        return {k: _strip_ids(v) for k, v in picture.items()}
+    return picture
+
+
+CACHED = ["sparse", "sparse-batched", "concat", "composed", "select", "graph-powers", "graph-chebyshev"]
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("kind", CACHED)
+def test_caches_hold_what_a_fresh_equal_basis_computes(kind: str, backend: str) -> None:
+    cv = BACKENDS[backend]
+    used, fresh = KINDS[kind](cv), KINDS[kind](cv)
+    assert _caches(used), f"{kind} has no explicit cache: remove it from CACHED"
+    x = cv(np.random.default_rng(2).normal(size=(used.batch or 2, used.M, 3)))
+    theta = _parameters(used, cv)[0]
+    with torch.no_grad():
+        for candidate in sc.explain(used, x, theta).candidates:
+            sc.conv(used, x, theta, order=candidate.order)
+        sc.conv(fresh, x, theta)  # one order only: a second basis fills less, never differently
+    for a, b in zip(_caches(used), _caches(fresh), strict=True):
+        assert a is not b
+        shared = set(a._items) & set(b._items)
+        for name in shared:
+            assert _strip_ids(snapshot(a._items[name])) == _strip_ids(snapshot(b._items[name])), name
+
+
+@pytest.mark.parametrize("kind", CACHED)
+def test_a_basis_made_from_another_never_shares_its_cache(kind: str) -> None:
+    basis = KINDS[kind](torch.from_numpy)
+    x = torch.randn(basis.batch or 2, basis.M, 3, dtype=torch.float64)
+    sc.conv(basis, x, _parameters(basis, torch.from_numpy)[0])
+    old = {id(c) for c in _caches(basis)}
+    # A new dtype changes every part of the value: no cache may be shared.
+    assert not old & {id(c) for c in _caches(basis.to(dtype=torch.float32))}
+    # A selection or a transpose may keep unchanged parts (and their caches); its own cache is new.
+    own = {id(c) for c in _caches(basis, depth=_SEEN_LIMIT - 1)}
+    for made in (basis.select([0]), basis.transpose()):
+        assert not own & {id(c) for c in _caches(made, depth=_SEEN_LIMIT - 1)}, type(made).__name__
+
+
+def _public_attributes(obj: object) -> list[str]:
+    klass = type(obj)
+    names = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()  # type: ignore[arg-type]
+    names |= {n for k in klass.__mro__ for n, v in vars(k).items() if isinstance(v, property)}
+    return sorted(n for n in names if not n.startswith("_"))
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_frozen_bases_refuse_assignment(kind: str) -> None:
+def test_public_attributes_cannot_be_reassigned(kind: str) -> None:
     basis = KINDS[kind](np.asarray)
-    if not _frozen(basis):
-        pytest.skip(f"{type(basis).__name__} is not a frozen dataclass")
-    public = [f.name for f in dataclasses.fields(basis) if not f.name.startswith("_")]
-    for name in public:
+    names = _public_attributes(basis)
+    assert names, f"{type(basis).__name__} shows no public attributes"
+    for name in names:
         with pytest.raises((dataclasses.FrozenInstanceError, AttributeError)):
             setattr(basis, name, getattr(basis, name))

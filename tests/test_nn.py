@@ -55,7 +55,7 @@ def test_module_moves_carry_the_basis():
 def test_bad_construction():
     import numpy as np
 
-    with pytest.raises(TypeError, match="torch basis"):
+    with pytest.raises(TypeError, match="the basis of a torch layer must be a torch one"):
         StructConv(np.ones((1, 2, 2)), 2, 2)
     with pytest.raises(ValueError, match="in_channels must be a positive integer"):
         StructConv(torch.ones(1, 2, 2), 0, 2)

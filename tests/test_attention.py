@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from structconv import BiAffine, attention_basis, conv, masked_softmax
+from structconv import BiAffine, DenseBasis, attention_basis, conv, masked_softmax
 from structconv.nn import MultiHeadSelfAttention
 
 
@@ -515,28 +515,39 @@ def test_fused_order_first_backward_is_repeatable() -> None:
     assert torch.equal(g1, g2)
 
 
-def test_attention_basis_follows_values_changed_in_place() -> None:
-    """The basis keeps no dense copy of itself: an optimiser step (an in-place update) is always seen."""
+def test_attention_basis_is_the_value_of_its_arrays() -> None:
+    """Scores are evaluated when the basis is built; projections are held as arrays (by reference).
+
+    Neither form keeps a dense copy of the weights.  A parameter changed in place after the build
+    (an optimiser step) is seen by a basis built afterwards; one built before keeps the scores of
+    its own build, or, holding the projection arrays themselves, follows them as a DenseBasis of
+    a tensor changed in place does.
+    """
     torch.manual_seed(0)
     x = torch.randn(2, 5, 3, dtype=torch.float64)
     bilinear = torch.randn(2, 3, 3, dtype=torch.float64)
     A = attention_basis(x, mechanism=BiAffine(bilinear=bilinear))
+    assert A.projections is None
     before = A.to_dense().clone()
-    assert A.weights() is not A.weights()  # computed on every use, never stored
+    assert A.weights() is not A.weights()  # normalised on every use, never stored
     bilinear.mul_(3.0)
     x.add_(0.5)
-    fresh = attention_basis(x.clone(), mechanism=BiAffine(bilinear=bilinear.clone()))
-    torch.testing.assert_close(A.to_dense(), fresh.to_dense())
-    torch.testing.assert_close(A.T.to_dense(), fresh.to_dense().transpose(-1, -2))
-    assert not torch.allclose(A.to_dense(), before)
+    torch.testing.assert_close(A.to_dense(), before)
+    fresh = attention_basis(x, mechanism=BiAffine(bilinear=bilinear))
+    assert not torch.allclose(fresh.to_dense(), before)
     theta = torch.randn(2, 3, 4, dtype=torch.float64)
-    torch.testing.assert_close(conv(A, x, theta), conv(fresh, x, theta))
-    # NumPy inputs alike
+    torch.testing.assert_close(conv(A, x, theta), conv(DenseBasis(before), x, theta))
+    # the Transformer form holds its projections: the same arrays, no copy
+    key, query = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
+    T = attention_basis(x, mechanism=BiAffine(key=key, query=query, scale=0.5))
+    assert T.projections is not None and T.projections.key is key
+    key.mul_(-1.0)
+    expected = attention_basis(x, mechanism=BiAffine(key=key.clone(), query=query, scale=0.5))
+    torch.testing.assert_close(T.to_dense(), expected.to_dense())
+    # NumPy alike
     xn, lam = x.numpy().copy(), bilinear.numpy().copy()
     An = attention_basis(xn, mechanism=BiAffine(bilinear=lam))
     first = An.to_dense().copy()
     lam *= -1.0
-    np.testing.assert_allclose(
-        An.to_dense(), attention_basis(xn, mechanism=BiAffine(bilinear=-bilinear.numpy())).to_dense()
-    )
-    assert not np.allclose(An.to_dense(), first)
+    np.testing.assert_allclose(An.to_dense(), first)
+    assert not np.allclose(attention_basis(xn, mechanism=BiAffine(bilinear=lam)).to_dense(), first)

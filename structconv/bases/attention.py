@@ -1,30 +1,62 @@
-r"""The attention basis: softmax-normalised scores of a mechanism, computed when an order needs them.
+r"""The attention basis: softmax-normalised scores, normalised when an order needs them.
 
 :class:`AttentionBasis` is the representation of :math:`A_{bk} = \mathrm{softmax}_m(\mathrm{mask}(a(x_b,
 z_b; \Xi_k)))`; the mechanisms :math:`a` and the builder :func:`~structconv.attention_basis` live in
-:mod:`structconv.structures.attention`.  The basis is a value: it holds its inputs, mechanism and
-mask and computes the weights from them on every use, so a parameter changed in place (an
-optimiser step) is always seen.  A caller that needs the weights several times holds on to
+:mod:`structconv.structures.attention`, one layer up.  The basis holds data only (no mechanism):
+either the scores, evaluated by the builder, or, for scaled dot-product attention, the
+:class:`Projections` that give keys and queries, so that the fused order never forms the scores.
+Nothing it runs calls back into the mechanism.  The weights are normalised afresh on each use
+(no stored dense copy); a caller that needs them several times holds on to
 :meth:`AttentionBasis.weights`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from ..backend import Array, concatenate, device_of, namespace, of, x_theta, zeros
 from .base import Basis, Cost
 from .dense import DenseBasis
 
 
-class ScoreFunction(Protocol):
-    """What the basis needs of a mechanism: its head count and its scores ``(B or 1, K, M, N)``."""
+@dataclass(frozen=True, eq=False)
+class Projections:
+    r"""Affine key and query projections of scaled dot-product attention, ``K`` heads of width ``D``.
 
-    @property
-    def heads(self) -> int: ...
+    The score of head :math:`k` is :math:`s\,(x_m W^k_k + b^k_k)\cdot(z_n W^q_k + b^q_k)`.
 
-    def scores(self, x: Array, z: Array) -> Array: ...
+    Parameters
+    ----------
+    key, query
+        :math:`W^k` ``(K, P, D)`` and :math:`W^q` ``(K, P', D)``.
+    key_bias, query_bias
+        :math:`b^k`, :math:`b^q`, ``(K, D)`` each, or ``None``.
+    scale
+        :math:`s`, e.g. :math:`1/\sqrt D`.
+    """
+
+    key: Array
+    query: Array
+    key_bias: Array | None = None
+    query_bias: Array | None = None
+    scale: float = 1.0
+
+    def __call__(self, x: Array, z: Array) -> tuple[Array, Array]:
+        """Keys ``(B, K, M, D)`` of ``x`` ``(B, M, P)`` and queries ``(B, K, N, D)`` of ``z``."""
+        keys, queries = x_theta(x, self.key), x_theta(z, self.query)
+        if self.key_bias is not None:
+            keys = keys + self.key_bias[None, :, None, :]
+        if self.query_bias is not None:
+            queries = queries + self.query_bias[None, :, None, :]
+        return keys, queries
+
+    def scores(self, x: Array, z: Array) -> Array:
+        """The scores ``(B, K, M, N)``: keys against queries, scaled."""
+        keys, queries = self(x, z)
+        product = keys @ queries.swapaxes(-1, -2)
+        return product * self.scale if self.scale != 1.0 else product
 
 
 def allowed_mask(mask: Array) -> Array:
@@ -100,24 +132,52 @@ class AttentionBasis(Basis):
     :func:`~structconv.attention_basis`.
     """
 
-    __slots__ = ("_x", "_z", "leaky_relu", "mask", "mechanism", "normalize")
+    __slots__ = ("_depth", "_heads", "_leaky_relu", "_mask", "_normalize", "_projections", "_scores", "_x", "_z")
     representation = "attention"
 
     def __init__(
         self,
         x: Array,
         z: Array,
-        mechanism: ScoreFunction,
+        scores: Array | Projections,
         mask: Array | None = None,
         leaky_relu: float | None = None,
         normalize: bool = True,
     ) -> None:
-        self._x, self._z, self.mechanism = x, z, mechanism
-        self.mask, self.leaky_relu, self.normalize = mask, leaky_relu, normalize
+        self._scores: Array | None
+        self._projections: Projections | None
+        if isinstance(scores, Projections):
+            self._scores, self._projections = None, scores
+            self._heads, self._depth = int(scores.key.shape[0]), int(scores.key.shape[2])
+        else:
+            self._scores, self._projections = scores, None
+            self._heads, self._depth = int(scores.shape[1]), int(x.shape[-1])
+        self._x, self._z = x, z
+        self._mask, self._leaky_relu, self._normalize = mask, leaky_relu, normalize
+
+    @property
+    def mask(self) -> Array | None:
+        """The mask (boolean, ``True`` = may attend, or additive), or ``None``."""
+        return self._mask
+
+    @property
+    def leaky_relu(self) -> float | None:
+        """Negative slope of the LeakyReLU applied to the scores, or ``None``."""
+        return self._leaky_relu
+
+    @property
+    def normalize(self) -> bool:
+        """Whether the masked scores are softmax-normalised over the inputs."""
+        return self._normalize
+
+    @property
+    def projections(self) -> Projections | None:
+        """The key and query projections, for scaled dot-product attention; else ``None``."""
+        return self._projections
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (int(self._x.shape[0]), self.mechanism.heads, int(self._x.shape[1]), int(self._z.shape[1]))
+        return (int(self._x.shape[0]), self._heads, int(self._x.shape[1]), int(self._z.shape[1]))
 
     @property
     def backend(self) -> str:
@@ -132,8 +192,8 @@ class AttentionBasis(Basis):
         return device_of(self._x)
 
     def weights(self) -> DenseBasis:
-        """The weights as a :class:`~structconv.DenseBasis`, from the current inputs and parameters."""
-        scores = self.mechanism.scores(self._x, self._z)
+        """The weights as a :class:`~structconv.DenseBasis`, normalised from the scores (or projections)."""
+        scores: Array = self._scores if self._projections is None else self._projections.scores(self._x, self._z)
         lib = of(scores).native()
         if int(scores.shape[0]) != self.shape[0]:  # a position-only mechanism: one copy per instance
             scores = lib.broadcast_to(scores, self.shape)
@@ -155,23 +215,18 @@ class AttentionBasis(Basis):
 
     def to(self, device: Any = None, dtype: Any = None) -> Basis:
         """A dtype change stays lazy (the inputs are converted); a device change materialises the weights."""
-        if device is None:
+        if device is None and self._projections is not None:
             lib = namespace(self._x)
             x, z = ((a if dtype is None else lib.astype(a, dtype)) for a in (self._x, self._z))
-            return AttentionBasis(x, z, self.mechanism, self.mask, self.leaky_relu, self.normalize)
+            return AttentionBasis(x, z, self._projections, self._mask, self._leaky_relu, self._normalize)
         return self.weights().to(device, dtype)
 
     def plan_key(self) -> tuple[Any, ...]:
-        return (type(self).__name__, self.shape, self.special_orders(), self._depth())
-
-    def _depth(self) -> int:
-        """The width ``D`` the scores are computed through (for the cost model)."""
-        key = getattr(self.mechanism, "key", None)
-        return int(key.shape[2]) if key is not None else int(self._x.shape[-1])
+        return (type(self).__name__, self.shape, self.special_orders(), self._depth, self._projections is None)
 
     def _score_cost(self, batch: int) -> Cost:
         B, K, M, N = self.shape
-        D, P = self._depth(), int(self._x.shape[-1])
+        D, P = self._depth, int(self._x.shape[-1])
         return Cost(2.0 * B * K * (M * N * D + (M + N) * P * D), 2.0 * B * K * M * N)
 
     def apply_each(self, x: Array) -> Array:
@@ -196,9 +251,9 @@ class AttentionBasis(Basis):
     def special_orders(self) -> tuple[str, ...]:
         fused = (
             of(self._x).fused_attention
-            and getattr(self.mechanism, "transformer", False)
-            and self.normalize
-            and self.leaky_relu is None
+            and self._projections is not None
+            and self._normalize
+            and self._leaky_relu is None
         )
         return ("sdpa",) if fused else ()
 
@@ -207,21 +262,22 @@ class AttentionBasis(Basis):
 
     def _sdpa(self, values: Array) -> Array | None:
         r"""Per-head outputs :math:`A_k^\top v_k`, ``(B, K, N, R)``, or ``None`` if a column is fully masked."""
-        mech: Any = self.mechanism
+        mech = self._projections
+        assert mech is not None  # only the fused order runs this
         allowed = None
         if self.mask is not None:
             allowed = allowed_mask(self.mask)
             if not bool(allowed.any(-2).all()):  # the fused kernel gives NaN there; the dense path zeros
                 return None
             allowed = allowed.swapaxes(-1, -2)  # the kernel's layout is [query, key]
-        keys, queries = mech.projections(self._x, self._z)
+        keys, queries = mech(self._x, self._z)
         out: Array = of(values).attention(queries, keys, values, allowed, mech.scale)
         return out
 
     def _fused(self, x: Array, value: Array) -> Array | None:
         """Self-attention without a mask: keys, queries and values from one GEMM, then the fused kernel."""
-        mech: Any = self.mechanism
-        if self.mask is not None or x is not self._x or self._z is not self._x:
+        mech = self._projections
+        if mech is None or self.mask is not None or x is not self._x or self._z is not self._x:
             return None
         B, M, P = (int(s) for s in x.shape)
         K, _, D = (int(s) for s in mech.key.shape)
@@ -267,7 +323,7 @@ class AttentionBasis(Basis):
 
     def cost_factored(self, order: str, batch: int, p: int, q: int, rank: int) -> Cost:
         B, K, M, N = self.shape
-        D = self._depth()
+        D = self._depth
         project = 2.0 * B * K * ((M + N) * p * D + M * p * rank)
         attend = 4.0 * B * K * M * N * max(D, rank)
         mix = 2.0 * B * N * K * rank * q

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import Array, einsum, namespace, shape_str, x_theta, zeros
+from ..backend import Array, einsum, namespace, shape_str, zeros
 from ..backend.checks import check_array
-from ..bases.attention import AttentionBasis, allowed_mask, masked_softmax
+from ..bases.attention import AttentionBasis, Projections, allowed_mask, masked_softmax
 
 __all__ = [
     "AttentionBasis",
@@ -201,13 +201,14 @@ class BiAffine(Mechanism):
 
     def projections(self, x: Array, z: Array) -> tuple[Array, Array]:
         """Keys ``(B, K, M, D)`` and queries ``(B, K, N, D)``, biases included."""
-        assert self.key is not None and self.query is not None
-        keys, queries = x_theta(x, self.key), x_theta(z, self.query)
-        if self.key_bias is not None:
-            keys = keys + self.key_bias[None, :, None, :]
-        if self.query_bias is not None:
-            queries = queries + self.query_bias[None, :, None, :]
-        return keys, queries
+        return self.projector()(x, z)
+
+    def projector(self) -> Projections:
+        """The key and query projections as data (the scale is that of the scores)."""
+        if self.key is None or self.query is None:
+            raise ValueError("this mechanism has no key and query projections")
+        scale = self.scale if self.transformer else 1.0
+        return Projections(self.key, self.query, self.key_bias, self.query_bias, scale)
 
     def scores(self, x: Array, z: Array) -> Array:
         self.check_inputs(x, z)
@@ -294,7 +295,8 @@ def attention_basis(
     Returns
     -------
     AttentionBasis
-        Lazy: the weights are computed when an order needs them (see :class:`AttentionBasis`).
+        It holds the scores, evaluated here, or (scaled dot-product attention) the key and query
+        projections, from which the fused order attends without forming the scores.
 
     Examples
     --------
@@ -321,7 +323,9 @@ def attention_basis(
     shape = (int(x3.shape[0]), mechanism.heads, int(x3.shape[1]), int(z3.shape[1]))
     if mask is not None:
         _check_mask(mask, shape)
-    return AttentionBasis(x3, z3, mechanism, mask, leaky_relu, normalize)
+    if isinstance(mechanism, BiAffine) and mechanism.transformer:
+        return AttentionBasis(x3, z3, mechanism.projector(), mask, leaky_relu, normalize)
+    return AttentionBasis(x3, z3, mechanism.scores(x3, z3), mask, leaky_relu, normalize)
 
 
 def _check_mask(mask: Array, shape: tuple[int, ...]) -> None:

@@ -14,11 +14,12 @@ from .bases.convert import as_basis
 from .bases.dense import DenseBasis
 from .bases.edges import EdgeBasis
 from .bases.factor import LowRank, Separable
+from .bases.grid import GridBasis
 from .bases.sparse import SparseBasis
 from .engine.contract import Candidate, Plan, conv, explain
 from .structures.attention import AttentionBasis, BiAffine, Mechanism, attention_basis, masked_softmax
 from .structures.graph import PolynomialBasis, gcn_basis, graph_basis
-from .structures.grid import GridBasis, apply_shifts, avg_pool_basis, grid_basis, shift_matrix
+from .structures.grid import apply_shifts, avg_pool_basis, grid_basis, shift_matrix
 from .structures.positional import GaussianPosition, LearnedPosition, QuadraticPosition, RelativeAttention
 from .theory.algebra import combine, compose, decompose
 

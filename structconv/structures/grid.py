@@ -24,7 +24,6 @@ __all__ = [
     "BOUNDARIES",
     "GridBasis",
     "Padding",
-    "_grid",
     "apply_shifts",
     "avg_pool_basis",
     "grid_basis",

@@ -45,9 +45,9 @@ from ..backend.checks import check_array
 from ..bases.attention import masked_softmax
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
+from ..bases.grid import GridBasis, _grid
 from ..bases.kronecker import KroneckerBasis
 from .attention import Mechanism
-from .grid import GridBasis, _grid
 from .relative import RelativeAttention, RelativeOffsets, _axis_sum, _check_tables, _split, placed, relative_offsets
 
 __all__ = [

@@ -20,8 +20,8 @@ import numpy as np
 
 from ..backend import Array, dtype_name, einsum, namespace, of, shape_str
 from ..backend.checks import check_array
+from ..bases.grid import BOUNDARIES, _grid
 from .attention import Mechanism
-from .grid import BOUNDARIES, _grid
 
 #: How many placed tables :func:`placed` keeps (the oldest goes first).
 _PLACED_SIZE = 256

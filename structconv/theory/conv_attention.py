@@ -203,7 +203,7 @@ def nearest_convolution(basis: Basis | Array, grid: Any, boundary: str = "zero")
     one-hot shift of that offset under ``boundary`` is then compared with the head column by
     column.  A "mixture of convolutions" diagnostic for trained attention heads.
     """
-    from ..structures.grid import GridBasis, _grid
+    from ..bases.grid import GridBasis, _grid
     from ..structures.positional import relative_offsets
 
     g = _grid(grid)
@@ -242,7 +242,7 @@ def attention_to_conv(
         If a head is farther than ``tol`` (total variation, see :func:`nearest_convolution`)
         from every one-hot shift; the message names the head and its distance.
     """
-    from ..structures.grid import GridBasis
+    from ..bases.grid import GridBasis
 
     check_array(theta, "theta", (3,), ("(K, P, Q)",))
     fit = nearest_convolution(basis, grid, boundary)

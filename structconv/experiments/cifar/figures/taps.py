@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ....structures.grid import GridBasis
+from ....bases.grid import GridBasis
 from ....theory.conv_attention import ConvolutionFit, nearest_convolution
 from ..models import SelfAttentionNet
 from .common import check_model, float64, mean_heads, new_figure, save

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from structconv import _layout
@@ -84,7 +86,7 @@ def _calls_upward(run: object) -> list[tuple[str, str]]:
     return sorted(bad)
 
 
-def _conv_cases() -> dict[str, object]:
+def _conv_cases() -> dict[str, Callable[[], object]]:
     import numpy as np
     import torch
 
@@ -109,7 +111,24 @@ def _conv_cases() -> dict[str, object]:
         basis = sc.attention_basis(xt, mechanism=mech)
         sc.conv(basis, xt, torch.randn(2, 3, 5, dtype=torch.float64)).sum().backward()
 
+    def layer(build: Callable[[], torch.nn.Module], *inputs: torch.Tensor) -> Callable[[], None]:
+        def run() -> None:
+            torch.manual_seed(0)
+            out = build()(*inputs)
+            (out[0] if isinstance(out, tuple) else out).sum().backward()
+
+        return run
+
+    from structconv import nn as snn
+
+    ei = torch.tensor(edge_index)
+    feats = torch.randn(16, 3)
+    seq = torch.randn(2, 5, 4)
     return {
+        "nn GCNConv": layer(lambda: snn.GCNConv(3, 4), feats, ei),
+        "nn GATConv": layer(lambda: snn.GATConv(3, 2, heads=2), feats, ei),
+        "nn GridConv2d": layer(lambda: snn.GridConv2d(3, 4, 3, padding=1), torch.randn(2, 3, 6, 6)),
+        "nn MultiHeadSelfAttention": layer(lambda: snn.MultiHeadSelfAttention(4, 2, batch_first=True), *[seq] * 3),
         "dense numpy": lambda: [sc.conv(dense, x, theta, order=o) for o in ("ax", "xtheta", "atheta")],
         "sparse torch": lambda: sc.conv(sc.as_basis(sparse), xt, tt).sum().backward(),
         "grid numpy": lambda: grid(x),

@@ -49,15 +49,17 @@ def _inverse(deg: Array, power: float) -> Array:
 
 def add_remaining_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
     """Give every node exactly one self-loop: keep an existing loop's weight, else use ``fill``."""
-    loop = edges.src == edges.dst
-    keep = ~loop
+    src, dst, weight = edges.src, edges.dst, edges.weight
+    loop = src == dst
     loop_weight = _loops(edges, fill)
-    loop_weight[edges.src[loop]] = edges.weight[loop]
+    if bool(loop.any()):  # one host read; a graph without loops (the usual case) is kept whole
+        xp = namespace(loop)
+        at, keep = xp.nonzero(loop)[0], xp.nonzero(~loop)[0]  # each mask resolved once, then gathers
+        loop_weight[_take(src, at)] = _take(weight, at)
+        src, dst, weight = _take(src, keep), _take(dst, keep), _take(weight, keep)
     nodes = _nodes(edges)
     return edges.with_edges(
-        concatenate([edges.src[keep], nodes], 0),
-        concatenate([edges.dst[keep], nodes], 0),
-        concatenate([edges.weight[keep], loop_weight], 0),
+        concatenate([src, nodes], 0), concatenate([dst, nodes], 0), concatenate([weight, loop_weight], 0)
     )
 
 

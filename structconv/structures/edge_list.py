@@ -210,11 +210,11 @@ def _from_edge_index(
     floating = ref is not index and backend.is_floating(ref)
     dtype = ref.dtype if floating else backend.default_float()
     index = backend.asarray(index, ref, "int64")
-    if weight is None:
+    if weight is None:  # unit weights, finite by construction: nothing to check (a layer reads one per call)
         weight = namespace(ref).ones(E, dtype=dtype, device=device_of(ref))
     else:
         weight = backend.asarray(weight, ref, dtype)
-    if tuple(weight.shape) != (E,):
-        raise ValueError(f"edge_weight must have shape (E,) = ({E},), got {shape_str(tuple(weight.shape))}")
-    check_finite(weight, "edge weights" if weight_name == "graph" else "edge_weight")
+        if tuple(weight.shape) != (E,):
+            raise ValueError(f"edge_weight must have shape (E,) = ({E},), got {shape_str(tuple(weight.shape))}")
+        check_finite(weight, "edge weights" if weight_name == "graph" else "edge_weight")
     return Edges(index[0], index[1], weight, int(num_nodes), None if num_targets is None else int(num_targets))

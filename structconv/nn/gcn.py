@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..bases.base import Basis
+from ..structures.edge_list import checked_basis
 from ..structures.graph import PolynomialBasis, is_matrix_graph
 from .graph_common import _gcn_edges, _GraphLayer, _positive, _read
 
@@ -46,7 +47,8 @@ class GCNConv(_GraphLayer):
         edges = _read(graph, x, edge_weight, "GCNConv")
         matrix = is_matrix_graph(graph)
         loops = self.add_self_loops and self.normalize
-        return _gcn_edges(edges, matrix, edge_weight is not None, self.improved, loops, self.normalize).to_basis()
+        edges = _gcn_edges(edges, matrix, edge_weight is not None, self.improved, loops, self.normalize)
+        return checked_basis(edges)  # read by as_edges and normalised: no second check, every call
 
 
 class SGConv(_GraphLayer):

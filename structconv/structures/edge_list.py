@@ -50,9 +50,19 @@ class Edges:
 
     def to_basis(self) -> SparseBasis:
         """The adjacency as a one-member :class:`~structconv.SparseBasis`, shape ``(1, N, N)``."""
-        zeros = self.src * 0
-        stack = namespace(self.weight).stack
-        return SparseBasis(stack([zeros, self.src, self.dst]), self.weight, (1, self.num_nodes, self.targets))
+        return SparseBasis(self._index(), self.weight, (1, self.num_nodes, self.targets))
+
+    def _index(self) -> Array:
+        return namespace(self.weight).stack([self.src * 0, self.src, self.dst])
+
+
+def checked_basis(edges: Edges) -> SparseBasis:
+    """:meth:`Edges.to_basis` for edges read by :func:`as_edges` and only renormalised since, without a second check.
+
+    Their nodes are in range and their weights finite (the normalisations keep both), so the
+    basis a layer builds on every call skips :class:`~structconv.SparseBasis`' own checks.
+    """
+    return SparseBasis._from_checked(edges._index(), edges.weight, (1, edges.num_nodes, edges.targets))
 
 
 def is_matrix_graph(graph: Any) -> bool:

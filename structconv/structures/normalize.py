@@ -49,18 +49,17 @@ def _inverse(deg: Array, power: float) -> Array:
 
 def add_remaining_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
     """Give every node exactly one self-loop: keep an existing loop's weight, else use ``fill``."""
+    backend = of(edges.weight)  # resolved once: a graph layer runs this on every call
+    xp = backend.namespace()
     src, dst, weight = edges.src, edges.dst, edges.weight
     loop = src == dst
-    loop_weight = _loops(edges, fill)
+    loop_weight = xp.full((edges.num_nodes,), fill, dtype=weight.dtype, device=weight.device)
     if bool(loop.any()):  # one host read; a graph without loops (the usual case) is kept whole
-        xp = namespace(loop)
         at, keep = xp.nonzero(loop)[0], xp.nonzero(~loop)[0]  # each mask resolved once, then gathers
-        loop_weight[_take(src, at)] = _take(weight, at)
-        src, dst, weight = _take(src, keep), _take(dst, keep), _take(weight, keep)
-    nodes = _nodes(edges)
-    return edges.with_edges(
-        concatenate([src, nodes], 0), concatenate([dst, nodes], 0), concatenate([weight, loop_weight], 0)
-    )
+        loop_weight[backend.take(src, at, 0)] = backend.take(weight, at, 0)
+        src, dst, weight = backend.take(src, keep, 0), backend.take(dst, keep, 0), backend.take(weight, keep, 0)
+    nodes = xp.arange(edges.num_nodes, dtype=src.dtype, device=src.device)
+    return edges.with_edges(xp.concat([src, nodes]), xp.concat([dst, nodes]), xp.concat([weight, loop_weight]))
 
 
 def add_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
@@ -90,8 +89,10 @@ def gcn_normalize(edges: Edges, add_self_loops: bool = True, improved: bool = Fa
     _check_non_negative(edges, "gcn normalisation")
     if add_self_loops:
         edges = add_remaining_self_loops(edges, 2.0 if improved else 1.0)
-    dinv = _inverse(_scatter_sum(edges.weight, edges.dst, edges.num_nodes), 0.5)
-    return edges.with_edges(edges.src, edges.dst, _take(dinv, edges.src) * edges.weight * _take(dinv, edges.dst))
+    backend = of(edges.weight)
+    dinv = _inverse(backend.scatter_add(edges.weight, edges.dst, edges.num_nodes), 0.5)
+    weight = backend.take(dinv, edges.src, 0) * edges.weight * backend.take(dinv, edges.dst, 0)  # PyG's order
+    return edges.with_edges(edges.src, edges.dst, weight)
 
 
 def walk_normalize(edges: Edges, direction: str = "forward") -> Edges:

@@ -12,12 +12,13 @@ Nothing it runs calls back into the mechanism.  The weights are normalised afres
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from ..backend import Array, concatenate, device_of, namespace, of, x_theta, zeros
-from .base import Basis, Cost
+from .base import NO_ORDERS, Basis, Cost, OwnOrder
 from .dense import DenseBasis
 
 
@@ -222,7 +223,7 @@ class AttentionBasis(Basis):
         return self.weights().to(device, dtype)
 
     def plan_key(self) -> tuple[Any, ...]:
-        return (type(self).__name__, self.shape, self.special_orders(), self._depth, self._projections is None)
+        return (type(self).__name__, self.shape, tuple(self.own_orders()), self._depth, self._projections is None)
 
     def _score_cost(self, batch: int) -> Cost:
         B, K, M, N = self.shape
@@ -248,17 +249,15 @@ class AttentionBasis(Basis):
         return self._score_cost(batch) + Cost(2.0 * B * K * M * N * channels, float(out))
 
     # --- the fused order -------------------------------------------------------------------
-    def special_orders(self) -> tuple[str, ...]:
+    def own_orders(self) -> Mapping[str, OwnOrder]:
+        """``"sdpa"``, the fused kernel (a :class:`~structconv.LowRank` kept factored), where it applies."""
         fused = (
             of(self._x).fused_attention
             and self._projections is not None
             and self._normalize
             and self._leaky_relu is None
         )
-        return ("sdpa",) if fused else ()
-
-    def factor_orders(self) -> tuple[str, ...]:
-        return self.special_orders()
+        return _ATTENTION_ORDERS if fused else NO_ORDERS
 
     def _sdpa(self, values: Array) -> Array | None:
         r"""Per-head outputs :math:`A_k^\top v_k`, ``(B, K, N, R)``, or ``None`` if a column is fully masked."""
@@ -297,9 +296,7 @@ class AttentionBasis(Basis):
         heads: Array = backend.attention(queries, keys, values, None, mech.scale)
         return heads
 
-    def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
-        if order != "sdpa":
-            return None
+    def _run_sdpa(self, x: Array, theta: Array) -> Array:
         heads = self._fused(x, theta)
         if heads is None:
             heads = self._sdpa(x_theta(x, theta))
@@ -307,7 +304,7 @@ class AttentionBasis(Basis):
             return self.apply_members(x_theta(x, theta), reduce=True)
         return heads.sum(1)
 
-    def run_factored(self, order: str, x: Array, value: Array, out: Array) -> Array:
+    def _run_sdpa_factored(self, x: Array, value: Array, out: Array) -> Array:
         heads = self._fused(x, value)
         if heads is None:
             heads = self._sdpa(x_theta(x, value))
@@ -318,13 +315,25 @@ class AttentionBasis(Basis):
         y: Array = heads.swapaxes(1, 2).reshape(B, N, K * R) @ wide
         return y
 
-    def cost_order(self, order: str, batch: int, p: int, q: int) -> Cost | None:
-        return self.cost_factored(order, batch, p, q, q) if order == "sdpa" else None
+    def _cost_sdpa(self, batch: int, p: int, q: int) -> Cost:
+        return self._cost_sdpa_factored(batch, p, q, q)
 
-    def cost_factored(self, order: str, batch: int, p: int, q: int, rank: int) -> Cost:
+    def _cost_sdpa_factored(self, batch: int, p: int, q: int, rank: int) -> Cost:
         B, K, M, N = self.shape
         D = self._depth
         project = 2.0 * B * K * ((M + N) * p * D + M * p * rank)
         attend = 4.0 * B * K * M * N * max(D, rank)
         mix = 2.0 * B * N * K * rank * q
         return Cost(project + attend + mix, float(B * K * ((M + N) * D + M * rank + N * rank) + B * N * q))
+
+
+_ATTENTION_ORDERS: Mapping[str, OwnOrder] = MappingProxyType(
+    {
+        "sdpa": OwnOrder(
+            AttentionBasis._cost_sdpa,
+            AttentionBasis._run_sdpa,
+            AttentionBasis._cost_sdpa_factored,
+            AttentionBasis._run_sdpa_factored,
+        )
+    }
+)

@@ -17,8 +17,9 @@ paired with a cost estimate (the whole interface is the table in :class:`Basis`)
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from ..backend import Array, einsum, shape_str
@@ -40,6 +41,38 @@ class Cost:
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(self.flops + other.flops, self.memory + other.memory, self.irregular + other.irregular)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnOrder:
+    r"""One order a representation runs its own way: its cost and its run, side by side.
+
+    Each field is a function of the basis (its first argument), not a bound method, so that one
+    value serves every basis of a class and a plan holds no basis.
+
+    Attributes
+    ----------
+    cost
+        ``cost(basis, batch, p, q) -> Cost``: the estimated work of ``run``.
+    run
+        ``run(basis, x, theta) -> Array``: :math:`y` ``(B, N, Q)`` for ``x`` ``(B, M, P)`` and a
+        full ``theta`` ``(K, P, Q)``.
+    cost_factored
+        ``cost_factored(basis, batch, p, q, rank) -> Cost``, or ``None``.
+    run_factored
+        ``run_factored(basis, x, value, out) -> Array`` for :math:`\Theta_k = V_k O_k^\top`
+        (``value`` ``(K, P, D)``, ``out`` ``(K, Q, D)``) kept as its two factors, or ``None``:
+        the order then sees a :class:`~structconv.LowRank` parameter formed in full.
+    """
+
+    cost: Callable[..., Cost]
+    run: Callable[..., Array]
+    cost_factored: Callable[..., Cost] | None = None
+    run_factored: Callable[..., Array] | None = None
+
+
+#: The default of :meth:`Basis.own_orders`: none.
+NO_ORDERS: Mapping[str, OwnOrder] = MappingProxyType({})
 
 
 class Basis(ABC):
@@ -70,16 +103,15 @@ class Basis(ABC):
     ``cost_each``                        its cost                                     abstract
     ``apply_members``                    ``engine.orders``: ``"xtheta"``              abstract
     ``cost_members``                     its cost                                     abstract
-    ``apply_combined``                   ``engine.orders``: ``"atheta"``, and a       dense :math:`\Phi`
-                                         special order without ``run_order``
+    ``apply_combined``                   ``engine.orders``: ``"atheta"``              dense :math:`\Phi`
     ``cost_combined``                    its cost                                     dense count
-    ``special_orders``                   ``engine.orders.names``: orders beyond       ``()``
-                                         the triangle
-    ``run_order``, ``cost_order``        ``engine.orders`` (full :math:`\Theta`): a   ``None`` (the hooks)
-                                         basis' own run and cost of any order
-    ``factor_orders``                    ``engine.orders``: special orders that keep  ``()``
-                                         a :class:`~structconv.LowRank` factored
-    ``run_factored``, ``cost_factored``  those orders' run and cost                   raise
+    ``own_orders``                       ``engine.orders``: orders the basis runs     empty
+                                         its own way (:class:`OwnOrder`: cost and
+                                         run; for a :class:`~structconv.LowRank`
+                                         kept factored, ``cost_factored`` and
+                                         ``run_factored``); a triangle name replaces
+                                         that order for a full :math:`\Theta`, any
+                                         other is listed after the triangle
     ===================================  ===========================================  ====================
     """
 
@@ -223,35 +255,15 @@ class Basis(ABC):
         """Cost of :meth:`apply_members`."""
 
     # --- whole orders (optional) ---------------------------------------------------------
-    def special_orders(self) -> tuple[str, ...]:
-        """Orders this representation offers beyond the triangle (e.g. ``"native"``)."""
-        return ()
+    def own_orders(self) -> Mapping[str, OwnOrder]:
+        r"""The orders this representation runs its own way, by name (:class:`OwnOrder`).
 
-    def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
-        """Run a whole order for a full ``theta`` faster than the hooks would, or return ``None``.
-
-        Required for every name in :meth:`special_orders`; optional for the triangle's orders.
+        A name of the triangle (``"ax"``, ``"xtheta"``, ``"atheta"``) replaces how that order
+        runs on a full :math:`\Theta`; any other name (e.g. ``"native"``) is an order beyond the
+        triangle, listed after it.  The mapping may depend only on what :meth:`plan_key`
+        returns: a plan, and the orders it holds, serve every basis of the same key.
         """
-        return None
-
-    def cost_order(self, order: str, batch: int, p: int, q: int) -> Cost | None:
-        """The cost of :meth:`run_order` for ``order``, or ``None`` where the hooks run it."""
-        return None
-
-    def factor_orders(self) -> tuple[str, ...]:
-        """Special orders that take a :class:`~structconv.LowRank` parameter as its two factors.
-
-        Every other special order sees the full :math:`\\Theta_k = U_k V_k^\top`.
-        """
-        return ()
-
-    def run_factored(self, order: str, x: Array, value: Array, out: Array) -> Array:
-        r"""Run ``order`` for :math:`\Theta_k = U_k V_k^\top` (``value`` ``(K, P, D)``, ``out`` ``(K, Q, D)``)."""
-        raise NotImplementedError(f"{type(self).__name__} has no factored order {order!r}")
-
-    def cost_factored(self, order: str, batch: int, p: int, q: int, rank: int) -> Cost:
-        """The cost of :meth:`run_factored`."""
-        raise NotImplementedError(f"{type(self).__name__} has no factored order {order!r}")
+        return NO_ORDERS
 
     def cost_combined(self, batch: int, p: int, q: int) -> Cost:
         """Cost of :meth:`apply_combined` (dense fallback)."""

@@ -26,7 +26,9 @@ its builders (:func:`~structconv.grid_basis`, :func:`~structconv.avg_pool_basis`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
+from types import MappingProxyType
 from typing import Any, cast
 
 import numpy as np
@@ -34,7 +36,7 @@ import numpy as np
 from ..backend import Array, Backend, as_index, einsum, find, of, shape_str
 from ..backend.checks import check_array
 from ..backend.stencil import Geometry
-from .base import Basis, Cost
+from .base import Basis, Cost, OwnOrder
 from .shift import flat_layout, gather_taps, gemm_then_shift, shift_then_gemm
 from .sparse import SparseBasis
 
@@ -405,35 +407,43 @@ class GridBasis(Basis):
         """Whether the backend's native convolution runs this basis (torch's ``F.conv{1,2,3}d``: ``d <= 3``)."""
         return self.geometry.ndim <= self._impl.native_stencil_ndim()
 
-    def special_orders(self) -> tuple[str, ...]:
-        return ("native",) if self.native_available() else ()
+    def own_orders(self) -> Mapping[str, OwnOrder]:
+        """``"native"`` where the backend has it; at unit stride ``"ax"``/``"xtheta"`` as fused shifts and GEMMs."""
+        return _GRID_ORDERS[self.native_available(), self.geometry.unit_stride]
 
     def _tap_thetas(self, theta: Array) -> Array:
         r""":math:`\Theta'_j = \sum_k w_{kj}\Theta_k`: the parameter seen by each tap."""
         return theta if self.weights is None else einsum("kj,kpq->jpq", self.weights, theta)
 
-    def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
-        geo = self.geometry
-        if order == "native":
-            return self._scaled(self._impl.native_stencil(x, self._tap_thetas(theta), geo))
-        if order in ("ax", "xtheta") and geo.unit_stride:
-            fused = shift_then_gemm if order == "ax" else gemm_then_shift
-            return self._scaled(fused(x, self._tap_thetas(theta), geo))
-        return None
+    def _run_native(self, x: Array, theta: Array) -> Array:
+        return self._scaled(self._impl.native_stencil(x, self._tap_thetas(theta), self.geometry))
 
-    def cost_order(self, order: str, batch: int, p: int, q: int) -> Cost | None:
-        geo = self.geometry
-        J, K, N = geo.taps, self.K, self.N
-        mix = Cost() if self.weights is None else Cost(2.0 * K * J * p * q, float(J * p * q))
+    def _run_shift_ax(self, x: Array, theta: Array) -> Array:
+        return self._scaled(shift_then_gemm(x, self._tap_thetas(theta), self.geometry))
+
+    def _run_shift_xtheta(self, x: Array, theta: Array) -> Array:
+        return self._scaled(gemm_then_shift(x, self._tap_thetas(theta), self.geometry))
+
+    def _cost(self, batch: int, p: int, q: int, order: str) -> Cost:
+        """The cost of an own order: ``"native"``, or the fused shifts of ``"ax"`` and ``"xtheta"``."""
+        geo, J, N = self.geometry, self.geometry.taps, self.N
+        mix = Cost() if self.weights is None else Cost(2.0 * self.K * J * p * q, float(J * p * q))  # _tap_thetas
         if order == "native":
             padded = math.prod(g + a + b for g, a, b in zip(geo.grid, *geo.reach, strict=True))
             copy = 0.0 if geo.boundary == "zero" and geo.reach[0] == geo.reach[1] else float(batch * padded * p)
             return mix + Cost(2.0 * batch * N * geo.box_volume * p * q, float(batch * N * q) + copy)
-        if order in ("ax", "xtheta") and geo.unit_stride:
-            layout, _ = flat_layout(geo)
-            rows = float(layout.rows(batch) + layout.lead + layout.tail)
-            written = rows * (p + q) + batch * N * q
-            if order == "xtheta":
-                written += rows * J * q
-            return mix + Cost(2.0 * rows * J * p * q, written)
-        return None
+        layout, _ = flat_layout(geo)
+        rows = float(layout.rows(batch) + layout.lead + layout.tail)
+        written = rows * (p + q) + batch * N * q + (order == "xtheta") * rows * J * q
+        return mix + Cost(2.0 * rows * J * p * q, written)
+
+
+# The own orders of a grid basis by (native convolution available, unit stride), built once.
+_NATIVE = {"native": OwnOrder(partial(GridBasis._cost, order="native"), GridBasis._run_native)}
+_SHIFTS = {
+    "ax": OwnOrder(partial(GridBasis._cost, order="ax"), GridBasis._run_shift_ax),
+    "xtheta": OwnOrder(partial(GridBasis._cost, order="xtheta"), GridBasis._run_shift_xtheta),
+}
+_GRID_ORDERS: dict[tuple[int, int], Mapping[str, OwnOrder]] = {
+    (n, u): MappingProxyType({**(_NATIVE if n else {}), **(_SHIFTS if u else {})}) for n in (0, 1) for u in (0, 1)
+}

@@ -8,13 +8,14 @@ product itself, through its matrix's hooks; the engine calls it, never the other
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from ..backend import Array, as_index, concatenate, device_of, einsum, namespace, of, x_theta
-from .base import Basis, Cost
+from .base import Basis, Cost, OwnOrder
 from .sparse import Derived, SparseBasis
 
 
@@ -168,23 +169,20 @@ class PolynomialBasis(Basis):
         avg = max(self._matrix.stored / N, 1.0)
         return float(sum(min(N * N, N * avg**d if d else N) for d in self._degrees))
 
-    def special_orders(self) -> tuple[str, ...]:
-        return ("materialized",)
+    def own_orders(self) -> Mapping[str, OwnOrder]:
+        """``"materialized"``: the members formed as sparse matrices, then their own products."""
+        return _POLYNOMIAL_ORDERS
 
-    def run_order(self, order: str, x: Array, theta: Array) -> Array | None:
-        if order != "materialized":
-            return None
+    def _run_materialized(self, x: Array, theta: Array) -> Array:
         members = self.materialize()
-        # The cost (cost_order) assumes the cheaper side of the channels: A·x first when P <= Q,
-        # else x·Θ first (one GEMM), then the members' reduced product.
+        # The cost (_cost_materialized) assumes the cheaper side of the channels: A·x first when
+        # P <= Q, else x·Θ first (one GEMM), then the members' reduced product.
         if int(theta.shape[1]) <= int(theta.shape[2]):
             result: Array = einsum("bknp,kpq->bnq", members.apply_each(x), theta)
             return result
         return members.apply_members(x_theta(x, theta), reduce=True)
 
-    def cost_order(self, order: str, batch: int, p: int, q: int) -> Cost | None:
-        if order != "materialized":
-            return None
+    def _cost_materialized(self, batch: int, p: int, q: int) -> Cost:
         nnz = self._estimated_nnz()
         # Forming the members is counted whether or not they are kept: a plan is shared by every
         # basis of the same plan key, formed or not.
@@ -224,3 +222,8 @@ class PolynomialBasis(Basis):
             f"PolynomialBasis(family={self._family!r}, degrees={self._degrees}, N={self.N}, "
             f"nnz(S)={self._matrix.stored}, backend={self.backend}, dtype={self.dtype})"
         )
+
+
+_POLYNOMIAL_ORDERS: Mapping[str, OwnOrder] = MappingProxyType(
+    {"materialized": OwnOrder(PolynomialBasis._cost_materialized, PolynomialBasis._run_materialized)}
+)

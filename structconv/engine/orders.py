@@ -10,18 +10,20 @@ kind.  Two families:
 * every other representation: the triangle run through the basis' hooks
   (:meth:`~structconv.Basis.apply_each`, :meth:`~structconv.Basis.apply_members`,
   :meth:`~structconv.Basis.apply_combined`) and costed by their ``cost_*`` twins, plus the
-  basis' own orders (:meth:`~structconv.Basis.special_orders`).
+  orders the basis runs its own way (:meth:`~structconv.Basis.own_orders`, each an
+  :class:`~structconv.bases.base.OwnOrder` holding its cost and its run).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import lru_cache
 
 import opt_einsum
 
 from ..backend import Array, einsum, of, x_theta
-from ..bases.base import Basis, Cost
+from ..bases.base import Basis, Cost, OwnOrder
 from .operands import Param
 
 #: The triangle's orders for a full parameter, and for a factorised one.
@@ -67,26 +69,15 @@ class Order:
 
 # --- a full parameter, through the hooks ------------------------------------------------------
 class _FullOrder(Order):
-    """A triangle order for a full :math:`\\Theta`; a basis may run (and cost) it its own way first."""
+    """A triangle order for a full :math:`\\Theta` through the hooks (``"atheta"``: the combined hook)."""
 
     __slots__ = ()
 
     def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
-        own = basis.cost_order(self.name, batch, prm.P, prm.Q)
-        return own if own is not None else self.hooks_cost(basis, batch, prm)
-
-    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
-        (theta,) = prm.operands
-        own = basis.run_order(self.name, x, theta)
-        return own if own is not None else self.hooks_run(basis, x, theta)
-
-    def hooks_cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
-        """The cost when the hooks run it."""
         return basis.cost_combined(batch, prm.P, prm.Q)
 
-    def hooks_run(self, basis: Basis, x: Array, theta: Array) -> Array:
-        """The run through the hooks (A·Θ first: :meth:`~structconv.Basis.apply_combined`)."""
-        return basis.apply_combined(x, theta)
+    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
+        return basis.apply_combined(x, prm.operands[0])
 
 
 class _FullAx(_FullOrder):
@@ -94,12 +85,12 @@ class _FullAx(_FullOrder):
 
     __slots__ = ()
 
-    def hooks_cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
+    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
         B, K, N, P, Q = batch, basis.K, basis.N, prm.P, prm.Q
         return basis.cost_each(B, P) + Cost(_gemm(B, N, K, P, Q), float(B * K * N * P + B * N * Q))
 
-    def hooks_run(self, basis: Basis, x: Array, theta: Array) -> Array:
-        return einsum("bknp,kpq->bnq", basis.apply_each(x), theta)
+    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
+        return einsum("bknp,kpq->bnq", basis.apply_each(x), prm.operands[0])
 
 
 class _FullXTheta(_FullOrder):
@@ -107,12 +98,12 @@ class _FullXTheta(_FullOrder):
 
     __slots__ = ()
 
-    def hooks_cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
+    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
         B, K, M, P, Q = batch, basis.K, basis.M, prm.P, prm.Q
         return Cost(_gemm(B, M, P, K, Q), 2.0 * B * K * M * Q) + basis.cost_members(B, Q, True)
 
-    def hooks_run(self, basis: Basis, x: Array, theta: Array) -> Array:
-        return basis.apply_members(x_theta(x, theta), reduce=True)
+    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
+        return basis.apply_members(x_theta(x, prm.operands[0]), reduce=True)
 
 
 # --- a factorised parameter, through the hooks ------------------------------------------------
@@ -196,22 +187,34 @@ class _LowRankXTheta(Order):
 
 
 # --- a basis' own orders ------------------------------------------------------------------------
-class _Special(_FullOrder):
-    """An order a representation offers beyond the triangle (:meth:`~structconv.Basis.special_orders`)."""
+class _Own(Order):
+    """An order the basis runs its own way (:meth:`~structconv.Basis.own_orders`), for a full :math:`\\Theta`."""
 
-    __slots__ = ()
+    __slots__ = ("own",)
+
+    def __init__(self, name: str, own: OwnOrder) -> None:
+        super().__init__(name)
+        self.own = own
+
+    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
+        return self.own.cost(basis, batch, prm.P, prm.Q)
+
+    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
+        return self.own.run(basis, x, prm.operands[0])
 
 
-class _Factored(Order):
-    r"""A basis' own order that keeps :math:`\Theta_k = V_k O_k^\top` as its two factors."""
+class _Factored(_Own):
+    r"""An own order that keeps :math:`\Theta_k = V_k O_k^\top` as its two factors."""
 
     __slots__ = ()
 
     def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
-        return basis.cost_factored(self.name, batch, prm.P, prm.Q, prm.R)
+        assert self.own.cost_factored is not None  # chosen only when the order has both
+        return self.own.cost_factored(basis, batch, prm.P, prm.Q, prm.R)
 
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
-        return basis.run_factored(self.name, x, *prm.operands)
+        assert self.own.run_factored is not None
+        return self.own.run_factored(basis, x, *prm.operands)
 
 
 _FULL_ORDERS: dict[str, Order] = {"ax": _FullAx("ax"), "xtheta": _FullXTheta("xtheta"), "atheta": _FullOrder("atheta")}
@@ -220,20 +223,30 @@ _HOOK_ORDERS: dict[str, dict[str, Order]] = {
     "separable": {"ax": _SeparableAx("ax"), "xtheta": _SeparableXTheta("xtheta")},
     "lowrank": {"ax": _LowRankAx("ax"), "xtheta": _LowRankXTheta("xtheta")},
 }
+#: The factorised orders that form :math:`\Theta` first, and the full order each then runs.
+_FORM_FULL = {"ax+full": "ax", "xtheta+full": "xtheta", "atheta": "atheta"}
 for _kind in ("separable", "lowrank"):
-    for _name in ("ax", "xtheta", "atheta"):
-        _key = _name if _name == "atheta" else f"{_name}+full"
+    for _key, _name in _FORM_FULL.items():
         _HOOK_ORDERS[_kind][_key] = _FormFull(_key, _FULL_ORDERS[_name])
 
 
-def _hook_order(kind: str, name: str, basis: Basis) -> Order:
-    if kind == "lowrank" and name in basis.factor_orders():
-        return _Factored(name)
-    found = _HOOK_ORDERS[kind].get(name)
-    if found is not None:
-        return found
-    special = _Special(name)
-    return special if kind == "full" else _FormFull(name, special)
+def _full_order(name: str, own: Mapping[str, OwnOrder]) -> Order:
+    """The order ``name`` for a full :math:`\\Theta`: the basis' own run of it, else the hooks'."""
+    found = own.get(name)
+    return _FULL_ORDERS[name] if found is None else _Own(name, found)
+
+
+def _hook_order(kind: str, name: str, own: Mapping[str, OwnOrder]) -> Order:
+    if kind == "full":
+        return _full_order(name, own)
+    found = own.get(name)
+    if kind == "lowrank" and found is not None and found.run_factored is not None:
+        return _Factored(name, found)
+    if name in ("ax", "xtheta"):  # the factors kept, through the hooks
+        return _HOOK_ORDERS[kind][name]
+    # Θ formed first, then a full order: the shared one, or one holding the basis' own run.
+    inner = _FORM_FULL.get(name, name)
+    return _FormFull(name, _full_order(inner, own)) if inner in own else _HOOK_ORDERS[kind][name]
 
 
 # --- dense bases: one opt_einsum contraction --------------------------------------------------
@@ -303,7 +316,8 @@ _DENSE_ORDERS = {
 
 def names(kind: str, basis: Basis) -> tuple[str, ...]:
     """The orders open to ``basis`` with a ``kind`` of parameter, in the order :func:`explain` lists them."""
-    return (BASE_ORDERS if kind == "full" else FACTOR_ORDERS) + basis.special_orders()
+    beyond = tuple(name for name in basis.own_orders() if name not in BASE_ORDERS)
+    return (BASE_ORDERS if kind == "full" else FACTOR_ORDERS) + beyond
 
 
 def orders_for(kind: str, basis: Basis, dense: bool) -> tuple[Order, ...]:
@@ -311,7 +325,8 @@ def orders_for(kind: str, basis: Basis, dense: bool) -> tuple[Order, ...]:
     if dense:
         table = _DENSE_ORDERS[kind, basis.batch is not None]
         return tuple(table[name] for name in names(kind, basis))
-    return tuple(_hook_order(kind, name, basis) for name in names(kind, basis))
+    own = basis.own_orders()
+    return tuple(_hook_order(kind, name, own) for name in names(kind, basis))
 
 
 __all__ = [

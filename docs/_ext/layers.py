@@ -70,22 +70,24 @@ def layer_imports(known: dict[str, _layout.Module]) -> Counter[tuple[str, str]]:
 
 
 def table(known: dict[str, _layout.Module]) -> str:
-    """The reST list-table of the layers: each one's rank, modules and lines."""
+    """The reST list-table of the layers: each one's rank and modules.
+
+    Line counts are left out here (the diagram shows them): they change with nearly every
+    commit, and the page should go stale only when the structure does.
+    """
     rows = [
         ".. list-table::",
         "   :header-rows: 1",
-        "   :widths: 12 6 8 74",
+        "   :widths: 12 6 82",
         "",
         "   * - layer",
         "     - rank",
-        "     - lines",
         "     - modules (``structconv.`` left out)",
     ]
     for part, names in layer_modules(known).items():
         rank = str(_layout.LAYERS[part]) if part in _layout.LAYERS else "--"
-        lines = sum(known[n].lines for n in names)
         shown = ", ".join(f"``{n.removeprefix('structconv.') or 'structconv'}``" for n in names)
-        rows += [f"   * - {part}", f"     - {rank}", f"     - {lines:,}", f"     - {shown}"]
+        rows += [f"   * - {part}", f"     - {rank}", f"     - {shown}"]
     return "\n".join(rows)
 
 

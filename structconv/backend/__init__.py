@@ -67,12 +67,6 @@ def native(a: Array) -> Any:
     return of(a).native()
 
 
-def is_torch(a: object) -> bool:
-    """Whether ``a`` is a torch tensor, without importing torch."""
-    backend = find(a)
-    return backend is not None and backend.name == "torch"
-
-
 def backend_of(a: object, arg: str) -> str:
     """Name the backend of ``a`` or raise a ``TypeError`` naming the argument."""
     return of(a, arg).name
@@ -201,7 +195,6 @@ __all__ = [
     "find",
     "is_floating",
     "is_integer_array",
-    "is_torch",
     "namespace",
     "native",
     "of",

@@ -142,6 +142,49 @@ def test_attention_model_equals_the_paper_dense_computation_with_gradients() -> 
         torch.testing.assert_close(g, r)
 
 
+@pytest.mark.parametrize("head_dim", [None, 3])
+@pytest.mark.parametrize("shared", [None, True, False])
+def test_paper_dense_draws_the_layers_dropout_masks_and_gradients(shared: bool | None, head_dim: int | None) -> None:
+    """From the same random state the peer draws the layer's masks (one per step unless ``dropout_shared`` is False)."""
+    from structconv.experiments.cifar.reference import paper_dense
+    from structconv.nn import PositionalAttention
+
+    torch.manual_seed(0)
+    layer = PositionalAttention(
+        (4, 5), 6, 3, attention_dropout=0.3, threshold=None, head_dim=head_dim, dropout_shared=shared,
+        width="spread", width_noise=0.1,
+    ).double()  # fmt: skip
+    x = torch.randn(3, 20, 6, dtype=torch.float64)
+    torch.manual_seed(1)
+    y = layer(x)
+    torch.manual_seed(1)
+    y_ref = paper_dense(layer, x)
+    torch.testing.assert_close(y, y_ref)
+    grads = torch.autograd.grad(y.square().sum(), list(layer.parameters()))
+    grads_ref = torch.autograd.grad(y_ref.square().sum(), list(layer.parameters()))
+    for g, r in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, r)
+    with torch.no_grad():  # the same image three times: one mask, or one each
+        same = paper_dense(layer, x[:1].expand(3, -1, -1))
+    assert torch.equal(same[0], same[1]) == (shared is not False)
+    layer.eval()
+    torch.testing.assert_close(layer(x), paper_dense(layer, x))
+
+
+def test_dense_twin_trains_like_the_model_with_every_dropout_on() -> None:
+    torch.manual_seed(0)
+    model = build_model("sa-quadratic", width=16, depth=2, ffn=16, heads=4).double().train()  # dropout 0.1 everywhere
+    twin = dense_twin(model)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    torch.manual_seed(1)
+    y = model(x)
+    torch.manual_seed(1)
+    y_ref = twin(x)
+    torch.testing.assert_close(y, y_ref)
+    torch.manual_seed(1)
+    assert not torch.equal(twin.eval()(x), y_ref)  # the dropout was on
+
+
 def test_space_to_depth_is_invertible_and_the_model_reads_16x16_tokens_of_12_channels() -> None:
     model = build_model("sa-quadratic", **TINY["sa-quadratic"])
     assert isinstance(model, SelfAttentionNet)
@@ -298,23 +341,59 @@ def test_merged_form_computes_what_the_projected_form_does() -> None:
     assert sum(p.numel() for p in projected.parameters()) - sum(p.numel() for p in merged.parameters()) == 16 * 17
 
 
-def test_attention_dropout_acts_per_image_and_keeps_the_mean() -> None:
+def test_attention_dropout_is_shared_by_position_only_heads_unless_asked_per_image_and_keeps_the_mean() -> None:
     from structconv.nn import PositionalAttention
 
     torch.manual_seed(0)
     layer = PositionalAttention((3, 3), 2, 2, attention_dropout=0.5, threshold=None).double()
-    x = torch.randn(1, 9, 2, dtype=torch.float64).expand(4000, 9, 2)
-    layer.train()
-    y = layer(x)
-    assert not torch.equal(y[0], y[1])  # every image draws its own mask
+    assert layer.dropout_shared is None  # the default: the paper's rule
+    x = torch.randn(1, 9, 2, dtype=torch.float64)
     layer.eval()
-    expected = layer(x[:1])[0]
-    torch.testing.assert_close(layer(x[:2])[1], expected)  # no dropout in evaluation
-    torch.testing.assert_close(y.mean(0), expected, atol=0.05, rtol=0)  # E[dropout(A)] = A
+    expected = layer(x)[0]
+    torch.testing.assert_close(layer(x.expand(2, 9, 2))[1], expected)  # no dropout in evaluation
     layer.train()
-    layer.dropout_shared = True
-    y = layer(x[:3])
-    assert torch.equal(y[0], y[1]) and torch.equal(y[1], y[2])  # one mask for the batch
+    with torch.no_grad():
+        y = layer(x.expand(3, 9, 2))
+        assert torch.equal(y[0], y[1]) and torch.equal(y[1], y[2]) and not torch.equal(y[0], expected)
+        # One mask per step: the mean is kept over steps (E[dropout(A)] = A).
+        steps = torch.stack([layer(x)[0] for _ in range(1000)])
+    torch.testing.assert_close(steps.mean(0), expected, atol=0.05, rtol=0)
+    layer.dropout_shared = True  # the default's rule for position-only heads
+    with torch.no_grad():
+        y = layer(x.expand(3, 9, 2))
+    assert torch.equal(y[0], y[1]) and torch.equal(y[1], y[2])
+    layer.dropout_shared = False  # a mask per image (not the paper's code)
+    with torch.no_grad():
+        y = layer(x.expand(4000, 9, 2))
+    assert not torch.equal(y[0], y[1])
+    torch.testing.assert_close(y.mean(0), expected, atol=0.05, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["sa-quadratic", "sa-gaussian", "sa-learned", "sa-learned-content"])
+def test_paper_preset_shares_attention_masks_for_position_only_heads_and_not_for_content(name: str) -> None:
+    """Cordonnier et al.'s code drops out one (heads, M, M) tensor per step for position-only encodings
+    and per-image probabilities with content: an image batch of one picture shows which."""
+    config = config_for("paper", name, model_options={"width": 16, "heads": 2, "depth": 1, "ffn": 16})
+    torch.manual_seed(0)
+    model = build_model(config.model, **config.model_options).double()
+    assert isinstance(model, SelfAttentionNet)
+    layer = model.attention_layers()[0]
+    assert layer.attention_dropout > 0
+    outputs: list[torch.Tensor] = []
+    layer.register_forward_hook(lambda module, args, out: outputs.append(out.detach()))
+    x = torch.randn(1, 3, 32, 32, dtype=torch.float64).expand(8, 3, 32, 32)
+    with torch.no_grad():
+        model.eval()
+        model(x)
+        model.train()
+        model(x)
+    evaluated, trained = outputs
+    assert not torch.equal(trained[0], evaluated[0])  # attention dropout is on in training
+    same = [torch.equal(trained[0], trained[i]) for i in range(1, len(trained))]
+    if layer.content:
+        assert not any(same)  # a mask per image
+    else:
+        assert all(same)  # one mask for the batch
 
 
 # --- checkpoints --------------------------------------------------------------------------------

@@ -56,10 +56,13 @@ class PositionalAttention(nn.Module):
     ``head_dim`` (:class:`~structconv.LowRank`).
 
     ``attention_dropout`` drops attention weights in training, after the softmax (scaled by
-    :math:`1/(1-p)`), independently for every instance of the batch as the paper's code does:
-    the shared heads then become one ``(B, H, M, M)`` basis per batch, which costs the sharing.
-    ``dropout_shared=True`` draws one mask for the whole batch instead and keeps the heads shared
-    (a different regulariser; not the paper's).
+    :math:`1/(1-p)`).  ``dropout_shared=None`` (the default) does what Cordonnier et al.'s code
+    does: position-only heads are one ``(H, M, M)`` tensor with no batch axis, and one mask per
+    step is drawn for it, shared by every image of the batch (the heads stay one shared basis);
+    content heads are per image, and so are their masks.  ``dropout_shared=False`` draws a mask
+    per image for position-only heads too (another regulariser: the shared heads become one
+    ``(B, H, M, M)`` basis per batch, which costs the sharing); ``True`` is the default's rule
+    for position-only heads and changes nothing for content heads, whose weights are per image.
 
     Input is ``(B, *grid, E)`` or the flattened ``(B, M, E)``; ``grid`` is fixed at construction.
     """
@@ -99,7 +102,7 @@ class PositionalAttention(nn.Module):
         relative_terms: bool = True,
         content_bias: bool = False,
         attention_dropout: float = 0.0,
-        dropout_shared: bool = False,
+        dropout_shared: bool | None = None,
     ) -> None:
         super().__init__()
         name = type(self).__name__
@@ -110,7 +113,8 @@ class PositionalAttention(nn.Module):
         self.encoding, self.content, self.boundary, self.threshold = encoding, bool(content), boundary, threshold
         self.width = width
         self.relative_terms = bool(relative_terms) and encoding == "learned"
-        self.attention_dropout, self.dropout_shared = float(attention_dropout), bool(dropout_shared)
+        self.attention_dropout = float(attention_dropout)
+        self.dropout_shared = None if dropout_shared is None else bool(dropout_shared)
         self.key_dim = _positive_int(name, "key_dim", key_dim or max(1, E // H))
         self.head_dim = None if head_dim is None else _positive_int(name, "head_dim", head_dim)
         if self.head_dim is None:
@@ -219,7 +223,7 @@ class PositionalAttention(nn.Module):
         if torch.is_autocast_enabled(kind) and weights.dtype == torch.float32:
             weights = weights.to(torch.get_autocast_dtype(kind))  # drop in the dtype the products run in
         p = self.attention_dropout
-        if weights.ndim == 3 and not self.dropout_shared:
+        if weights.ndim == 3 and self.dropout_shared is False:
             # Every image its own mask, drawn in (B, M, H, N) memory order: the engine then reads the
             # heads of an image as one (M H, N) matrix without copying the largest tensor again.
             weights = weights.permute(1, 0, 2)[None].expand(batch, -1, -1, -1).contiguous()

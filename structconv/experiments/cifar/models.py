@@ -25,10 +25,14 @@ r"""The models of Cordonnier, Loukas & Jaggi's CIFAR-10 study, built from struct
     with 9 heads and the paper's head width :math:`D_h = D_{\mathrm{out}}`: each head averages
     the raw input and the heads' outputs are mixed by one :math:`3600\times400` map, i.e.
     :math:`\Theta_h` of :math:`400\times400` per head (the formula's parameter), then the output
-    projection.  Dropout 0.1 acts on the sublayer outputs and on the attention probabilities of
-    every image.  ``projection=False`` gives Lemma 1's merged form (the output projection absorbed
-    into the :math:`\Theta_h`); ``attention_dropout=0`` keeps position-only heads one basis shared
-    by the batch.  Position-only heads are exact dense softmaxes by default (``threshold=None``);
+    projection.  Dropout 0.1 acts on the sublayer outputs and on the attention probabilities,
+    whose masks are drawn as the paper's code draws them: position-only heads (the first three
+    models) are one tensor for the batch, so one mask per step is shared by every image and the
+    heads stay one basis shared by the batch in training too; content heads are per image, and so
+    are their masks (``attention={"dropout_shared": False}`` asks for a mask per image for
+    position-only heads as well, which makes them per-image in training).  ``projection=False``
+    gives Lemma 1's merged form (the output projection absorbed into the :math:`\Theta_h`).
+    Position-only heads are exact dense softmaxes by default (``threshold=None``);
     a ``threshold`` in (0, 1) lets the layers truncate concentrated heads to shift bases (see
     :meth:`structconv.nn.PositionalAttention.basis`).
 

@@ -8,6 +8,9 @@ preset     what it is
            learning rate set at the start of each epoch; self-attention: linear warm-up over 5 %
            of the steps (15 epochs) then cosine decay; ResNet18: x0.1 after epochs 79, 149 and
            249; the code's normalisation statistics; bf16 autocast on GPUs (theirs: float32).
+           The models keep their defaults, the code's: dropout 0.1, and attention dropout with
+           one mask per step shared by the batch for position-only heads, one per image with
+           content (a test holds both).
 ``fast``   short GPU schedules chosen for accuracy per GPU-minute: ResNet18 30 epochs (batch
            512), self-attention 40 epochs (batch 256); warm-up then cosine, bf16 autocast on CUDA.
 ``demo``   a CPU demonstration in about a minute per model: reduced widths (ResNet width 16;

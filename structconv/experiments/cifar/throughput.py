@@ -1,15 +1,17 @@
 """Training throughput (images per second) of the study's models, measured side by side.
 
 Variants, each a full training step (forward, cross-entropy, backward, SGD step) on one batch of
-CIFAR-shaped images already on the device, in training mode (dropout, including the per-image
-attention dropout of the paper's models, is on), with the precision the training uses there
+CIFAR-shaped images already on the device, in training mode (dropout is on, attention dropout
+included, drawn as the paper's code draws it: one mask per layer and step shared by the batch for
+position-only heads, one per image for content heads), with the precision the training uses there
 (bf16 autocast on CUDA, float32 on CPUs):
 
 * ``sa-quadratic``, ``sa-gaussian``, ``sa-learned``, ``sa-learned-content`` — the self-attention
   models through structconv;
 * ``sa-quadratic paper-dense`` — the *same* quadratic model (shared parameters) with every
-  attention layer computed the paper's way: per-image relative encodings, scores and dense
-  softmax (:mod:`.reference`);
+  attention layer computed the paper's way: relative encodings, scores, dense softmax and one
+  dropout mask per layer and step with no batch axis, then the value einsum over the images
+  (:mod:`.reference`);
 * ``resnet18`` — the baseline of GridConv2d layers, and ``resnet18 torch`` the same network of
   ``torch.nn.Conv2d`` layers.
 

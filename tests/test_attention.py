@@ -551,3 +551,32 @@ def test_attention_basis_is_the_value_of_its_arrays() -> None:
     lam *= -1.0
     np.testing.assert_allclose(An.to_dense(), first)
     assert not np.allclose(attention_basis(xn, mechanism=BiAffine(bilinear=lam)).to_dense(), first)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@given(seed=st.integers(0, 2**31), M=st.integers(1, 40), spread=st.floats(1.0, 400.0))
+def test_masked_softmax_flushes_subnormal_weights_and_stays_within_their_bound(
+    dtype: torch.dtype, seed: int, M: int, spread: float
+) -> None:
+    # Subnormal weights make CPU GEMMs about ten times slower; the softmax flushes them.  The
+    # flushed weights are below M times the smallest normal number, so no kept weight moves by
+    # more than that relative to its column (checked against the float64 softmax).
+    g = torch.Generator().manual_seed(seed)
+    scores = (torch.rand(3, M, 5, generator=g, dtype=torch.float64) * -spread).to(dtype)
+    got = masked_softmax(scores)
+    tiny = torch.finfo(dtype).tiny
+    assert not bool(((got != 0) & (got.abs() < tiny)).any())
+    exact = torch.softmax(scores.double(), dim=-2)
+    flushed = exact[got == 0]
+    assert bool((flushed <= M * tiny).all())
+    # Rounding in ``dtype``: the shifted score s - max (|s - max| <= spread, so exp moves by up to
+    # spread units in the last place), the exponential and the column sum (M terms).
+    eps = torch.finfo(dtype).eps
+    assert bool(((got.double() - exact).abs() <= eps * (spread + 2 * M + 2) * exact + M * tiny).all())
+    assert torch.allclose(got.double().sum(-2), torch.ones(3, 5, dtype=torch.float64), atol=torch.finfo(dtype).eps * 2 * (M + 2))
+
+
+def test_masked_softmax_flush_keeps_gradients_exact_where_kept() -> None:
+    scores = (torch.randn(2, 7, 3, dtype=torch.float64) * 300).requires_grad_()
+    assert torch.autograd.gradcheck(masked_softmax, (scores,))
+    assert torch.autograd.gradgradcheck(masked_softmax, (scores,))

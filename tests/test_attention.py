@@ -573,7 +573,8 @@ def test_masked_softmax_flushes_subnormal_weights_and_stays_within_their_bound(
     # spread units in the last place), the exponential and the column sum (M terms).
     eps = torch.finfo(dtype).eps
     assert bool(((got.double() - exact).abs() <= eps * (spread + 2 * M + 2) * exact + M * tiny).all())
-    assert torch.allclose(got.double().sum(-2), torch.ones(3, 5, dtype=torch.float64), atol=torch.finfo(dtype).eps * 2 * (M + 2))
+    ones = torch.ones(3, 5, dtype=torch.float64)
+    assert torch.allclose(got.double().sum(-2), ones, atol=eps * 2 * (M + 2))
 
 
 def test_masked_softmax_flush_keeps_gradients_exact_where_kept() -> None:

@@ -121,4 +121,4 @@ def test_dense_form_holds_no_subnormal_products() -> None:
     dense = KroneckerBasis([small, small]).to_dense()
     assert bool((dense == 0).all())  # 1e-40 is subnormal in float32: flushed
     wide = KroneckerBasis([small.double(), small.double()]).to_dense()
-    torch.testing.assert_close(wide, torch.full((1, 4, 4), 1e-40, dtype=D64), rtol=1e-12, atol=0)  # normal in float64
+    torch.testing.assert_close(wide, torch.full((1, 4, 4), 1e-40, dtype=D64), rtol=1e-6, atol=0)  # normal in float64

@@ -565,12 +565,44 @@ def test_throughput_reports_every_variant_its_flops_and_the_goal_ratios() -> Non
     assert flops["sa-quadratic paper-dense"] >= flops["sa-quadratic"] > 0
     assert flops["resnet18"] == pytest.approx(flops["resnet18 torch"], rel=0.05)
     assert flops["resnet18 torch"] == pytest.approx(3 * 0.556e9 * 2, rel=0.1)  # ~0.56 GMAC forward, x3 with backward
+    # The GEMM yardstick: sa-quadratic's largest product, one 2-D torch.mm, timed in the same run.
+    assert result.gemm_source == "sa-quadratic" and result.gemm_batch == 1 and result.gemm_dtype == "float32"
+    assert result.gemm_shape is not None and len(result.gemm_shape) == 3 and min(result.gemm_shape) > 0
+    m, k, n = result.gemm_shape
+    assert 2 * m * k * n <= flops["sa-quadratic"] * result.batch  # one product of the step, not more than all of it
+    assert result.gemm_tflops is not None and result.gemm_tflops > 0
+    assert set(result.utilisation) == set(result.images_per_second)
+    for name, share in result.utilisation.items():
+        assert share > 0 and share == pytest.approx(result.tflops(name) / result.gemm_tflops)
     text = table(result)
     assert "resnet18 / resnet18 torch" in text and "target >= 0.9x" in text and "MFU" in text
+    assert f"GEMM yardstick: torch.mm ({m}, {k}) x ({k}, {n}) float32" in text and "of GEMM" in text
+    assert "sa-quadratic GFLOP/s / GEMM GFLOP/s" in text and "target >= 0.5" in text
+    assert json.loads(json.dumps(result.__dict__))["gemm_shape"] == [m, k, n]  # what `bench --out` writes
     only = measure("cpu", batch=2, steps=1, rounds=1, only=("resnet18",))
     assert set(only.images_per_second) == {"resnet18"}
+    assert only.gemm_source in (None, "resnet18") and set(only.utilisation) <= {"resnet18"}
     with pytest.raises(ValueError, match=r"unknown variants \['vgg'\]"):
         measure("cpu", batch=2, steps=1, rounds=1, only=("vgg",))
+
+
+def test_the_gemm_yardstick_records_every_product_of_a_step_backward_included() -> None:
+    from structconv.experiments.cifar.throughput import Gemm, _count, largest_gemm
+
+    layer = torch.nn.Linear(3, 5)
+    x, a = torch.randn(4, 3), torch.randn(2, 8, 6)
+    w = torch.randn(2, 6, 7, requires_grad=True)
+
+    def step() -> None:
+        (layer(x).sum() + torch.bmm(a, w).sum()).backward()
+
+    flops, gemms = _count(step, batch=4)
+    f32 = torch.float32
+    # addmm of the layer, the bmm, then backward: the bmm's gradient for w and the layer's for its weight.
+    assert gemms == [Gemm(1, 4, 3, 5, f32), Gemm(2, 8, 6, 7, f32), Gemm(2, 6, 8, 7, f32), Gemm(1, 5, 4, 3, f32)]
+    assert flops * 4 == sum(g.flops for g in gemms)  # the FLOP counter counts the same products
+    assert largest_gemm(gemms) == Gemm(2, 8, 6, 7, f32)  # the first of the two largest
+    assert largest_gemm([]) is None
 
 
 def test_cli_reports_bad_input_clearly(tmp_path: Path) -> None:

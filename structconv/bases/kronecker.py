@@ -22,6 +22,20 @@ from .base import Basis, Cost, OwnOrder
 from .dense import DenseBasis
 
 
+def _structured(factors: tuple[Array, ...]) -> tuple[Array, ...]:
+    """``factors`` after checking their ranks, member counts and backends (not their values)."""
+    if not factors:
+        raise ValueError("factors must hold at least one (K, m_i, n_i) array")
+    for i, f in enumerate(factors):
+        check_array(f, f"factors[{i}]", (3,), ("(K, m_i, n_i)",))
+    members = {int(f.shape[0]) for f in factors}
+    if len(members) != 1:
+        raise ValueError(f"every factor must have the same number of members K, got {sorted(members)}")
+    if len({of(f, f"factors[{i}]").name for i, f in enumerate(factors)}) != 1:
+        raise TypeError("factors must all be NumPy arrays or all torch tensors")
+    return factors
+
+
 class KroneckerBasis(Basis):
     """A basis whose members are Kronecker products of per-axis factors ``(K, m_i, n_i)``.
 
@@ -40,17 +54,20 @@ class KroneckerBasis(Basis):
 
     def __init__(self, factors: Sequence[Array]) -> None:
         factors = tuple(factors)
-        if not factors:
-            raise ValueError("factors must hold at least one (K, m_i, n_i) array")
+        self._factors = _structured(factors)
         for i, f in enumerate(factors):
-            check_array(f, f"factors[{i}]", (3,), ("(K, m_i, n_i)",))
             check_finite(f, f"factors[{i}]")
-        members = {int(f.shape[0]) for f in factors}
-        if len(members) != 1:
-            raise ValueError(f"every factor must have the same number of members K, got {sorted(members)}")
-        if len({of(f, f"factors[{i}]").name for i, f in enumerate(factors)}) != 1:
-            raise TypeError("factors must all be NumPy arrays or all torch tensors")
-        self._factors = factors
+
+    @classmethod
+    def of_weights(cls, factors: Sequence[Array]) -> KroneckerBasis:
+        """Wrap factors the library has just computed (per-axis softmaxes), skipping the finiteness check.
+
+        The check reads every entry back, which on a GPU stalls the host once per layer and
+        step; a softmax of finite scores is finite by construction.  Shapes are still checked.
+        """
+        basis = cls.__new__(cls)
+        basis._factors = _structured(tuple(factors))
+        return basis
 
     @property
     def factors(self) -> tuple[Array, ...]:
@@ -91,17 +108,17 @@ class KroneckerBasis(Basis):
         return lib.where(abs(out) >= float(lib.finfo(out.dtype).tiny), out, 0.0)
 
     def transpose(self) -> KroneckerBasis:
-        return KroneckerBasis([f.swapaxes(-1, -2) for f in self._factors])
+        return KroneckerBasis.of_weights([f.swapaxes(-1, -2) for f in self._factors])  # the same (checked) entries
 
     def select(self, members: Sequence[int]) -> KroneckerBasis:
         index = list(members)
         if not index:
             raise ValueError("members must name at least one basis member")
-        return KroneckerBasis([f[index] for f in self._factors])
+        return KroneckerBasis.of_weights([f[index] for f in self._factors])
 
     def to(self, device: Any = None, dtype: Any = None) -> KroneckerBasis:
         # Each factor moves as a dense basis of its own would (same rules and messages).
-        return KroneckerBasis([DenseBasis.of_weights(f).to(device, dtype).to_dense() for f in self._factors])
+        return KroneckerBasis.of_weights([DenseBasis.of_weights(f).to(device, dtype).to_dense() for f in self._factors])
 
     # --- the per-axis passes ------------------------------------------------------------------
     # Every product below is one GEMM or one batched GEMM on plain row-major views: rows stay in

@@ -40,10 +40,21 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed((int(seed) * 1_000_003 + int(epoch)) % (2**63 - 1))
 
 
+#: The normalisation constants on each device, built once: a host-to-device copy per batch would
+#: make the host wait for the GPU's queue to drain.
+_CONSTANTS: dict[tuple[tuple[float, ...], tuple[float, ...], torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
 def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
     r"""``uint8`` ``(B, C, H, W)`` to float :math:`(x/255 - \mu_c)/\sigma_c` (float32)."""
-    m = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
-    s = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
+    key = (tuple(mean), tuple(std), images.device)
+    found = _CONSTANTS.get(key)
+    if found is None:
+        found = _CONSTANTS[key] = (
+            torch.tensor(mean, device=images.device).view(1, -1, 1, 1),
+            torch.tensor(std, device=images.device).view(1, -1, 1, 1),
+        )
+    m, s = found
     return (images.float().div_(255.0) - m) / s
 
 
@@ -127,12 +138,15 @@ class Batches:
             rows = torch.randint(0, 2 * self.pad + 1, (n,), generator=g)
             cols = torch.randint(0, 2 * self.pad + 1, (n,), generator=g)
             flip = torch.rand(n, generator=g) < 0.5
+            # Drawn on the host (the generator is), copied to the device once per epoch: a copy per
+            # batch would make the host wait for the GPU's queue to drain at every step.
+            device = self.images.device
+            order, rows, cols, flip = (t.to(device) for t in (order, rows, cols, flip))
         for i in range(len(self)):
             if self.train:
                 idx = order[i * B : (i + 1) * B][self.rank * share : (self.rank + 1) * share]
-                sel = idx.to(self.images.device)
-                x = augment(self.images[sel], rows[idx], cols[idx], flip[idx], self.pad)
-                yield normalize(x, self.mean, self.std), self.labels[sel]
+                x = augment(self.images[idx], rows[idx], cols[idx], flip[idx], self.pad)
+                yield normalize(x, self.mean, self.std), self.labels[idx]
             else:
                 lo, hi = i * B, min(n, (i + 1) * B)
                 span = hi - lo

@@ -244,5 +244,5 @@ class PositionalAttention(nn.Module):
         per_image = basis is not heads and basis.batch is not None and self.head_dim is None
         y: torch.Tensor = conv(basis, flat, self.parameter(), order="xtheta" if per_image else "auto")
         if self.bias is not None:
-            y = y + self.bias
+            y = y + self.bias.to(y.dtype)  # under autocast, as torch.nn.Linear's bias: no float32 copy
         return y.reshape(x.shape)

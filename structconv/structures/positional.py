@@ -112,7 +112,7 @@ class PositionalMechanism(Mechanism):
         factors = []
         for size, scores in zip(self.grid, per_axis, strict=True):
             factors.append(masked_softmax(scores[:, relative_offsets((size,), self.boundary).index_like(scores)]))
-        return KroneckerBasis(factors)
+        return KroneckerBasis.of_weights(factors)  # softmaxes of finite scores: no host read on a GPU
 
     def dense_scores(self) -> Array:
         """Scores ``(K, M, N)``: :meth:`offset_scores` gathered for every pair."""

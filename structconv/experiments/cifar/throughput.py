@@ -19,8 +19,30 @@ Each variant's floating-point operations per training image (forward and backwar
 ``torch.utils.flop_counter`` on one step) give its achieved FLOP/s and, with the device's peak
 (``peak_tflops``), its model FLOP utilisation.  Timings are medians over rounds that visit the
 variants in turn, so drifts in machine load hit all of them alike.  The goals are stated in
-:data:`GOALS`: ratios within one run, and the images per second of ``sa-quadratic`` on one
-H100/H200 at batch 100.
+:data:`GOALS`: ratios within one run, the images per second of ``sa-quadratic`` on one
+H100/H200 at batch 100, and on CPUs its achieved FLOP/s as a share of the GEMM yardstick below.
+
+With no ``sa_options`` the self-attention variants are the ``paper`` preset's models, which set
+no model options: :class:`~.models.SelfAttentionNet`'s defaults (width 400, 9 heads, 6 blocks,
+dropout and attention dropout 0.1, the layer's default ``dropout_shared=None``, i.e. the paper's
+masks described above).
+
+The GEMM yardstick says how fast this machine multiplies matrices of the size the step itself
+multiplies, so that a variant's achieved FLOP/s can be judged against what the hardware delivers
+on its own largest product rather than against a datasheet.  The step that counts the FLOPs
+also runs under a dispatch mode that records every ``aten.mm``, ``addmm``, ``bmm`` and
+``baddbmm``; the product with the most FLOPs of ``sa-quadratic``'s step (of the largest among
+the variants measured when it is not one of them) gives the shape and dtype (the autocast
+dtype under bf16 autocast, float32 otherwise).  Every round then times, after the variants,
+``torch.mm`` (``torch.bmm`` for a batched product) of contiguous random operands of that shape
+into a preallocated output, on the same device and threads; its median is ``gemm_tflops`` and
+each variant's ``utilisation`` is its achieved TFLOP/s over it.  For the paper's model at batch
+100 the largest product is the feed-forward block's ``(25600, 400) x (400, 512)`` (10.5 GFLOP,
+tied with its backward twins ``(25600, 512) x (512, 400)``, ``(400, 25600) x (25600, 512)`` and
+``(512, 25600) x (25600, 400)``): the engine contracts the shared heads with one
+``(25600, 400) x (400, 400)`` GEMM per head accumulated in place (8.2 GFLOP each) and never forms
+the heads' concatenated ``(25600, 3600) x (3600, 400)``; the shared basis itself is applied as
+``(256, 256) x (256, 40000)`` products (5.2 GFLOP).
 """
 
 from __future__ import annotations
@@ -35,21 +57,37 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .models import ResNet18, SelfAttentionNet, build_model
 from .reference import dense_twin
 
-__all__ = ["GOALS", "SA_VARIANTS", "Throughput", "measure", "table"]
+__all__ = ["GOALS", "SA_VARIANTS", "Gemm", "Throughput", "largest_gemm", "measure", "table"]
 
 SA_VARIANTS = ("sa-quadratic", "sa-gaussian", "sa-learned", "sa-learned-content")
 #: Goals of the study's GPU runs: sa-quadratic images per second (one H100/H200, batch 100, bf16),
-#: so that 300 epochs take about 21 minutes; ResNet18 of GridConv2d against nn.Conv2d.
-GOALS = {"sa-quadratic images/s": 12_000.0, "resnet18 / resnet18 torch": 0.9}
+#: so that 300 epochs take about 21 minutes; ResNet18 of GridConv2d against nn.Conv2d; on CPUs,
+#: the paper's sa-quadratic step at batch 100 reaching half the FLOP/s of its own largest GEMM.
+GOALS = {
+    "sa-quadratic images/s": 12_000.0,
+    "resnet18 / resnet18 torch": 0.9,
+    "sa-quadratic GFLOP/s / GEMM GFLOP/s": 0.5,
+}
+#: How long each round's timing of the GEMM yardstick lasts at least, in seconds: one product of a
+#: small shape takes microseconds, too short to time alone against the clock and synchronisation.
+GEMM_SECONDS = 0.2
 
 
 @dataclass
 class Throughput:
-    """Median images per second of every variant, its FLOPs per training image, and the settings."""
+    """Median images per second of every variant, its FLOPs per training image, and the settings.
+
+    ``gemm_shape`` ``(M, K, N)``, ``gemm_batch`` (1 for ``torch.mm``, the number of products of a
+    ``torch.bmm``), ``gemm_dtype`` and ``gemm_source`` (the variant whose step it came from)
+    describe the GEMM yardstick; ``gemm_tflops`` is its median achieved TFLOP/s and
+    ``utilisation`` each variant's achieved TFLOP/s over it.  All are ``None`` (``utilisation``
+    empty) when no measured step multiplies matrices.
+    """
 
     device: str
     batch: int
@@ -58,6 +96,12 @@ class Throughput:
     parameters: dict[str, int]
     flops_per_image: dict[str, float] = field(default_factory=dict)
     peak_tflops: float | None = None
+    gemm_shape: tuple[int, int, int] | None = None
+    gemm_batch: int = 1
+    gemm_dtype: str | None = None
+    gemm_source: str | None = None
+    gemm_tflops: float | None = None
+    utilisation: dict[str, float] = field(default_factory=dict)
 
     def tflops(self, name: str) -> float:
         """Achieved TFLOP/s of variant ``name``."""
@@ -66,6 +110,14 @@ class Throughput:
     def ratio(self, a: str, b: str) -> float | None:
         ips = self.images_per_second
         return ips[a] / ips[b] if a in ips and b in ips else None
+
+    def yardstick(self) -> str | None:
+        """The GEMM yardstick in words, e.g. ``torch.mm (25600, 400) x (400, 512) float32``."""
+        if self.gemm_shape is None:
+            return None
+        m, k, n = self.gemm_shape
+        op = "torch.mm" if self.gemm_batch == 1 else f"torch.bmm {self.gemm_batch} x"
+        return f"{op} ({m}, {k}) x ({k}, {n}) {self.gemm_dtype}"
 
 
 def _variants(options: dict[str, Any], names: tuple[str, ...]) -> dict[str, nn.Module]:
@@ -92,14 +144,96 @@ def _variants(options: dict[str, Any], names: tuple[str, ...]) -> dict[str, nn.M
     return out
 
 
-def _flops(step: Callable[[], None], batch: int) -> float:
-    """Floating-point operations per image of one training step, as torch's FLOP counter counts them."""
+@dataclass(frozen=True)
+class Gemm:
+    """One matrix product: ``batch`` products of ``(m, k) x (k, n)`` in ``dtype``."""
+
+    batch: int
+    m: int
+    k: int
+    n: int
+    dtype: torch.dtype
+
+    @property
+    def flops(self) -> int:
+        """Floating-point operations of the product (a multiply and an add per term)."""
+        return 2 * self.batch * self.m * self.k * self.n
+
+
+_GEMM_OPS = {
+    torch.ops.aten.mm: 0,
+    torch.ops.aten.bmm: 0,
+    torch.ops.aten.addmm: 1,
+    torch.ops.aten.baddbmm: 1,
+}
+
+
+class _GemmRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Records every matrix product dispatched while it is active, backward included."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.gemms: list[Gemm] = []
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        first = _GEMM_OPS.get(func.overloadpacket)
+        if first is not None:
+            a, b = args[first], args[first + 1]
+            batch = int(a.shape[0]) if a.ndim == 3 else 1
+            self.gemms.append(Gemm(batch, int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1]), a.dtype))
+        return func(*args, **(kwargs or {}))
+
+
+def largest_gemm(gemms: list[Gemm]) -> Gemm | None:
+    """The product with the most FLOPs (the first of equals: forward before its backward twins)."""
+    return max(gemms, key=lambda g: g.flops, default=None)
+
+
+def _count(step: Callable[[], None], batch: int) -> tuple[float, list[Gemm]]:
+    """FLOPs per image of one training step (torch's FLOP counter) and the matrix products it dispatched."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
-    with counter:
+    recorder = _GemmRecorder()
+    with counter, recorder:
         step()
-    return float(counter.get_total_flops()) / batch
+    return float(counter.get_total_flops()) / batch, recorder.gemms
+
+
+def _gemm_timer(gemm: Gemm, device: str, steps: int) -> Callable[[], float]:
+    """A function that times ``gemm`` for at least :data:`GEMM_SECONDS` and returns its TFLOP/s."""
+    cuda = device.startswith("cuda")
+    g = torch.Generator().manual_seed(1)
+    shape = (gemm.batch,) if gemm.batch > 1 else ()
+    a = torch.randn(*shape, gemm.m, gemm.k, generator=g).to(device, gemm.dtype)
+    b = torch.randn(*shape, gemm.k, gemm.n, generator=g).to(device, gemm.dtype)
+    out = torch.empty(*shape, gemm.m, gemm.n, device=device, dtype=gemm.dtype)
+    product = torch.mm if gemm.batch == 1 else torch.bmm
+
+    def run(reps: int) -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        tic = time.perf_counter()
+        for _ in range(reps):
+            product(a, b, out=out)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - tic
+
+    # A fresh output per call would time the allocator and the first touch of its pages as well.
+    run(3)  # warm-up: library handles, kernel choice, first touch of the output's pages
+    reps = max(steps, math.ceil(GEMM_SECONDS / max(run(3) / 3, 1e-9)))
+
+    def sample() -> float:
+        return gemm.flops * reps / run(reps) / 1e12
+
+    return sample
 
 
 def _stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool) -> Callable[[], None]:
@@ -127,7 +261,7 @@ def measure(
     log: Callable[[str], None] | None = None,
     peak_tflops: float | None = None,
 ) -> Throughput:
-    """Median training images per second of each variant (see the module docstring)."""
+    """Median training images per second of each variant and of the GEMM yardstick (see the module docstring)."""
     cuda = device.startswith("cuda")
     bf16 = precision == "bf16" or (precision == "auto" and cuda)
     known = (*SA_VARIANTS, "sa-quadratic paper-dense", "resnet18", "resnet18 torch")
@@ -140,6 +274,7 @@ def measure(
     y = torch.randint(0, 10, (batch,), generator=g).to(device)
     steppers = {}
     flops: dict[str, float] = {}
+    largest: dict[str, Gemm] = {}
     for name, model in models.items():
         model.to(device)
         xin = x
@@ -148,8 +283,17 @@ def measure(
             xin = x.contiguous(memory_format=torch.channels_last)
         steppers[name] = _stepper(model, xin, y, bf16)
         steppers[name]()  # warm-up: allocator, cuDNN autotuning, basis caches, plans
-        flops[name] = _flops(steppers[name], batch)
+        flops[name], gemms = _count(steppers[name], batch)
+        found = largest_gemm(gemms)
+        if found is not None:
+            largest[name] = found
+    # The issue's yardstick is sa-quadratic's own largest product; other selections take the
+    # largest of what they run rather than paying for a step of a model they did not ask for.
+    source = "sa-quadratic" if "sa-quadratic" in largest else max(largest, key=lambda n: largest[n].flops, default=None)
+    gemm = largest[source] if source is not None else None
+    gemm_sample = _gemm_timer(gemm, device, steps) if gemm is not None else None
     samples: dict[str, list[float]] = {name: [] for name in steppers}
+    gemm_samples: list[float] = []
     for r in range(rounds):
         for name, step in steppers.items():
             if cuda:
@@ -160,9 +304,13 @@ def measure(
             if cuda:
                 torch.cuda.synchronize()
             samples[name].append(batch * steps / (time.perf_counter() - tic))
+        if gemm_sample is not None:
+            gemm_samples.append(gemm_sample())
         if log is not None:
-            log(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {v[-1]:.0f} img/s" for n, v in samples.items()))
-    return Throughput(
+            rates = [f"{n} {v[-1]:.1f} img/s" for n, v in samples.items()]
+            rates += [f"GEMM {1e3 * gemm_samples[-1]:.1f} GFLOP/s"] if gemm_samples else []
+            log(f"round {r + 1}/{rounds}: " + ", ".join(rates))
+    result = Throughput(
         device=torch.cuda.get_device_name() if cuda else f"CPU ({torch.get_num_threads()} threads)",
         batch=batch,
         precision="bf16 autocast" if bf16 else "float32",
@@ -171,24 +319,41 @@ def measure(
         flops_per_image=flops,
         peak_tflops=peak_tflops,
     )
+    if gemm is not None:
+        result.gemm_shape = (gemm.m, gemm.k, gemm.n)
+        result.gemm_batch = gemm.batch
+        result.gemm_dtype = str(gemm.dtype).removeprefix("torch.")
+        result.gemm_source = source
+        result.gemm_tflops = statistics.median(gemm_samples)
+        result.utilisation = {n: result.tflops(n) / result.gemm_tflops for n in result.images_per_second}
+    return result
 
 
 def table(result: Throughput) -> str:
-    """The measurements as a text table with FLOPs, utilisation and the target ratios."""
+    """The measurements as a text table with FLOPs, utilisation (of the peak, of the GEMM) and the targets."""
     ips = result.images_per_second
     peak = result.peak_tflops
+    gemm = result.yardstick()
     lines = [
         f"training throughput on {result.device}, batch {result.batch}, {result.precision}"
         + (f", peak {peak:g} TFLOP/s" if peak else ""),
         f"{'variant':<28}{'images/s':>11}{'parameters':>13}{'GFLOP/img':>11}{'TFLOP/s':>9}"
-        + ("   MFU" if peak else ""),
+        + ("   MFU" if peak else "")
+        + (" of GEMM" if gemm else ""),
     ]
     for n, v in ips.items():
         row = f"{n:<28}{v:>11.1f}{result.parameters[n]:>13,}"
         row += f"{result.flops_per_image.get(n, math.nan) / 1e9:>11.2f}{result.tflops(n):>9.3f}"
         if peak:
             row += f"{100 * result.tflops(n) / peak:>5.1f}%"
+        if gemm:
+            row += f"{100 * result.utilisation.get(n, math.nan):>7.1f}%"
         lines.append(row)
+    if gemm and result.gemm_tflops is not None:
+        lines.append(
+            f"GEMM yardstick: {gemm} (the largest product of {result.gemm_source}'s step): "
+            f"{1e3 * result.gemm_tflops:.1f} GFLOP/s; 'of GEMM' is each variant's achieved GFLOP/s as a share of it"
+        )
     for a, b in (
         ("sa-quadratic", "sa-quadratic paper-dense"),
         ("sa-quadratic", "resnet18"),
@@ -201,4 +366,10 @@ def table(result: Throughput) -> str:
     if "sa-quadratic" in ips and result.device.startswith("NVIDIA") and result.batch == 100:
         goal = GOALS["sa-quadratic images/s"]
         lines.append(f"sa-quadratic: {ips['sa-quadratic']:.0f} img/s (target >= {goal:,.0f} on one H100/H200)")
+    share = result.utilisation.get("sa-quadratic")
+    if share is not None and result.device.startswith("CPU"):
+        goal = GOALS["sa-quadratic GFLOP/s / GEMM GFLOP/s"]
+        lines.append(
+            f"sa-quadratic GFLOP/s / GEMM GFLOP/s: {share:.2f} (target >= {goal:g} on CPUs, paper model at batch 100)"
+        )
     return "\n".join(lines)

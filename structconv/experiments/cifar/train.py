@@ -195,6 +195,34 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
     return tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True, mininterval=every)
 
 
+class _LossReadout:
+    """The training loss for the progress bar, read without stalling a GPU.
+
+    ``float(loss)`` on a CUDA tensor waits for every kernel queued so far, so the host stops
+    running ahead of the device and the GPU idles while the next kernels are launched.  Here the
+    loss is copied into pinned host memory asynchronously and shown once an event says the copy
+    has landed (usually by the next refresh); on other devices the value is read at once.
+    """
+
+    def __init__(self) -> None:
+        self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None
+        self.text = "..."
+
+    def __call__(self, loss: torch.Tensor) -> str:
+        if not loss.is_cuda:
+            self.text = f"{float(loss):.3f}"
+            return self.text
+        if self._pending is not None and self._pending[1].query():  # type: ignore[no-untyped-call]
+            self.text = f"{float(self._pending[0]):.3f}"
+            self._pending = None
+        if self._pending is None:
+            host = loss.detach().to("cpu", non_blocking=True)
+            landed = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            landed.record()
+            self._pending = (host, landed)
+        return self.text
+
+
 def _write_atomic(path: Path, text: str) -> None:
     with atomic_write(path, "w") as f:
         f.write(text)
@@ -300,6 +328,7 @@ def train(
         step_model.train()
         totals = torch.zeros(3, dtype=torch.float64, device=device)
         bar = _progress(steps, f"{config.model} epoch {epoch + 1}/{config.epochs}", progress and dist.main)
+        readout = _LossReadout()
         for i, (x, y) in enumerate(train_batches.epoch(config.seed, epoch)):
             step = epoch * steps + i
             lr = learning_rate(config, step, steps)
@@ -315,7 +344,7 @@ def train(
             if bar is not None:
                 bar.update(1)
                 if i % 20 == 0:
-                    bar.set_postfix(loss=f"{float(loss.detach()):.3f}", lr=f"{lr:.4f}")
+                    bar.set_postfix(loss=readout(loss.detach()), lr=f"{lr:.4f}")
         if bar is not None:
             bar.close()
         if cuda:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import cuda
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F  # noqa: N812
 
@@ -618,3 +618,40 @@ def test_explicit_column_scale() -> None:
         GridBasis(g.grid, g.out_grid, g.offsets, g.stride, weights=A.tap_weights(), scale=c[:3])
     with pytest.raises(ValueError, match="normalize=True or an explicit scale"):
         GridBasis(g.grid, g.out_grid, g.offsets, g.stride, weights=A.tap_weights(), normalize=True, scale=c)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    grid=st.lists(st.integers(2, 5), min_size=1, max_size=3),
+    taps=st.integers(1, 6),
+    normalize=st.booleans(),
+    boundary=st.sampled_from(["zero", "periodic"]),
+)
+def test_weighted_taps_run_as_depthwise_convolutions_equal_to_the_gathered_taps(
+    seed: int, grid: list[int], taps: int, normalize: bool, boundary: str
+) -> None:
+    # A one-member basis with tap weights (a truncated Gaussian head) runs as a native depthwise
+    # convolution in apply_each and apply_members; the dense basis is the reference.
+    rng = np.random.default_rng(seed)
+    d = len(grid)
+    # The centre tap keeps every window on the grid (a normalised basis refuses empty windows).
+    offsets = np.unique(np.vstack([np.zeros((1, d), dtype=np.int64), rng.integers(-2, 3, size=(taps, d))]), axis=0)
+    weights = torch.tensor(rng.random((1, len(offsets))) + 0.1, dtype=torch.float64, requires_grad=True)
+    basis = GridBasis(grid, grid, offsets, 1, boundary, weights, normalize)
+    dense = DenseBasis(basis.to_dense().detach())
+    x = torch.tensor(rng.normal(size=(2, basis.M, 3)), dtype=torch.float64, requires_grad=True)
+    expected = torch.einsum("kmn,bmc->bknc", dense.array, x)
+    torch.testing.assert_close(basis.apply_each(x), expected)
+    torch.testing.assert_close(basis.apply_members(x[:, None], reduce=True), expected[:, 0])
+    torch.testing.assert_close(basis.apply_members(x[:, None], reduce=False), expected)
+    theta = torch.randn(1, 3, 2, dtype=torch.float64)
+    for order in ("ax", "xtheta"):
+        torch.testing.assert_close(conv(basis, x, theta, order=order), conv(dense, x, theta))
+    # The tap weights' gradient through the depthwise kernel (x enters linearly, checked above).
+    xs = x.detach()
+
+    def heads(w: torch.Tensor) -> torch.Tensor:
+        return GridBasis(grid, grid, offsets, 1, boundary, w, normalize).apply_each(xs)  # type: ignore[no-any-return]
+
+    assert torch.autograd.gradcheck(heads, (weights,))

@@ -495,3 +495,24 @@ def test_positional_heads_follow_parameters_changed_in_place() -> None:
     fresh = QuadraticPosition((4, 4), centres.clone(), alpha.clone(), "periodic").basis(form="dense").to_dense()
     torch.testing.assert_close(after, fresh)
     assert not torch.allclose(after, before)
+
+
+@given(
+    seed=st.integers(0, 2**31),
+    grid=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+    kind=st.sampled_from(["quadratic", "gaussian"]),
+)
+def test_the_weakest_column_of_a_concave_head_is_a_corner(seed: int, grid: list[int], kind: str) -> None:
+    # The shift form's floor (min over columns of the best score) is read at the 2^d corners only.
+    from structconv.structures.positional import GaussianPosition, QuadraticPosition
+
+    g = torch.Generator().manual_seed(seed)
+    d = len(grid)
+    centres = torch.randn(3, d, generator=g, dtype=D64) * 3
+    if kind == "quadratic":
+        mech: Any = QuadraticPosition(tuple(grid), centres, torch.rand(3, generator=g, dtype=D64) * 4 + 0.01)
+    else:
+        mech = GaussianPosition(tuple(grid), centres, torch.randn(3, d, d, generator=g, dtype=D64))
+    dense = mech.dense_scores().numpy()
+    expected = dense.max(axis=1).min(axis=1)
+    np.testing.assert_allclose(mech._weakest_best(mech.offset_scores().numpy()), expected, rtol=1e-12, atol=1e-12)

@@ -114,6 +114,24 @@ class PositionalMechanism(Mechanism):
             factors.append(masked_softmax(scores[:, relative_offsets((size,), self.boundary).index_like(scores)]))
         return KroneckerBasis.of_weights(factors)  # softmaxes of finite scores: no host read on a GPU
 
+    #: Whether every head's score is a concave function of the offset (the Gaussian encodings).
+    concave: bool = False
+
+    def _weakest_best(self, flat: np.ndarray) -> np.ndarray:
+        """Per head, :math:`\\min_n \\max_m a_{hmn}` from the offset scores ``flat`` (``(K, O)``).
+
+        A column of a ``"zero"`` grid sees the offsets of a box, and the best score over a
+        translated box is a quasi-concave function of the translation when the score is concave,
+        so its minimum lies at a corner of the grid: only the :math:`2^d` corner columns are read
+        (not the ``(K, M, N)`` scores, 9 GB at 64x64 tokens).  On a periodic grid every column
+        sees every offset.
+        """
+        rel = self.relative
+        if rel.boundary == "periodic":
+            return flat.max(axis=1)
+        columns = _corner_columns(self.grid) if self.concave else np.arange(rel.index.shape[1])
+        return flat[:, rel.index[:, columns]].max(axis=1).min(axis=1)
+
     def dense_scores(self) -> Array:
         """Scores ``(K, M, N)``: :meth:`offset_scores` gathered for every pair."""
         s = self.offset_scores()
@@ -159,15 +177,14 @@ class PositionalMechanism(Mechanism):
                 raise ValueError(f"{type(self).__name__} heads are not separable by axis; use form='shifts' or 'dense'")
         scores = self.offset_scores()
         rel = self.relative
-        dense = scores[:, rel.index_like(scores)]
         if threshold is None and form == "shifts":
             raise ValueError("the shift form needs a threshold in (0, 1)")
         if threshold is None or form == "dense":
-            return DenseBasis.of_weights(masked_softmax(dense))
+            return DenseBasis.of_weights(masked_softmax(scores[:, rel.index_like(scores)]))
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must lie in (0, 1) or be None, got {threshold!r}")
         flat = _detached(scores)
-        floor = _detached(dense).max(axis=1).min(axis=1)  # per head: the weakest column's best score
+        floor = self._weakest_best(flat)
         keep = flat >= (floor + math.log(threshold))[:, None]
         K, M = int(scores.shape[0]), rel.index.shape[0]
         too_wide = bool((flat.max(axis=1) - floor > _LOG_RANGE).any())
@@ -177,7 +194,7 @@ class PositionalMechanism(Mechanism):
                 "under- or overflow (use the dense form)"
             )
         if too_wide or (form == "auto" and _SHIFT_COST * int(keep.sum()) >= K * M):
-            return DenseBasis.of_weights(masked_softmax(dense))
+            return DenseBasis.of_weights(masked_softmax(scores[:, rel.index_like(scores)]))
         from ..bases.composite import ConcatBasis
 
         lib = namespace(scores)
@@ -187,6 +204,12 @@ class PositionalMechanism(Mechanism):
             weights = lib.exp(scores[h, as_index(chosen, scores)] - float(floor[h]))[None]
             heads.append(GridBasis(self.grid, self.grid, rel.offsets[chosen], 1, self.boundary, weights, True))
         return ConcatBasis(heads)
+
+
+def _corner_columns(grid: tuple[int, ...]) -> np.ndarray:
+    """The flat indices of the :math:`2^d` corners of ``grid``."""
+    corners = np.stack(np.meshgrid(*[np.unique([0, s - 1]) for s in grid], indexing="ij"), -1).reshape(-1, len(grid))
+    return np.ravel_multi_index(tuple(corners.T), grid)
 
 
 def _check_centres(centres: Array, d: int, name: str = "centres") -> int:
@@ -238,6 +261,7 @@ class QuadraticPosition(PositionalMechanism):
     alpha: Array
     boundary: str = "zero"
     positive: bool = field(default=False, repr=False, kw_only=True)
+    concave = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "grid", _grid(self.grid))
@@ -279,6 +303,7 @@ class GaussianPosition(PositionalMechanism):
     centres: Array
     inv_sqrt_cov: Array
     boundary: str = "zero"
+    concave = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "grid", _grid(self.grid))

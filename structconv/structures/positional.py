@@ -128,9 +128,9 @@ class PositionalMechanism(Mechanism):
         """
         rel = self.relative
         if rel.boundary == "periodic":
-            return flat.max(axis=1)
+            return np.asarray(flat.max(axis=1))
         columns = _corner_columns(self.grid) if self.concave else np.arange(rel.index.shape[1])
-        return flat[:, rel.index[:, columns]].max(axis=1).min(axis=1)
+        return np.asarray(flat[:, rel.index[:, columns]].max(axis=1).min(axis=1))
 
     def dense_scores(self) -> Array:
         """Scores ``(K, M, N)``: :meth:`offset_scores` gathered for every pair."""
@@ -209,7 +209,7 @@ class PositionalMechanism(Mechanism):
 def _corner_columns(grid: tuple[int, ...]) -> np.ndarray:
     """The flat indices of the :math:`2^d` corners of ``grid``."""
     corners = np.stack(np.meshgrid(*[np.unique([0, s - 1]) for s in grid], indexing="ij"), -1).reshape(-1, len(grid))
-    return np.ravel_multi_index(tuple(corners.T), grid)
+    return np.asarray(np.ravel_multi_index(tuple(corners.T), grid))
 
 
 def _check_centres(centres: Array, d: int, name: str = "centres") -> int:

@@ -83,6 +83,10 @@ class Backend(ABC):
     def requires_grad(self, a: Array) -> bool:
         """Whether autograd tracks ``a``."""
 
+    @abstractmethod
+    def recording(self, *arrays: Array) -> bool:
+        """Whether autograd records an operation on ``arrays`` now (grad mode on, one of them tracked)."""
+
     # --- mixed precision -------------------------------------------------------------------
     @abstractmethod
     def autocast_dtype(self, a: Array) -> Any:
@@ -226,3 +230,7 @@ class Backend(ABC):
     @abstractmethod
     def addmm(self, bias: Array, a: Array, b: Array) -> Array:
         """``bias + a @ b`` for 2-D ``a`` and ``b``, in one GEMM where the backend has one."""
+
+    @abstractmethod
+    def addmm_(self, y: Array, a: Array, b: Array) -> Array:
+        """``y += a @ b`` in place (outside autograd), returning ``y``."""

@@ -55,6 +55,9 @@ class NumpyBackend(Backend):
     def requires_grad(self, a: Array) -> bool:
         return False
 
+    def recording(self, *arrays: Array) -> bool:
+        return False
+
     def autocast_dtype(self, a: Array) -> Any:
         return None
 
@@ -202,6 +205,10 @@ class NumpyBackend(Backend):
 
     def addmm(self, bias: Array, a: Array, b: Array) -> Array:
         return a @ b + bias
+
+    def addmm_(self, y: Array, a: Array, b: Array) -> Array:
+        y += a @ b
+        return y
 
 
 class _ScipyProduct:

@@ -66,6 +66,9 @@ class TorchBackend(Backend):
     def requires_grad(self, a: Array) -> bool:
         return bool(a.requires_grad)
 
+    def recording(self, *arrays: Array) -> bool:
+        return torch.is_grad_enabled() and any(a.requires_grad for a in arrays)
+
     def autocast_dtype(self, a: Array) -> Any:
         kind = a.device.type
         if kind not in _AUTOCAST_DEVICES:  # e.g. "meta": no autocast there
@@ -224,6 +227,9 @@ class TorchBackend(Backend):
 
     def addmm(self, bias: Array, a: Array, b: Array) -> Array:
         return torch.addmm(bias, a, b)
+
+    def addmm_(self, y: Array, a: Array, b: Array) -> Array:
+        return y.addmm_(a, b)
 
     # --- structures: grid (shift kernels) ------------------------------------------------------
     def placed(self, a: Array, device: Any = None, dtype: Any = None) -> Array:

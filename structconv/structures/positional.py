@@ -65,9 +65,9 @@ __all__ = [
 #: (the shift form holds the weights relative to one shift, which must not under- or overflow).
 _LOG_RANGE = 60.0
 
-#: A tap of the shift form is a memory-bound pass over the activations while a dense entry is a
-#: GEMM flop; measured on CPU (benchmarks/bench_attention.py) a tap costs about as much as 16
-#: dense entries, so the shift form is chosen only below that.
+#: A tap of the shift form (a depthwise convolution) is a memory-bound read of the activations
+#: while a dense entry is a GEMM flop; measured on CPU (benchmarks/bench_positional.py, Gaussian
+#: heads) a tap costs about as much as 16 dense entries, so the shift form is chosen only below that.
 _SHIFT_COST = 16
 
 

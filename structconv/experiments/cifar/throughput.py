@@ -1,4 +1,4 @@
-"""Training throughput (images per second) of the study's models, measured side by side.
+r"""Training throughput (images per second) of the study's models, measured side by side.
 
 Variants, each a full training step (forward, cross-entropy, backward, SGD step) on one batch of
 CIFAR-shaped images already on the device, in training mode (dropout is on, attention dropout
@@ -37,12 +37,9 @@ dtype under bf16 autocast, float32 otherwise).  Every round then times, after th
 ``torch.mm`` (``torch.bmm`` for a batched product) of contiguous random operands of that shape
 into a preallocated output, on the same device and threads; its median is ``gemm_tflops`` and
 each variant's ``utilisation`` is its achieved TFLOP/s over it.  For the paper's model at batch
-100 the largest product is the feed-forward block's ``(25600, 400) x (400, 512)`` (10.5 GFLOP,
-tied with its backward twins ``(25600, 512) x (512, 400)``, ``(400, 25600) x (25600, 512)`` and
-``(512, 25600) x (25600, 400)``): the engine contracts the shared heads with one
-``(25600, 400) x (400, 400)`` GEMM per head accumulated in place (8.2 GFLOP each) and never forms
-the heads' concatenated ``(25600, 3600) x (3600, 400)``; the shared basis itself is applied as
-``(256, 256) x (256, 40000)`` products (5.2 GFLOP).
+100 the largest product is the attention's ``(25600, 3600) x (3600, 400)`` (73.7 GFLOP, with its
+backward twins): the nine heads' aggregated inputs against :math:`\Theta` in one GEMM; the
+shared heads themselves are applied as one batched ``(9, 256, 256) x (256, 40000)`` product.
 """
 
 from __future__ import annotations

@@ -20,11 +20,9 @@ on (value reads in every step).
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import inspect
 import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,14 +41,13 @@ from structconv.experiments.cifar.models import MODELS, build_model
 from structconv.experiments.cifar.presets import TrainConfig, config_for, family
 from structconv.experiments.cifar.train import (
     Dist,
-    _autocast,
     _batches,
-    _layout,
     _LossReadout,
     _optimizer,
     _seed_dropout,
     _tally,
     learning_rate,
+    train_step,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,31 +204,6 @@ def _site(depth: int = 6) -> str:
 _AUDIT_CLASSES = ("HostAudit.", "_FunctionAudit.", "_DispatchAudit.")
 
 
-@pytest.fixture
-def meta_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Let the layers ask about autocast on ``meta``, a device type torch's autocast refuses.
-
-    The layers pass their tensors' device type to ``torch.autocast(..., enabled=False)`` and
-    ``torch.is_autocast_enabled`` (nn/positional.py, backend/shift_torch.py), which raise for
-    ``"meta"``; here both mean "off", which is what autocast is on meta.  Turning it *on* there
-    would fail, so a step that asked for bf16 cannot pass as float32 unnoticed.
-    """
-    is_enabled, autocast = torch.is_autocast_enabled, torch.autocast
-
-    def is_autocast_enabled(*args: Any) -> bool:
-        return False if args and str(args[0]) == "meta" else is_enabled(*args)
-
-    def autocast_or_off(device_type: str, *args: Any, **kwargs: Any) -> Any:
-        if device_type != "meta":
-            return autocast(device_type, *args, **kwargs)
-        if kwargs.get("enabled", True):
-            raise AssertionError("autocast turned on for meta tensors: the step would not run in bf16 there")
-        return contextlib.nullcontext()
-
-    monkeypatch.setattr(torch, "is_autocast_enabled", is_autocast_enabled)
-    monkeypatch.setattr(torch, "autocast", autocast_or_off)
-
-
 # --- the study's training step, as train() takes it ---------------------------------------------
 
 
@@ -247,8 +219,8 @@ def study_steps(config: TrainConfig, device: str, count: int, watch: Watch) -> t
     """``count`` training steps of epoch 0 as :func:`train` takes them (one process, no progress bar).
 
     ``watch(k, part)`` gives the context each part of step ``k`` runs in: ``"batch"`` (drawing
-    and augmenting the batch) and ``"step"`` (train()'s loop body, statement for statement:
-    schedule, forward, loss, backward, SGD step, tally).  Returns the epoch's device-side tally.
+    and augmenting the batch) and ``"step"`` (the schedule, :func:`train_step` and the tally, as
+    train()'s loop runs them).  Returns the epoch's device-side tally.
     """
     data = _fake_split(count * config.batch_size)
     torch.manual_seed(config.seed)
@@ -263,46 +235,21 @@ def study_steps(config: TrainConfig, device: str, count: int, watch: Watch) -> t
     _seed_dropout(config, epoch, 0)
     step_model.train()
     totals = torch.zeros(3, dtype=torch.float64, device=device)
-    bar, readout = None, _LossReadout()
     batches = enumerate(train_batches.epoch(config.seed, epoch))
     for k in range(steps):
         with watch(k, "batch"):
             i, (x, y) = next(batches)
         with watch(k, "step"):
-            step = epoch * steps + i
-            lr = learning_rate(config, step, steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            with _autocast(config, device):
-                logits = step_model(_layout(x, config))
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=config.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            totals += _tally(loss.detach() * len(y), logits.detach(), y)
-            if bar is not None:
-                bar.update(1)
-                if i % 20 == 0:
-                    bar.set_postfix(loss=readout(loss.detach()), lr=f"{lr:.4f}")
+            lr = learning_rate(config, epoch * steps + i, steps)
+            loss, logits = train_step(step_model, optimizer, config, device, x, y, lr)
+            totals += _tally(loss * len(y), logits, y)
     return totals
 
 
-def _loop_body(function: Callable[..., Any], match: Callable[[ast.AST], bool]) -> list[str]:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    found = [n for n in ast.walk(tree) if isinstance(n, ast.For | ast.With) and match(n)]
-    assert len(found) == 1, f"{function.__name__}: {len(found)} matching blocks"
-    return [ast.unparse(statement) for statement in found[0].body]
-
-
-def test_study_steps_take_the_step_train_takes() -> None:
-    # A copy that drifted from train() would check a step nobody runs.
-    def train_loop(n: ast.AST) -> bool:
-        return isinstance(n, ast.For) and "train_batches.epoch" in ast.unparse(n.iter)
-
-    def step_part(n: ast.AST) -> bool:
-        return isinstance(n, ast.With) and ast.unparse(n.items[0]) == "watch(k, 'step')"
-
-    assert _loop_body(train_module.train, train_loop) == _loop_body(study_steps, step_part)
+def test_train_takes_the_shared_step() -> None:
+    # study_steps runs train_step as train() does; a train() that stopped calling it would leave
+    # the detectors checking a step nobody runs.
+    assert "train_step(step_model, optimizer, config, device, x, y, lr)" in inspect.getsource(train_module.train)
 
 
 class Audits:
@@ -329,7 +276,7 @@ def _report(findings: list[str]) -> str:
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_training_step_on_meta_stays_on_the_device_and_reads_nothing(name: str, meta_autocast: None) -> None:
+def test_training_step_on_meta_stays_on_the_device_and_reads_nothing(name: str) -> None:
     config = config_for("paper", name)
     audits = Audits("meta")
     totals = study_steps(config, "meta", 2, audits)
@@ -337,7 +284,7 @@ def test_training_step_on_meta_stays_on_the_device_and_reads_nothing(name: str, 
     assert not audits.findings("step"), _report(audits.findings("step"))
 
 
-def test_batches_copy_nothing_to_the_device_per_step(meta_autocast: None) -> None:
+def test_batches_copy_nothing_to_the_device_per_step() -> None:
     audits = Audits("meta")
     study_steps(config_for("paper", "resnet18", model_options={"width": 2}), "meta", 2, audits)
     assert not audits.findings("batch"), _report(audits.findings("batch"))

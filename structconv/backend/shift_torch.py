@@ -22,6 +22,7 @@ import torch
 from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 
 from .stencil import Geometry
+from .torch_autocast import autocast_dtype
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -74,9 +75,8 @@ class ShiftGemm(torch.autograd.Function):
 
 def shift_gemm(buf: torch.Tensor, thetas: torch.Tensor, shifts: tuple[int, ...], rows: int) -> torch.Tensor:
     """:class:`ShiftGemm` with autocast honoured (its in-place ``addmm_`` is not autocast by torch)."""
-    kind = buf.device.type
-    if torch.is_autocast_enabled(kind):
-        dtype = torch.get_autocast_dtype(kind)
+    dtype = autocast_dtype(buf.device.type)
+    if dtype is not None:
         buf, thetas = buf.to(dtype), thetas.to(dtype)
     y: torch.Tensor = ShiftGemm.apply(buf, thetas, shifts, rows)  # type: ignore[no-untyped-call]
     return y

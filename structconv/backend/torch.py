@@ -14,8 +14,7 @@ import torch
 
 from . import shift_torch
 from .interface import Array, Backend
-
-_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+from .torch_autocast import autocast_dtype, autocast_off
 
 
 class TorchBackend(Backend):
@@ -70,10 +69,7 @@ class TorchBackend(Backend):
         return torch.is_grad_enabled() and any(a.requires_grad for a in arrays)
 
     def autocast_dtype(self, a: Array) -> Any:
-        kind = a.device.type
-        if kind not in _AUTOCAST_DEVICES:  # e.g. "meta": no autocast there
-            return None
-        return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+        return autocast_dtype(a.device.type)
 
     def autocast_to(self, a: Array, dtype: Any) -> Array:
         if dtype is None or not a.is_floating_point() or a.dtype in (dtype, torch.float64):
@@ -348,7 +344,7 @@ class _CsrProduct(torch.autograd.Function):
         # A backward run inside torch.autocast may hand a low-precision gradient; torch has no
         # bf16 sparse product on every device, so it runs in the matrix's dtype.
         csr_t = ctx.matrix.csr_t()
-        with warnings.catch_warnings(), torch.autocast(grad.device.type, enabled=False):
+        with warnings.catch_warnings(), autocast_off(grad.device.type):
             warnings.simplefilter("ignore", UserWarning)
             return None, (csr_t @ grad.to(csr_t.dtype)).to(ctx.dtype)
 

@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 
 from ..backend.shift_torch import conv_image
+from ..backend.torch_autocast import autocast_dtype
 from ..bases.grid import GridBasis, Size, _ints
 from ..engine.contract import conv, explain
 from ..structures.grid import Padding, _padding, grid_basis
@@ -58,7 +59,7 @@ class _Entry:
         """
         if not self._eligible:
             return False
-        if x.dtype != layer.weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        if x.dtype != layer.weight.dtype and autocast_dtype(x.device.type) is None:
             return False  # the engine's check names the mismatch
         key = (int(x.shape[0]), layer.order)
         chosen = self._chosen.get(key)

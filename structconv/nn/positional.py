@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from ..backend.torch_autocast import autocast_dtype, autocast_off
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
@@ -208,7 +209,7 @@ class PositionalAttention(nn.Module):
         if isinstance(mech, PositionalMechanism):
             # Shared by the batch and cheap: built in the parameters' precision even under autocast
             # (bf16 scores would blur the Gaussians); the engine converts the finished weights.
-            with torch.autocast(self.theta_device().type, enabled=False):
+            with autocast_off(self.theta_device().type):
                 return mech.basis(self.threshold)
         if x is None:
             raise ValueError(f"{type(self).__name__}: content attention needs x to build its heads")
@@ -219,9 +220,9 @@ class PositionalAttention(nn.Module):
         if not self.training or self.attention_dropout == 0.0:
             return basis
         weights = basis.to_dense()
-        kind = weights.device.type
-        if torch.is_autocast_enabled(kind) and weights.dtype == torch.float32:
-            weights = weights.to(torch.get_autocast_dtype(kind))  # drop in the dtype the products run in
+        narrow = autocast_dtype(weights.device.type)
+        if narrow is not None and weights.dtype == torch.float32:
+            weights = weights.to(narrow)  # drop in the dtype the products run in
         p = self.attention_dropout
         if weights.ndim == 3 and self.dropout_shared is False:
             # Every image its own mask, drawn in (B, M, H, N) memory order: the engine then reads the

@@ -259,6 +259,32 @@ def _batches(data: tuple[Cifar10, Cifar10], config: TrainConfig, device: str, di
     )
 
 
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: TrainConfig,
+    device: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SGD step of the study: the learning rate, the forward under autocast, cross-entropy, backward, update.
+
+    Returns the loss and logits, detached and on the device: nothing is read back to the host, so
+    on a GPU the step queues without waiting (``tests/test_cifar_device.py`` holds this on the
+    ``meta`` device).
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with _autocast(config, device):
+        logits = model(_layout(x, config))
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=config.label_smoothing)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    optimizer.step()
+    return loss.detach(), logits.detach()
+
+
 def train(
     config: TrainConfig,
     out: str | os.PathLike[str],
@@ -330,21 +356,13 @@ def train(
         bar = _progress(steps, f"{config.model} epoch {epoch + 1}/{config.epochs}", progress and dist.main)
         readout = _LossReadout()
         for i, (x, y) in enumerate(train_batches.epoch(config.seed, epoch)):
-            step = epoch * steps + i
-            lr = learning_rate(config, step, steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            with _autocast(config, device):
-                logits = step_model(_layout(x, config))
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=config.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-            totals += _tally(loss.detach() * len(y), logits.detach(), y)
+            lr = learning_rate(config, epoch * steps + i, steps)
+            loss, logits = train_step(step_model, optimizer, config, device, x, y, lr)
+            totals += _tally(loss * len(y), logits, y)
             if bar is not None:
                 bar.update(1)
                 if i % 20 == 0:
-                    bar.set_postfix(loss=readout(loss.detach()), lr=f"{lr:.4f}")
+                    bar.set_postfix(loss=readout(loss), lr=f"{lr:.4f}")
         if bar is not None:
             bar.close()
         if cuda:

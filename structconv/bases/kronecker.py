@@ -105,7 +105,7 @@ class KroneckerBasis(Basis):
         # Products of normal factors can be subnormal, which makes every later CPU GEMM with the
         # dense form about ten times slower; they are below 1e-37 and flushed to zero.
         lib = native(out)
-        return lib.where(abs(out) >= float(lib.finfo(out.dtype).tiny), out, 0.0)
+        return lib.where(abs(out) < float(lib.finfo(out.dtype).tiny), 0.0, out)  # NaN is kept
 
     def transpose(self) -> KroneckerBasis:
         return KroneckerBasis.of_weights([f.swapaxes(-1, -2) for f in self._factors])  # the same (checked) entries
@@ -122,9 +122,10 @@ class KroneckerBasis(Basis):
 
     # --- the per-axis passes ------------------------------------------------------------------
     # Every product below is one GEMM or one batched GEMM on plain row-major views: rows stay in
-    # the order (n_1, B, n_2, ..., n_d) with the members K outermost, so that neither a pass nor
-    # its gradient copies a K-fold intermediate to reorder it (measured on CPU at 16x16 tokens,
-    # 9 heads, width 400: the reordering copies took as long as the passes themselves).
+    # the order (n_1, B, n_2, ..., n_d) with the members K outermost, so that the passes and their
+    # gradients copy no K-fold intermediate to reorder it between axes (measured on CPU at 16x16
+    # tokens, 9 heads, width 400: such copies took as long as the passes themselves); one copy is
+    # left where the members meet Θ (``_ax`` under autograd, ``_xtheta_factored``, ``_unrows``).
     def _sizes(self) -> tuple[list[int], list[int]]:
         return [int(f.shape[1]) for f in self._factors], [int(f.shape[2]) for f in self._factors]
 

@@ -47,9 +47,11 @@ class PositionalAttention(nn.Module):
     otherwise a scaled dot product :math:`(x W^q_h + b^q_h)\cdot(x W^k_h + b^k_h)/\sqrt{D}`
     (``key_dim`` :math:`= D`, biases when ``content_bias``) added to the positional scores, as in
     the paper's code.  Without content the heads do not depend on the input, so they are built
-    once per forward for the whole batch, as truncated renormalised shift bases when that is
-    cheaper (``threshold``, see :meth:`~structconv.structures.positional.PositionalMechanism.basis`;
-    ``None`` keeps the exact dense softmax).
+    once per forward for the whole batch: exactly, as a Kronecker product of per-axis softmaxes
+    for separable heads (quadratic, learned), else as truncated renormalised shift bases when
+    that is cheaper (``threshold``, see
+    :meth:`~structconv.structures.positional.PositionalMechanism.basis`; ``None`` keeps the exact
+    softmax).
 
     The parameter is :math:`\Theta_h` of shape ``(H, E, E)`` when ``head_dim`` is ``None`` (the
     paper's :math:`D_h = D_{\mathrm{out}}`: every head averages the raw input, then one linear

@@ -148,7 +148,8 @@ class PositionalMechanism(Mechanism):
     def basis(self, threshold: float | None = None, form: str = "auto") -> Basis:
         r"""The heads as one ``(K, M, N)`` basis, shared by the batch.
 
-        ``threshold=None`` gives the exact column-wise softmax as a dense basis.  With a
+        ``threshold=None`` gives the exact column-wise softmax (a Kronecker basis for separable
+        heads, see below; a dense basis otherwise).  With a
         ``threshold`` in ``(0, 1)``, head :math:`h` keeps the offsets whose score is at least
         :math:`\min_n \max_m a_{hmn} + \ln(\mathrm{threshold})` and runs as one renormalised
         weighted :class:`~structconv.GridBasis` (a Gaussian shift kernel); every dropped weight is then

@@ -37,9 +37,8 @@ def attention_alpha_bound(dtype: Any, ndim: int = 2) -> float:
     (:math:`\varepsilon` the dtype's machine epsilon): :math:`\alpha \ge \ln(4d/\varepsilon)`,
     18.02 for float32 and 38.1 for float64 on a 2-D grid.  A second, larger threshold is where
     the off-target weights become exact zeros
-    (the softmax flushes weights below the smallest normal number to zero: in float32
-    :math:`\alpha > 126\ln 2 - \ln M`, 82.94 on a grid of :math:`M = 81` positions, measured in
-    ``docs/attention.rst``).  Cordonnier et al.'s :math:`\alpha = 46` is neither.
+    (the softmax flushes subnormal weights to zero: in float32 :math:`\alpha > 126\ln 2
+    \approx 87.34`, measured in ``docs/attention.rst``).  Cordonnier et al.'s :math:`\alpha = 46` is neither.
     """
     eps = float(np.finfo(str(dtype).removeprefix("torch.")).eps) / 2
     return float(np.log(2 * ndim / eps))

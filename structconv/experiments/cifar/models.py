@@ -32,8 +32,10 @@ r"""The models of Cordonnier, Loukas & Jaggi's CIFAR-10 study, built from struct
     are their masks (``attention={"dropout_shared": False}`` asks for a mask per image for
     position-only heads as well, which makes them per-image in training).  ``projection=False``
     gives Lemma 1's merged form (the output projection absorbed into the :math:`\Theta_h`).
-    Position-only heads are exact dense softmaxes by default (``threshold=None``);
-    a ``threshold`` in (0, 1) lets the layers truncate concentrated heads to shift bases (see
+    Position-only heads are exact softmaxes by default (``threshold=None``): Kronecker products
+    of per-axis softmaxes for the quadratic and learned encodings, dense for the non-isotropic
+    Gaussian; a ``threshold`` in (0, 1) lets the layers truncate concentrated Gaussian heads to
+    shift bases (see
     :meth:`structconv.nn.PositionalAttention.basis`).
 
 Every difference from the paper's code that remains is listed, with its reason, in the "paper

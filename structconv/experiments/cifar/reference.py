@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from ...backend.torch_autocast import autocast_dtype, autocast_off
 from ...nn import PositionalAttention
 from .models import SelfAttentionNet
 
@@ -45,7 +46,7 @@ def position_probabilities(layer: PositionalAttention) -> torch.Tensor:
         raise ValueError("paper_dense implements the 2-D quadratic encoding without content only")
     centres = layer.centres
     rows, cols = layer.grid
-    with torch.autocast(centres.device.type, enabled=False):
+    with autocast_off(centres.device.type):
         axes = (torch.arange(rows, device=centres.device), torch.arange(cols, device=centres.device))
         pos = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 2)
         delta = (pos[:, None, :] - pos[None, :, :]).to(centres.dtype)  # (M keys, N queries, 2)
@@ -70,7 +71,7 @@ def paper_dense(layer: PositionalAttention, x: torch.Tensor) -> torch.Tensor:
     H = layer.num_heads
     kind = x.device.type
     # Dropped out in the dtype the products run in, as the layer does.
-    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    dtype = autocast_dtype(kind) or x.dtype
     probs = position_probabilities(layer).to(dtype)
     per_image = False
     if layer.training and layer.attention_dropout > 0:

@@ -26,3 +26,23 @@ def autocast_dtype(kind: str) -> Any:
 def autocast_off(kind: str) -> contextlib.AbstractContextManager[Any]:
     """A context with autocast disabled on device type ``kind`` (nothing to disable elsewhere)."""
     return torch.autocast(kind, enabled=False) if kind in AUTOCAST_DEVICES else contextlib.nullcontext()
+
+
+def check_input_dtype(x: torch.Tensor, parameter: torch.Tensor, layer: str, arg: str = "x") -> None:
+    """Raise a ``TypeError`` naming ``arg`` when ``x`` and a layer's ``parameter`` differ in dtype.
+
+    Under autocast on ``x``'s device the mismatch is autocast's to resolve, so nothing is raised.
+
+    Examples
+    --------
+    >>> check_input_dtype(torch.zeros(2, dtype=torch.float64), torch.zeros(2), "GATConv")
+    Traceback (most recent call last):
+    ...
+    TypeError: GATConv: x has dtype torch.float64 but the layer's parameters are torch.float32; convert one of them (x.to(torch.float32) or layer.to(torch.float64)), or run under torch.autocast
+    """
+    if x.dtype == parameter.dtype or autocast_dtype(x.device.type) is not None:
+        return
+    raise TypeError(
+        f"{layer}: {arg} has dtype {x.dtype} but the layer's parameters are {parameter.dtype}; convert one of them "
+        f"({arg}.to({parameter.dtype}) or layer.to({x.dtype})), or run under torch.autocast"
+    )

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
+import resource
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +84,22 @@ def official_archive(root: Path, per_batch: int = 8) -> Path:
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
     return path
+
+
+@contextlib.contextmanager
+def memory_budget(extra_gib: float) -> Iterator[None]:
+    """Lower this process' address-space limit to what it maps now plus ``extra_gib`` for the block.
+
+    A call that would allocate more than the budget then fails inside the block with a
+    ``MemoryError`` (or torch's allocation error) instead of succeeding slowly on a large host,
+    so a test can tell "refused before allocating" from "allocated and then refused".
+    """
+    with open("/proc/self/status") as status:
+        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = mapped + int(extra_gib * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

@@ -5,11 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import BACKENDS, REPRESENTATIONS, as_numpy, cuda, make_basis, problems, reference, to_backend
+from conftest import (
+    BACKENDS,
+    REPRESENTATIONS,
+    as_numpy,
+    cuda,
+    make_basis,
+    memory_budget,
+    problems,
+    reference,
+    to_backend,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
-from structconv import DenseBasis, LowRank, Separable, SparseBasis, conv, explain
+from structconv import DenseBasis, LowRank, Separable, SparseBasis, conv, explain, grid_basis
 
 ORDERS = ("ax", "xtheta", "atheta", "auto")
 FACTOR_ORDERS = ("ax", "xtheta", "ax+full", "xtheta+full", "atheta", "auto")
@@ -188,3 +198,16 @@ def test_cuda_matches_cpu(representation, order):
     )
     assert y.device.type == "cuda"
     np.testing.assert_allclose(y.cpu().numpy(), reference(A, x, t), atol=1e-10)
+
+
+def test_forced_order_refuses_intermediates_beyond_the_device() -> None:
+    """``order="atheta"`` on a 300 x 300 grid would densify 754 GiB: refused with the size, nothing allocated."""
+    A = grid_basis((300, 300), 3, padding=1, like=torch.zeros(1))
+    x, theta = torch.randn(1, 90000, 4), torch.randn(9, 4, 4)
+    with memory_budget(0.5), pytest.raises(ValueError, match=r"order='atheta' would write 754 GiB .* on cpu"):
+        conv(A, x, theta, order="atheta")
+    assert conv(A, x, theta, order="xtheta").shape == (1, 90000, 4)
+    # A forced "atheta" that fits still runs, and equals the planner's choice.
+    small = grid_basis((6, 6), 3, padding=1, like=torch.zeros(1, dtype=torch.float64))
+    xs, ts = torch.randn(2, 36, 3, dtype=torch.float64), torch.randn(9, 3, 2, dtype=torch.float64)
+    torch.testing.assert_close(conv(small, xs, ts, order="atheta"), conv(small, xs, ts))

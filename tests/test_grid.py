@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import cuda
+from conftest import cuda, memory_budget
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F  # noqa: N812
@@ -655,3 +655,20 @@ def test_weighted_taps_run_as_depthwise_convolutions_equal_to_the_gathered_taps(
         return GridBasis(grid, grid, offsets, 1, boundary, w, normalize).apply_each(xs)  # type: ignore[no-any-return]
 
     assert torch.autograd.gradcheck(heads, (weights,))
+
+
+@pytest.mark.parametrize(
+    ("builder", "args", "kwargs", "message"),
+    [
+        (grid_basis, ((8, 8), (30000, 30000)), {}, "kernel spans 30000 entries along grid dimension 0"),
+        (grid_basis, (8, 10**10), {}, "kernel spans 10000000000 entries"),
+        (grid_basis, ((8,), 3), {"dilation": 10**12}, "kernel spans 2000000000001 entries"),
+        (grid_basis, ((30000, 30000), (30000, 30000)), {}, "900,000,000 positions; its tap table would need 13.4 GiB"),
+        (avg_pool_basis, (8, 10**10), {}, "kernel spans 10000000000 entries"),
+        (avg_pool_basis, (8, 10**10), {"ceil_mode": True}, "74.5 GiB"),
+    ],
+)
+def test_builders_refuse_sizes_before_allocating(builder: Any, args: Any, kwargs: Any, message: str) -> None:
+    """A kernel larger than the grid, or one with implausibly many taps, is refused from its sizes alone."""
+    with memory_budget(0.5), pytest.raises(ValueError, match=message):
+        builder(*args, **kwargs)

@@ -10,6 +10,7 @@ in :data:`structconv.backend.REGISTRY`.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -234,3 +235,10 @@ class Backend(ABC):
     @abstractmethod
     def addmm_(self, y: Array, a: Array, b: Array) -> Array:
         """``y += a @ b`` in place (outside autograd), returning ``y``."""
+
+    def memory_capacity(self, a: Array) -> float:
+        """Bytes the device holding ``a`` has in all (the host's physical memory unless overridden).
+
+        A ceiling, not what is free: an order whose intermediates exceed it cannot run there.
+        """
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

@@ -156,6 +156,13 @@ class TorchBackend(Backend):
         y = z @ out.permute(0, 2, 1).reshape(K * D, Q)
         return y.reshape(N, B, Q).transpose(0, 1)
 
+    def memory_capacity(self, a: Array) -> float:
+        if a.device.type == "cuda":  # a property query, no synchronisation
+            return float(torch.cuda.get_device_properties(a.device).total_memory)
+        if a.device.type == "meta":  # nothing is allocated there
+            return float("inf")
+        return super().memory_capacity(a)
+
     # --- structures: graph ---------------------------------------------------------------------
     def default_float(self) -> Any:
         return torch.get_default_dtype()

@@ -25,7 +25,7 @@ and the basis' plan key, so repeated calls do not re-plan.
 
 from __future__ import annotations
 
-from ..backend import Array
+from ..backend import Array, device_of, of
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import Parameter
@@ -64,6 +64,23 @@ def _plan(basis: Basis, x: Array, prm: Param, order: str) -> tuple[Plan, Order]:
     entry = (plan, orders[valid.index(chosen)])
     PLANS.put(key, entry)
     return entry
+
+
+def _check_memory(plan: Plan, x: Array) -> None:
+    """Refuse a requested order whose intermediates cannot fit on ``x``'s device, before allocating any.
+
+    ``auto`` never needs this (it picks the cheapest order); a forced order can ask for a dense
+    :math:`(K, M, N)` basis that the answer does not need.
+    """
+    need = plan.candidate(plan.chosen).memory * x.dtype.itemsize
+    capacity = of(x).memory_capacity(x)
+    if need > capacity:
+        best = min(plan.candidates, key=lambda c: c.memory)
+        raise ValueError(
+            f"order={plan.chosen!r} would write {need / 2**30:.3g} GiB of intermediates on {device_of(x)}, "
+            f"which has {capacity / 2**30:.3g} GiB; order {best.order!r} needs "
+            f"{best.memory * x.dtype.itemsize / 2**30:.3g} GiB (or pass order='auto')"
+        )
 
 
 def explain(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> Plan:
@@ -124,7 +141,9 @@ def conv(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> A
     """
     a, x, theta = autocast(placed(a, x), x, theta)  # placed first: autocast reads the basis' dtype
     basis, x3, prm, squeeze = prepare(a, x, theta)
-    _, run = _plan(basis, x3, prm, order)
+    plan, run = _plan(basis, x3, prm, order)
+    if order != "auto":
+        _check_memory(plan, x3)
     y = run.run(basis, x3, prm)
     return y[0] if squeeze else y
 

@@ -9,6 +9,7 @@ channel, the whole of a pooling layer.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,17 +62,38 @@ def _padding(
 
 
 # --- constructors -------------------------------------------------------------------------------
+#: The most kernel positions a builder lays out: the tap table is built before any data is seen,
+#: so a size typed by mistake (``kernel=10**6`` on a 3-D grid) must stop here, not in the allocator.
+MAX_TAPS = 1 << 24
+
+
 def _window_offsets(kernel: Size, dilation: Size, d: int) -> np.ndarray:
+    """The taps of a dense ``kernel`` window with ``dilation``, refused before allocating if implausibly many."""
     k = _ints(kernel, d, "kernel", 1)
     dil = _ints(dilation, d, "dilation", 1)
+    taps = math.prod(k)
+    if taps > MAX_TAPS:
+        raise ValueError(
+            f"kernel {k} has {taps:,} positions; its tap table would need {taps * d * 8 / 2**30:.3g} GiB "
+            f"(at most {MAX_TAPS:,} positions are laid out)"
+        )
     return np.indices(k).reshape(d, -1).T.astype(np.int64) * np.asarray(dil, dtype=np.int64)
 
 
+def _window_extent(kernel: Size, dilation: Size, d: int) -> tuple[int, ...]:
+    """Entries a dense window spans per dimension, :math:`(k_i - 1) d_i + 1`, computed without building it."""
+    k = _ints(kernel, d, "kernel", 1)
+    dil = _ints(dilation, d, "dilation", 1)
+    return tuple((ki - 1) * di + 1 for ki, di in zip(k, dil, strict=True))
+
+
 def _layout_window(
-    g: tuple[int, ...], window: np.ndarray, stride: tuple[int, ...], padding: Padding
-) -> tuple[tuple[int, ...], np.ndarray]:
-    """Output grid and tap offsets of a window placed like torch places a kernel."""
-    extent = tuple(int(e) + 1 for e in window.max(0))
+    g: tuple[int, ...], extent: tuple[int, ...], stride: tuple[int, ...], padding: Padding
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Output grid and padding before of a window spanning ``extent``, placed like torch places a kernel.
+
+    Runs on the extent alone, so a window larger than the padded grid is refused before its taps exist.
+    """
     before, after = _padding(padding, extent, stride)
     out = []
     for i, (size, e) in enumerate(zip(g, extent, strict=True)):
@@ -82,7 +104,7 @@ def _layout_window(
                 f"padded grid has only {padded} (grid {size} + padding {before[i]} + {after[i]})"
             )
         out.append((padded - e) // stride[i] + 1)
-    return tuple(out), window - np.asarray(before, dtype=np.int64)
+    return tuple(out), before
 
 
 def grid_basis(
@@ -158,6 +180,8 @@ def grid_basis(
     if offsets is None:
         if kernel is None:
             raise ValueError("give kernel (a window size) or offsets (an irregular kernel)")
+        extent = _window_extent(kernel, dilation, d)
+        out, before = _layout_window(g, extent, st, padding)
         window = _window_offsets(kernel, dilation, d)
     else:
         if kernel is not None or _ints(dilation, d, "dilation", 1) != (1,) * d:
@@ -170,7 +194,8 @@ def grid_basis(
         if len({tuple(r) for r in window.tolist()}) != len(window):
             raise ValueError("offsets must be distinct kernel positions")
         window = window.astype(np.int64) - window.min(0)
-    out, taps = _layout_window(g, window, st, padding)
+        out, before = _layout_window(g, tuple(int(e) + 1 for e in window.max(0)), st, padding)
+    taps = window - np.asarray(before, dtype=np.int64)
     return GridBasis(g, out, taps, st, boundary, like=like)
 
 
@@ -222,7 +247,8 @@ def avg_pool_basis(
     if ceil_mode:
         out, taps, counts = _ceil_layout(g, k, st, before, after)
     else:
-        out, taps = _layout_window(g, _window_offsets(k, 1, d), st, padding)
+        out, shift = _layout_window(g, k, st, padding)
+        taps = _window_offsets(k, 1, d) - np.asarray(shift, dtype=np.int64)
         counts = None
     J = taps.shape[0]
     value = 1.0 if not count_include_pad else 1.0 / J

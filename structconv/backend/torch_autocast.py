@@ -35,10 +35,10 @@ def check_input_dtype(x: torch.Tensor, parameter: torch.Tensor, layer: str, arg:
 
     Examples
     --------
-    >>> check_input_dtype(torch.zeros(2, dtype=torch.float64), torch.zeros(2), "GATConv")
+    >>> check_input_dtype(torch.zeros(2, dtype=torch.float64), torch.zeros(2), "GATConv")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    TypeError: GATConv: x has dtype torch.float64 but the layer's parameters are torch.float32; convert one of them (x.to(torch.float32) or layer.to(torch.float64)), or run under torch.autocast
+    TypeError: GATConv: x has dtype torch.float64 but the layer's parameters are torch.float32; convert one ...
     """
     if x.dtype == parameter.dtype or autocast_dtype(x.device.type) is not None:
         return

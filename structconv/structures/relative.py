@@ -12,6 +12,7 @@ can never go stale, whatever objects are freed and rebuilt in between.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,16 @@ def _relative_offsets(grid: tuple[int, ...], boundary: str) -> RelativeOffsets:
     periodic = boundary == "periodic"
     lows = tuple(int(v) for v in (-(size // 2) if periodic else -(size - 1)))
     lengths = tuple(int(v) for v in (size if periodic else 2 * size - 1))
+    positions = math.prod(g)
+    # delta, axis_index and index: (2d + 1) int64 entries per pair of positions, all built at once.
+    need = positions**2 * (2 * len(g) + 1) * 8
+    host = np.empty(0)
+    budget = of(host).memory_capacity(host) / 2
+    if need > budget:
+        raise ValueError(
+            f"grid {g} has {positions:,} positions; its relative-offset tables would need {need / 2**30:.3g} GiB, "
+            f"more than half of this host's {2 * budget / 2**30:.3g} GiB"
+        )
     pos = np.stack(np.meshgrid(*[np.arange(s) for s in g], indexing="ij"), -1).reshape(-1, len(g))
     delta = pos[:, None, :] - pos[None, :, :]
     if periodic:

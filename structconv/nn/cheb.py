@@ -20,7 +20,9 @@ class ChebConv(_GraphLayer):
     is, first found: the ``lambda_max`` of :meth:`forward` (a number, or one value per graph of
     a ``batch``), the constructor's ``lambda_max`` (a number or ``"auto"``, computed), or PyG's
     default, twice the largest entry of :math:`L` (2 for ``sym`` and ``rw``).  Glorot weights,
-    zero bias, as PyG's ``ChebConv``.
+    zero bias, as PyG's ``ChebConv``.  ``load_state_dict`` also reads PyG's ``lins.k.weight``
+    (transposed into ``theta[k]``) and ``bias``; :func:`structconv.nn.pyg_state.pyg_state_dict`
+    gives them back.
     """
 
     def __init__(

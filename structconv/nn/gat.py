@@ -8,17 +8,19 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..bases.edges import EdgeBasis
 from ..bases.factor import LowRank
 from ..structures.graph import Edges, as_edges, is_matrix_graph
-from .gat_edges import _attend, _segment_softmax, loop_features
+from .gat_edges import _attend, _segment_softmax, attention_matrix, loop_features, sorted_edges, stored_entries
 from .graph_common import _check_empty, _features, _pair, _positive, glorot_
+from .pyg_state import PyGKey, PyGState, heads_key, linear_key
 
 FILL_REDUCTIONS = ("mean", "add", "sum", "max", "min")
 
 
-class GATConv(nn.Module):
+class GATConv(PyGState):
     r"""Graph attention (Veličković et al.) as an attention basis with a low-rank :math:`\Theta`.
 
     Head :math:`h` is the basis member
@@ -34,14 +36,21 @@ class GATConv(nn.Module):
     :math:`E_h` (a :class:`~structconv.LowRank` parameter).
 
     Arguments as PyG's ``GATConv``: ``in_channels`` an int or a bipartite pair ``(P_src, P_dst)``
-    (then :math:`W' \ne W`, parameter ``weight_dst``), ``heads``, ``concat``, ``negative_slope``,
-    ``dropout`` on the attention weights, ``add_self_loops`` (loops on the first
+    (then :math:`W' \ne W`, parameter ``weight_dst``, which transforms the targets even when one
+    tensor is both, ``x`` or ``(x, x)`` as PyG's ``to_hetero`` passes it), ``heads``, ``concat``,
+    ``negative_slope``, ``dropout`` on the attention weights, ``add_self_loops`` (loops on the first
     :math:`\min(N_{src}, N_{dst})` nodes, existing loops dropped), ``edge_dim`` (edge features
     :math:`e_{mn}` enter the scores through ``weight_edge`` and ``att_edge``), ``fill_value``
     (the added loops' edge features: a number, a tensor, or a reduction of the target's incoming
     features, ``"mean"``, ``"add"``, ``"sum"``, ``"max"`` or ``"min"``), ``bias`` and ``residual``
     (:math:`+\,x_{dst} W^{res}`).  The third argument of :meth:`forward` is PyG's ``edge_attr``;
     it needs ``edge_dim`` (PyG would silently ignore it).
+
+    **PyG checkpoints.**  ``load_state_dict`` also reads PyG's ``GATConv`` entries: ``lin.weight``
+    (``lin_src.weight`` and ``lin_dst.weight`` for a pair ``in_channels``), ``lin_edge.weight`` and
+    ``res.weight`` transposed into ``weight``, ``weight_dst``, ``weight_edge`` and ``res``, and
+    ``att_src``, ``att_dst``, ``att_edge`` of shape ``(1, H, D)`` into ``(H, D)``;
+    :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
     """
 
     def __init__(
@@ -93,6 +102,18 @@ class GATConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    def pyg_keys(self) -> list[PyGKey]:
+        """The weights are PyG's ``Linear`` weights transposed, the attention vectors PyG's ``(1, H, D)`` ones."""
+        keys = [linear_key("weight", "lin.weight" if self.weight_dst is None else "lin_src.weight")]
+        keys += [heads_key("att_src"), heads_key("att_dst")]
+        if self.weight_dst is not None:
+            keys.append(linear_key("weight_dst", "lin_dst.weight"))
+        if self.weight_edge is not None:
+            keys += [linear_key("weight_edge", "lin_edge.weight"), heads_key("att_edge")]
+        if self.res is not None:
+            keys.append(linear_key("res", "res.weight"))
+        return keys
+
     def _placement(self, like: torch.Tensor) -> LowRank:
         H, D = self.heads, self.out_channels
         eye = torch.eye(D, dtype=like.dtype, device=like.device)
@@ -109,7 +130,13 @@ class GATConv(nn.Module):
         matrix = is_matrix_graph(edge_index)
         if matrix and edge_attr is not None:
             raise ValueError("GATConv: edge_attr goes with an edge_index, not with a sparse adjacency")
-        edges = as_edges(edge_index, N_src, like=like, adj_t=True, num_targets=N_dst)
+        sparse = isinstance(edge_index, torch.Tensor) and edge_index.layout != torch.strided
+        if sparse:  # read in PyG's order, so that the attention weights come back in it
+            if edge_index.ndim != 2:
+                raise ValueError(f"GATConv: a sparse adj_t must be 2-D (N_dst, N_src), got {tuple(edge_index.shape)}")
+            edges = as_edges(stored_entries(edge_index), N_src, like=like, num_targets=N_dst)
+        else:
+            edges = as_edges(edge_index, N_src, like=like, adj_t=True, num_targets=N_dst)
         attr = None
         if edge_attr is not None:
             E = int(edges.src.shape[0])
@@ -128,11 +155,11 @@ class GATConv(nn.Module):
             if attr is not None:
                 attr = attr[keep]
                 attr = torch.cat([attr, loop_features(edges, attr, loops, self.fill_value).to(attr.dtype)])
-            edges = edges.with_edges(
-                torch.cat([edges.src, nodes]),
-                torch.cat([edges.dst, nodes]),
-                torch.cat([edges.weight, edges.weight.new_ones(loops)]),
-            )
+            src, dst = torch.cat([edges.src, nodes]), torch.cat([edges.dst, nodes])
+            if matrix:  # PyG rebuilds a sparse adj_t with its loops, coalesced (edge features are refused)
+                by_source = isinstance(edge_index, torch.Tensor) and edge_index.layout == torch.sparse_csc
+                src, dst = sorted_edges(src, dst, N_src, N_dst, by_source)
+            edges = edges.with_edges(src, dst, edges.weight.new_ones(int(src.shape[0])))
         return edges, attr
 
     def attention(
@@ -161,9 +188,18 @@ class GATConv(nn.Module):
             if len(x) != 2:
                 raise ValueError("GATConv: a bipartite x must be a pair (x_src, x_dst)")
             x_src = _features(x[0], P, name, static=False)
+            check_input_dtype(x_src, self.weight, name, "x[0]")
             x_dst = None if x[1] is None else _features(x[1], P_dst, name, static=False)
+            if x_dst is not None:
+                check_input_dtype(x_dst, self.weight, name, "x[1]")
         else:
+            if P_dst != P:
+                raise ValueError(
+                    f"GATConv: a single x feeds sources and targets, which needs in_channels[0] == in_channels[1]; "
+                    f"got in_channels={self.in_channels!r}, pass a pair (x_src, x_dst)"
+                )
             x_src = x_dst = _features(x, P, name, static=False)
+            check_input_dtype(x_src, self.weight, name)
         if edge_attr is not None and self.edge_dim is None:
             raise ValueError(
                 "GATConv: edge_attr (the third argument) needs edge_dim; PyG's GATConv would ignore it. "
@@ -190,7 +226,9 @@ class GATConv(nn.Module):
         score_src = (h.view(N_src, H, D) * self.att_src).sum(-1)
         score_dst = None
         if x_dst is not None:
-            h_dst = h if x_dst is x_src else x_dst @ (self.weight if self.weight_dst is None else self.weight_dst)
+            # One tensor as sources and targets still meets W' when in_channels is a pair (PyG's lin_dst).
+            shared = x_dst is x_src and self.weight_dst is None
+            h_dst = h if shared else x_dst @ (self.weight if self.weight_dst is None else self.weight_dst)
             score_dst = (h_dst.view(N_dst, H, D) * self.att_dst).sum(-1)
         if N_src == 0 or N_dst == 0:
             _check_empty(edge_index, name)
@@ -229,7 +267,11 @@ class GATConv(nn.Module):
 
         With ``return_attention_weights=True`` it returns ``(out, (edge_index, alpha))`` as PyG
         does: the edges with the added self-loops and their ``(E, H)`` weights, or for a sparse
-        adjacency ``(out, (adj_t, alpha))`` with ``adj_t`` a sparse ``(N_dst, N_src, H)`` tensor.
+        adjacency ``(out, (adj_t, alpha))`` with ``adj_t`` a sparse ``(N_dst, N_src, H)`` tensor in
+        the input's layout and ``alpha`` in its entry order, as PyG's: a CSR (or CSC) ``adj_t``
+        keeps its stored entries, repeats included, a COO one comes back coalesced, and with
+        ``add_self_loops`` the loops take their sorted places (PyG rebuilds the tensor coalesced).
+        A ``scipy.sparse`` or dense adjacency gives a coalesced COO tensor.
         """
         src, dst, logits, h, x_dst, N_dst = self._attention(x, edge_index, edge_attr, size)
         N_src = int(h.shape[0])
@@ -244,8 +286,7 @@ class GATConv(nn.Module):
             return y
         alpha = weights()
         if is_matrix_graph(edge_index):
-            adj = torch.sparse_coo_tensor(torch.stack([dst, src]), alpha, (N_dst, N_src, H))
-            return y, (adj, alpha)
+            return y, (attention_matrix(edge_index, src, dst, alpha, N_src, N_dst), alpha)
         return y, (torch.stack([src, dst]), alpha)
 
     def value_and_placement(self) -> LowRank:

@@ -12,6 +12,7 @@ from ..bases.base import Basis
 from ..structures.edge_list import checked_basis
 from ..structures.graph import PolynomialBasis, is_matrix_graph
 from .graph_common import _gcn_edges, _GraphLayer, _positive, _read
+from .pyg_state import PyGKey, member_keys, same_key
 
 
 class GCNConv(_GraphLayer):
@@ -23,6 +24,10 @@ class GCNConv(_GraphLayer):
     ``GCNConv`` (no ``cached``: pass a prebuilt basis instead); ``flow`` as PyG's.  Self-loops
     and ``improved`` as PyG's ``gcn_norm`` (see the module notes).  ``x`` may be sparse
     (densified) or a static batch ``(B, N, P)``.  Glorot weights, zero bias.
+
+    **PyG checkpoints.**  ``load_state_dict`` also reads PyG's ``GCNConv`` entries (``lin.weight``,
+    transposed into ``theta[0]``, and ``bias``); :func:`structconv.nn.pyg_state.pyg_state_dict`
+    gives them back (:mod:`structconv.nn.pyg_state`).
     """
 
     def __init__(
@@ -43,6 +48,10 @@ class GCNConv(_GraphLayer):
         self.improved, self.add_self_loops, self.normalize = improved, add_self_loops, normalize
         self.reset_parameters()
 
+    def pyg_keys(self) -> list[PyGKey]:
+        """``theta[0]`` is PyG's ``lin.weight`` transposed; ``bias`` is PyG's."""
+        return [member_keys("theta", ["lin.weight"])]
+
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         edges = _read(graph, x, edge_weight, "GCNConv")
         matrix = is_matrix_graph(graph)
@@ -55,7 +64,8 @@ class SGConv(_GraphLayer):
     r"""Simple graph convolution (Wu et al.): one member :math:`\hat A^K`, :math:`y = (\hat A^K)^\top x\Theta + \beta`.
 
     Weights and bias as ``torch.nn.Linear`` (as PyG's ``SGConv``); self-loops as
-    :class:`GCNConv`'s.
+    :class:`GCNConv`'s.  ``load_state_dict`` also reads PyG's ``lin.weight`` (transposed into
+    ``theta[0]``) and ``lin.bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
     """
 
     def __init__(
@@ -77,6 +87,11 @@ class SGConv(_GraphLayer):
         if self.bias is not None:
             bound = 1.0 / math.sqrt(self.in_channels)
             nn.init.uniform_(self.bias, -bound, bound)
+
+    def pyg_keys(self) -> list[PyGKey]:
+        """``theta[0]`` is PyG's ``lin.weight`` transposed, ``bias`` its ``lin.bias``."""
+        keys = [member_keys("theta", ["lin.weight"])]
+        return keys + ([same_key("bias", "lin.bias")] if self.bias is not None else [])
 
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         edges = _read(graph, x, edge_weight, "SGConv")

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..engine.contract import conv
 from ..structures.graph import (
@@ -41,6 +42,7 @@ from ..structures.graph import (
     gcn_normalize,
     is_matrix_graph,
 )
+from .pyg_state import PyGKey, PyGState, member_keys
 
 FLOWS = ("source_to_target", "target_to_source")
 
@@ -124,7 +126,7 @@ def _gcn_edges(
     return gcn_normalize(edges, add_self_loops=False) if normalize else edges
 
 
-class _GraphLayer(nn.Module):
+class _GraphLayer(PyGState):
     def __init__(self, in_channels: int, out_channels: int, members: int, bias: bool, flow: str) -> None:
         super().__init__()
         name = type(self).__name__
@@ -140,12 +142,17 @@ class _GraphLayer(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    def pyg_keys(self) -> list[PyGKey]:
+        """``theta``'s member :math:`k` is PyG's ``lins.k.weight`` transposed (TAG, Cheb); ``bias`` is PyG's."""
+        return [member_keys("theta", [f"lins.{k}.weight" for k in range(int(self.theta.shape[0]))])]
+
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         raise NotImplementedError
 
     def _run(self, x: Any, edge_index: Any, edge_weight: torch.Tensor | None, **extra: Any) -> torch.Tensor:
         name = type(self).__name__
         x = _features(x, self.in_channels, name)
+        check_input_dtype(x, self.theta, name)
         if isinstance(edge_index, Basis):
             if edge_weight is not None:
                 raise ValueError(f"{name}: edge_weight goes with an edge_index, not with a prebuilt basis")

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..bases.factor import Separable
 from ..engine.contract import conv
@@ -39,7 +40,8 @@ class RGCNConv(nn.Module):
     ``x`` is node features ``(N, P)``, a node index vector (featureless: row :math:`i` of
     :math:`\Theta_r` is node :math:`i`'s embedding, i.e. one-hot features), ``None`` (all
     ``in_channels`` nodes, featureless), or a bipartite pair ``(x_src, x_dst)`` with
-    ``in_channels=(P_src, P_dst)``.
+    ``in_channels=(P_src, P_dst)``.  The parameters have PyG's names and shapes (``weight``,
+    ``comp``, ``root``, ``bias``), so either library's ``state_dict`` loads into the other as it is.
     """
 
     def __init__(
@@ -128,7 +130,9 @@ class RGCNConv(nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"RGCNConv: {what} must be a tensor or None, got {type(x).__name__}")
         if x.is_floating_point():
-            return _features(x, channels, "RGCNConv", static=False), False
+            features = _features(x, channels, "RGCNConv", static=False)
+            check_input_dtype(features, like, "RGCNConv", what)
+            return features, False
         if x.ndim != 1:
             raise ValueError(f"RGCNConv: an integer {what} must be a node index vector (N,), got {tuple(x.shape)}")
         if x.numel() and (int(x.min()) < 0 or int(x.max()) >= channels):

@@ -19,6 +19,8 @@ class TAGConv(_GraphLayer):
     :math:`S = D^{-1/2}AD^{-1/2}` without added loops; the basis is a
     :class:`~structconv.PolynomialBasis` applied by repeated sparse products.  Weights as
     ``torch.nn.Linear`` (as PyG's ``TAGConv``), zero bias; ``x`` may be ``(B, N, P)``.
+    ``load_state_dict`` also reads PyG's ``lins.k.weight`` (transposed into ``theta[k]``) and
+    ``bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
     """
 
     def __init__(

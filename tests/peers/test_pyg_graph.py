@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from peer_table import EQUAL, NA, REFUSED, PeerTable
 
 from structconv import nn as snn
+from structconv.nn.pyg_state import pyg_state_dict
 
 pyg_nn = pytest.importorskip("torch_geometric.nn")
 import torch_geometric  # noqa: E402
@@ -167,17 +168,16 @@ def compare(
     """Run both on copies of ``args`` (float tensors require grad); outputs and all gradients must agree."""
 
     def copies() -> list[Any]:
-        out = []
-        for a in args:
-            if isinstance(a, torch.Tensor) and a.is_floating_point() and a.layout == torch.strided:
-                a = a.detach().clone().requires_grad_()
-            elif isinstance(a, tuple):
-                a = tuple(
-                    t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                    for t in a
-                )
-            out.append(a)
-        return out
+        made: dict[int, torch.Tensor] = {}  # one copy per tensor: ``(x, x)`` stays one tensor twice
+
+        def copy(t: Any) -> Any:
+            if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.layout == torch.strided):
+                return t
+            if id(t) not in made:
+                made[id(t)] = t.detach().clone().requires_grad_()
+            return made[id(t)]
+
+        return [tuple(copy(t) for t in a) if isinstance(a, tuple) else copy(a) for a in args]
 
     mine, theirs = copies(), copies()
     r1, r2 = ours(*mine, **kwargs), ref(*theirs, **kwargs)
@@ -363,17 +363,19 @@ def test_gcn_scipy() -> None:
 
 
 # --- bfloat16 autocast, float64, all layers -------------------------------------------------------------
+_CASE_ARGS: dict[str, tuple[Any, ...]] = {
+    "gcn": (6, 4),
+    "tag": (6, 4),
+    "sg": (6, 4),
+    "cheb": (6, 4, 3),
+    "gat": (6, 4),
+    "rgcn": (6, 4, 2),
+}
+
+
 def _autocast_case(kind: str) -> tuple[Any, Any, tuple[Any, ...]]:
     x, w = torch.randn(4, 6), torch.rand(6) + 0.5
-    args: dict[str, tuple[Any, ...]] = {
-        "gcn": (6, 4),
-        "tag": (6, 4),
-        "sg": (6, 4),
-        "cheb": (6, 4, 3),
-        "gat": (6, 4),
-        "rgcn": (6, 4, 2),
-    }
-    ours, ref, _ = pair(kind, torch.float32, *args[kind])
+    ours, ref, _ = pair(kind, torch.float32, *_CASE_ARGS[kind])
     if kind == "rgcn":
         return ours, ref, (x, FIXED, torch.tensor([0, 1, 0, 1, 1, 0]))
     if kind == "gat":
@@ -397,6 +399,30 @@ def test_autocast_bfloat16(kind: str) -> None:
         ours(*args).float().sum().backward()  # inside too: the sparse backward must not ask for a bf16 product
     for g_in, g_out in zip((p.grad for p in ours.parameters()), outside, strict=True):
         close(g_in.float(), g_out.float(), torch.bfloat16, "gradient")
+
+
+@case(
+    "all",
+    REFUSED,
+    "``x`` in another dtype than the parameters (no autocast)",
+    "PyG raises torch's RuntimeError; ours a TypeError naming the layer, x and both dtypes",
+)
+@pytest.mark.parametrize(("kind", "bipartite"), [(k, False) for k in CLASSES] + [("gat", True), ("rgcn", True)])
+def test_dtype_mismatch(kind: str, bipartite: bool) -> None:
+    ours, ref, args = _autocast_case(kind)
+    if bipartite:
+        ch: Any = (6, 6)
+        ours, ref, _ = pair(kind, torch.float32, ch, 4, *((2,) if kind == "rgcn" else ()))
+        x = args[0]
+        args = ((x, x.double()), *args[1:])
+        name = "x\\[1\\]"
+    else:
+        args = (args[0].double(), *args[1:])
+        name = "x"
+    with pytest.raises(RuntimeError):
+        ref(*args)
+    with pytest.raises(TypeError, match=rf"{CLASSES[kind][0]}: {name} has dtype torch.float64 .* torch.float32"):
+        ours(*args)
 
 
 @case("all", NA, "bfloat16 parameters and inputs", "PyG raises NotImplementedError on sparse bf16 products")
@@ -636,21 +662,120 @@ def test_gat_pyg_case(residual: bool) -> None:
     close(ours(x, to_torch_csc_tensor(ei, size=(4, 4)).t()), out, dtype, "adj1.t()")
 
 
-@case("GATConv", EQUAL, "``return_attention_weights=True`` (edge_index and sparse ``adj_t``)")
-@pytest.mark.parametrize("sparse", [False, True])
-def test_gat_attention_weights(sparse: bool) -> None:
+def stored_csr(index: torch.Tensor, N: int) -> torch.Tensor:
+    """A CSR ``adj_t`` holding every edge as its own entry, repeats and unsorted columns kept, as given."""
+    order = torch.sort(index[1], stable=True).indices
+    crow = torch.zeros(N + 1, dtype=torch.long)
+    crow[1:] = torch.bincount(index[1], minlength=N).cumsum(0)
+    return torch.sparse_csr_tensor(crow, index[0, order], torch.ones(index.shape[1], dtype=torch.float64), (N, N))
+
+
+def same_sparse(ours: torch.Tensor, theirs: torch.Tensor, dtype: torch.dtype) -> None:
+    """The same layout, shape, entries in the same order and the same values."""
+    assert ours.layout == theirs.layout and ours.shape == theirs.shape
+    if theirs.layout == torch.sparse_coo:
+        assert ours.is_coalesced() and theirs.is_coalesced()
+        assert torch.equal(ours.indices(), theirs.indices())
+    else:
+        assert torch.equal(ours.crow_indices(), theirs.crow_indices())
+        assert torch.equal(ours.col_indices(), theirs.col_indices())
+    close(ours.values(), theirs.values(), dtype, "attention adj_t values")
+
+
+@case(
+    "GATConv",
+    EQUAL,
+    "``return_attention_weights=True``: edge_index, torch.sparse COO/CSR ``adj_t``, ``add_self_loops`` on/off",
+    "the same layout, entry order (CSR repeats kept) and weights as PyG",
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["edge_index", "coo", "csr"])
+@FEW
+@given(g=digraphs(), heads=st.integers(1, 3), loops=st.booleans())
+def test_gat_attention_weights(dtype: torch.dtype, form: str, g: Any, heads: int, loops: bool) -> None:
+    index, _, N = g
+    graph = {
+        "edge_index": index,
+        "coo": adj_t(index, None, N).coalesce(),  # PyG refuses an uncoalesced COO without loops
+        "csr": stored_csr(index, N),
+    }[form]
+    ours, ref, links_ = pair("gat", dtype, 3, 4, heads=heads, add_self_loops=loops)
+    x = torch.randn(N, 3, dtype=dtype)
+    r1, r2 = compare(ours, ref, links_, (x, graph), dtype, return_attention_weights=True)
+    (g1, a1), (g2, a2) = r1[1], r2[1]
+    close(a1, a2, dtype, "attention weights")
+    if form == "edge_index":
+        assert torch.equal(g1, g2)
+    else:
+        same_sparse(g1, g2, dtype)
+
+
+@case("GATConv", EQUAL, "PyG's ``test_gat_conv``: ``return_attention_weights`` on CSR ``adj1.t()``")
+def test_gat_attention_weights_pyg_case() -> None:
     dtype = torch.float64
     ei = torch.tensor([[0, 1, 2, 3], [0, 0, 1, 1]])
-    graph = to_torch_csc_tensor(ei, size=(4, 4)).t() if sparse else ei
     ours, ref, links_ = pair("gat", dtype, 8, 32, heads=2)
+    graph = to_torch_csc_tensor(ei, size=(4, 4)).t()
     r1, r2 = compare(ours, ref, links_, (torch.randn(4, 8, dtype=dtype), graph), dtype, return_attention_weights=True)
-    (g1, a1), (g2, a2) = r1[1], r2[1]
-    if sparse:
-        assert g1._nnz() == g2._nnz() == 7
-        close(g1.to_dense(), g2.to_dense(), dtype, "attention adj_t")
-    else:
-        assert torch.equal(g1, g2)
-        close(a1, a2, dtype, "attention weights")
+    assert r1[1][0]._nnz() == r2[1][0]._nnz() == 7
+    same_sparse(r1[1][0], r2[1][0], dtype)
+    close(r1[1][1], r2[1][1], dtype, "attention weights")
+
+
+@case(
+    "GATConv",
+    NA,
+    "``return_attention_weights`` with a CSC ``adj_t``",
+    "PyG raises ValueError; ours gives CSC back, its weights in CSC's entry order (tested)",
+)
+@pytest.mark.parametrize("loops", [False, True])
+def test_gat_attention_weights_csc(loops: bool) -> None:
+    ours, ref, _ = pair("gat", torch.float64, 3, 4, heads=2, add_self_loops=loops)
+    x, csc = torch.randn(4, 3, dtype=torch.float64), adj_t(FIXED, None, 4).to_sparse_csc()
+    with pytest.raises(ValueError, match="layout"):
+        ref(x, csc, return_attention_weights=True)
+    y, (adj, alpha) = ours(x, csc, return_attention_weights=True)
+    y_coo, (adj_coo, _) = ours(x, csc.to_sparse_coo(), return_attention_weights=True)
+    close(y, y_coo, torch.float64, "output")
+    assert adj.layout == torch.sparse_csc
+    close(adj.to_dense(), adj_coo.to_dense(), torch.float64, "attention adj_t")
+    close(adj.values(), alpha, torch.float64, "entry order")
+
+
+@case(
+    "GATConv",
+    EQUAL,
+    "``in_channels=(P, P)`` with one tensor as sources and targets: ``x``, ``(x, x)`` (``to_hetero``), "
+    "``(x, x.clone())``",
+    "targets transformed by ``weight_dst`` (PyG's ``lin_dst``) in each",
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["x", "pair", "pair-clone"])
+@FEW
+@given(g=digraphs(), heads=st.integers(1, 3), concat=st.booleans(), loops=st.booleans(), residual=st.booleans())
+def test_gat_pair_channels_one_tensor(
+    dtype: torch.dtype, form: str, g: Any, heads: int, concat: bool, loops: bool, residual: bool
+) -> None:
+    index, _, N = g
+    kw = {"heads": heads, "concat": concat, "add_self_loops": loops, "residual": residual}
+    ours, ref, links_ = pair("gat", dtype, (3, 3), 4, **kw)
+    x = torch.randn(N, 3, dtype=dtype)
+    compare(ours, ref, links_, ({"x": x, "pair": (x, x), "pair-clone": (x, x.clone())}[form], index), dtype)
+
+
+@case(
+    "GATConv",
+    REFUSED,
+    "one ``x`` with ``in_channels=(P_src, P_dst)``, :math:`P_{src} \\ne P_{dst}`",
+    "PyG raises torch's shape error; ours ValueError naming in_channels",
+)
+def test_gat_pair_channels_one_tensor_mismatch() -> None:
+    ours, ref, _ = pair("gat", torch.float64, (3, 5), 4)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    with pytest.raises(RuntimeError):
+        ref(x, FIXED)
+    with pytest.raises(ValueError, match=r"in_channels\[0\] == in_channels\[1\]"):
+        ours(x, FIXED)
 
 
 @case(
@@ -731,6 +856,24 @@ def test_gat_dropout_eval() -> None:
     ours, ref, links_ = pair("gat", torch.float64, 3, 4, heads=2, dropout=0.5)
     ours.eval(), ref.eval()
     compare(ours, ref, links_, (torch.randn(4, 3, dtype=torch.float64), FIXED), torch.float64)
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------
+@case(
+    "all",
+    EQUAL,
+    "PyG's ``state_dict`` in ``load_state_dict`` (strict), and back (``pyg_state_dict``)",
+    "keys translated (transposes, stacks, reshapes); nested models and training in tests/test_pyg_checkpoints.py",
+)
+@pytest.mark.parametrize("kind", list(CLASSES))
+def test_state_dict_both_ways(kind: str) -> None:
+    ours, ref, args = _autocast_case(kind)
+    fresh = type(ours)(*_CASE_ARGS[kind])
+    fresh.load_state_dict(ref.state_dict())
+    close(fresh(*args), ref(*args), torch.float32, "output")
+    back = pyg_state_dict(fresh)
+    assert back.keys() == ref.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in ref.state_dict().items())
 
 
 # --- PyG internals -------------------------------------------------------------------------------------

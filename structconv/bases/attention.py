@@ -12,12 +12,13 @@ Nothing it runs calls back into the mechanism.  The weights are normalised afres
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from ..backend import Array, concatenate, device_of, namespace, of, x_theta, zeros
+from ..backend import Array, concatenate, device_of, dtype_name, namespace, of, x_theta, zeros
 from .base import NO_ORDERS, Basis, Cost, OwnOrder
 from .dense import DenseBasis
 
@@ -123,6 +124,50 @@ def normalise(scores: Array, mask: Array | None, leaky_relu: float | None, norma
     return scores if mask is None else lib.where(allowed_mask(mask), scores, 0.0)
 
 
+#: The dtypes torch's fused attention kernels take, by device type (``None``: any other device).
+_FUSED_DTYPES = {"cpu": ("float16", "bfloat16", "float32", "float64"), "cuda": ("float16", "bfloat16", "float32")}
+
+
+def fused_width(device: str, dtype: str, width: int) -> int | None:
+    r"""The head width at which torch's fused attention takes keys, queries and values of width up to ``width``.
+
+    ``None`` where no fused kernel applies: ``scaled_dot_product_attention`` then runs its math
+    kernel, which stores every score (:math:`M\times N` per head and instance).  Keys and queries
+    widened by zero columns keep their dot products, values widened likewise give outputs whose
+    first columns are the originals, so the width returned serves all three.  torch 2.13 asks
+    (``aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`` and ``cuda/sdp_utils.cpp``):
+
+    * CPU, flash attention: q, k and v of one width and one dtype among float16, bfloat16,
+      float32, float64; a mask of 2 or 4 dimensions, each the scores' or 1; no dropout;
+      the last dimension contiguous.  Gradients are allowed.
+    * CUDA, flash attention: float16 or bfloat16, one width up to 256, no mask; or
+      memory-efficient attention: float16, bfloat16 or float32, key and query widths equal,
+      every width a multiple of 8 (16-bit) or 4 (float32, sm80 and later), masks allowed
+      (last dimension contiguous).  No kernel takes float64.
+    * Any other device: none is known to apply.
+
+    Examples
+    --------
+    >>> fused_width("cpu", "float64", 5), fused_width("cuda:0", "float32", 5), fused_width("cuda:0", "float64", 5)
+    (5, 8, None)
+    """
+    kind = device.split(":")[0]
+    if dtype not in _FUSED_DTYPES.get(kind, ()):
+        return None
+    return width if kind == "cpu" else -(-width // 8) * 8
+
+
+def _padded(a: Array, width: int) -> Array:
+    """``a`` with zero columns appended to its last axis up to ``width``."""
+    extra = width - int(a.shape[-1])
+    return a if extra == 0 else concatenate([a, zeros((*a.shape[:-1], extra), like=a)], -1)
+
+
+def _as_4d(a: Array) -> Array:
+    """``a`` (2-D to 4-D) with leading axes of size 1 up to 4 dimensions (a view)."""
+    return a.reshape((1,) * (4 - a.ndim) + tuple(int(s) for s in a.shape))
+
+
 class AttentionBasis(Basis):
     r"""Softmax attention :math:`A_{bk} = \mathrm{softmax}_m(\mathrm{mask}(a(x_b, z_b; \Xi_k)))`, ``(B, K, M, N)``.
 
@@ -133,8 +178,12 @@ class AttentionBasis(Basis):
     ``"sdpa"``: keys, queries and :math:`x\Theta_k` (or :math:`xU_k` for a
     :class:`~structconv.LowRank` parameter) by GEMMs, then
     ``torch.nn.functional.scaled_dot_product_attention``, which never stores the :math:`M\times N`
-    weights.  Both paths compute the same :math:`\sum_k A_k^\top x\Theta_k`.  Build it with
-    :func:`~structconv.attention_basis`.
+    weights.  Keys, queries and values are widened by zero columns to the one width torch's fused
+    kernels need (:func:`~structconv.bases.attention.fused_width`), the mask is given in a layout
+    they take, and a column with no allowed input attends to all of them and is zeroed after;
+    where no fused kernel takes the dtype on the device (float64 on CUDA), the order's cost
+    counts the scores torch's math kernel stores.  Both paths compute the same
+    :math:`\sum_k A_k^\top x\Theta_k`.  Build it with :func:`~structconv.attention_basis`.
     """
 
     __slots__ = ("_depth", "_heads", "_leaky_relu", "_mask", "_normalize", "_projections", "_scores", "_x", "_z")
@@ -227,7 +276,18 @@ class AttentionBasis(Basis):
         return self.weights().to(device, dtype)
 
     def plan_key(self) -> tuple[Any, ...]:
-        return (type(self).__name__, self.shape, tuple(self.own_orders()), self._depth, self._projections is None)
+        # The fused order's cost depends on the kernel torch picks (dtype, device) and on the mask.
+        mask = None if self._mask is None else tuple(int(s) for s in self._mask.shape)
+        placement = (dtype_name(self._x), self.device)
+        return (
+            type(self).__name__,
+            self.shape,
+            tuple(self.own_orders()),
+            self._depth,
+            self._projections is None,
+            mask,
+            placement,
+        )
 
     def _score_cost(self, batch: int) -> Cost:
         B, K, M, N = self.shape
@@ -263,24 +323,55 @@ class AttentionBasis(Basis):
         )
         return _ATTENTION_ORDERS if fused else NO_ORDERS
 
-    def _sdpa(self, values: Array) -> Array | None:
-        r"""Per-head outputs :math:`A_k^\top v_k`, ``(B, K, N, R)``, or ``None`` if a column is fully masked."""
+    def _kernel_width(self, width: int) -> int | None:
+        """The common width of keys, queries and values of width up to ``width`` (:func:`fused_width`)."""
+        return fused_width(self.device, dtype_name(self._x), max(self._depth, width))
+
+    def _projected(self, width: int | None) -> Projections:
+        """The projections, their keys and queries widened by zero columns to ``width``."""
         mech = self._projections
         assert mech is not None  # only the fused order runs this
-        allowed = None
-        if self.mask is not None:
-            allowed = allowed_mask(self.mask)
-            if not bool(allowed.any(-2).all()):  # the fused kernel gives NaN there; the dense path zeros
-                return None
-            allowed = allowed.swapaxes(-1, -2)  # the kernel's layout is [query, key]
-        keys, queries = mech(self._x, self._z)
-        out: Array = of(values).attention(queries, keys, values, allowed, mech.scale)
-        return out
+        if width is None or width == self._depth:
+            return mech
+        kb, qb = (None if b is None else _padded(b, width) for b in (mech.key_bias, mech.query_bias))
+        return Projections(_padded(mech.key, width), _padded(mech.query, width), kb, qb, mech.scale)
 
-    def _fused(self, x: Array, value: Array) -> Array | None:
+    def _sdpa(self, mech: Projections, values: Array) -> Array:
+        r"""Per-head outputs :math:`A_k^\top v_k`, ``(B, K, N, R)``, through the backend's fused kernel."""
+        keys, queries = mech(self._x, self._z)
+        if keys.dtype != values.dtype:  # under autocast a float32 bias promotes them; the kernel needs one dtype
+            xp = namespace(values)
+            keys, queries = xp.astype(keys, values.dtype), xp.astype(queries, values.dtype)
+        if self.mask is None:
+            heads: Array = of(values).attention(queries, keys, values, None, mech.scale)
+            return heads
+        lib = of(values).native()
+        allowed = allowed_mask(self.mask)
+        # A column that may attend to nothing is 0 on every other path; the fused kernel would give
+        # NaN there, so it attends to every input instead and its output is zeroed afterwards.
+        empty = ~namespace(allowed).any(allowed, axis=-2, keepdims=True)
+        # The kernel's layout is [query, key], in memory too (CUDA's memory-efficient kernel wants the
+        # last axis contiguous), and torch's CPU kernel takes 2-D or 4-D masks only.
+        allowed = lib.logical_or(allowed, empty).swapaxes(-1, -2)
+        allowed = _as_4d(allowed.reshape(-1).reshape(tuple(int(s) for s in allowed.shape)))
+        heads = of(values).attention(queries, keys, values, allowed, mech.scale)
+        return lib.where(_as_4d(empty.swapaxes(-1, -2)), 0.0, heads)
+
+    def _attend(self, x: Array, value: Array) -> Array:
+        """Per-head outputs ``(B, K, N, R)`` of the values :math:`x V_k`, at the kernel's width."""
+        R = int(value.shape[2])
+        width = self._kernel_width(R)
+        mech = self._projected(width)
+        if width is not None and width != R:
+            value = _padded(value, width)
+        heads = self._fused(mech, x, value)
+        if heads is None:
+            heads = self._sdpa(mech, x_theta(x, value))
+        return heads if int(heads.shape[-1]) == R else heads[..., :R]
+
+    def _fused(self, mech: Projections, x: Array, value: Array) -> Array | None:
         """Self-attention without a mask: keys, queries and values from one GEMM, then the fused kernel."""
-        mech = self._projections
-        if mech is None or self.mask is not None or x is not self._x or self._z is not self._x:
+        if self.mask is not None or x is not self._x or self._z is not self._x:
             return None
         B, M, P = (int(s) for s in x.shape)
         K, _, D = (int(s) for s in mech.key.shape)
@@ -301,19 +392,11 @@ class AttentionBasis(Basis):
         return heads
 
     def _run_sdpa(self, x: Array, theta: Array) -> Array:
-        heads = self._fused(x, theta)
-        if heads is None:
-            heads = self._sdpa(x_theta(x, theta))
-        if heads is None:
-            return self.apply_members(x_theta(x, theta), reduce=True)
-        return heads.sum(1)
+        heads: Array = self._attend(x, theta).sum(1)
+        return heads
 
     def _run_sdpa_factored(self, x: Array, value: Array, out: Array) -> Array:
-        heads = self._fused(x, value)
-        if heads is None:
-            heads = self._sdpa(x_theta(x, value))
-        if heads is None:
-            heads = self.apply_members(x_theta(x, value), reduce=False)
+        heads = self._attend(x, value)
         B, K, N, R = (int(s) for s in heads.shape)
         wide = out.swapaxes(1, 2).reshape(K * R, int(out.shape[1]))  # (K, Q, R) -> (K R, Q)
         y: Array = heads.swapaxes(1, 2).reshape(B, N, K * R) @ wide
@@ -323,12 +406,18 @@ class AttentionBasis(Basis):
         return self._cost_sdpa_factored(batch, p, q, q)
 
     def _cost_sdpa_factored(self, batch: int, p: int, q: int, rank: int) -> Cost:
+        r"""Projections, attention and the output map; :math:`M\times N` memory where no fused kernel applies."""
         B, K, M, N = self.shape
-        D = self._depth
-        project = 2.0 * B * K * ((M + N) * p * D + M * p * rank)
-        attend = 4.0 * B * K * M * N * max(D, rank)
+        width = self._kernel_width(rank)
+        dk, dv = (self._depth, rank) if width is None else (width, width)  # widths of keys and values
+        project = 2.0 * B * K * ((M + N) * dk + M * dv) * p
         mix = 2.0 * B * N * K * rank * q
-        return Cost(project + attend + mix, float(B * K * ((M + N) * D + M * rank + N * rank) + B * N * q))
+        written = B * K * ((M + N) * dk + (M + N) * dv) + B * N * q
+        if self._mask is not None:  # a boolean copy of it, and the kernel's additive copy
+            written += 2 * math.prod(int(s) for s in self._mask.shape)
+        if width is None:  # the math kernel: every score, then every weight, stored
+            return Cost(project + 2.0 * B * K * M * N * (self._depth + rank) + mix, written + 2.0 * B * K * M * N)
+        return Cost(project + 4.0 * B * K * M * N * width + mix, float(written))
 
 
 _ATTENTION_ORDERS: Mapping[str, OwnOrder] = MappingProxyType(

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from ..backend.torch_autocast import check_input_dtype
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 from ..engine.contract import conv
@@ -231,6 +232,8 @@ class MultiHeadSelfAttention(nn.Module):
         batched, q, k, v, key_padding_mask = checked_inputs(
             self, query, key, value, key_padding_mask, attn_mask, is_causal
         )
+        for name, t in (("query", q), ("key", k), ("value", v)):
+            check_input_dtype(t, self.out_proj.weight, _NAME, name)
         B, L, S = int(q.shape[0]), int(q.shape[1]), int(k.shape[1])
         causal = is_causal and key_padding_mask is None and not need_weights
         n_heads, e, device = self.num_heads, self._extras, self.out_proj.weight.device

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from ..backend.torch_autocast import autocast_dtype, autocast_off
+from ..backend.torch_autocast import autocast_dtype, autocast_off, check_input_dtype
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
@@ -240,6 +240,7 @@ class PositionalAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attend over the grid positions of ``x``."""
         flat = self._flat(x)
+        check_input_dtype(flat, self.theta if self.head_dim is None else self.value, type(self).__name__)
         heads = self.basis(flat)
         basis = self.dropped(heads, int(flat.shape[0]))
         # Heads dropped out per image are stored for the x-Theta-first order's batched GEMM, which

@@ -21,10 +21,9 @@ A column with no allowed entry is all zeros (it attends to nothing), never ``NaN
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
-
-from ..backend import Array, einsum, namespace, shape_str, zeros
+from ..backend import Array, device_of, dtype_name, einsum, find, is_floating, namespace, of, shape_str, zeros
 from ..backend.checks import check_array
 from ..bases.attention import AttentionBasis, Projections, allowed_mask, masked_softmax
 
@@ -285,8 +284,11 @@ def attention_basis(
         A :class:`Mechanism`, e.g. :class:`BiAffine` (its heads are the members), a
         relative-position mechanism from :mod:`structconv.structures.positional`, or a sum of them.
     mask
-        Boolean (``True`` = may attend) or additive :math:`\{-\infty, 0\}`, broadcastable to
-        ``(B, K, M, N)`` (e.g. ``(M, N)`` for a graph or a causal order).
+        Boolean (``True`` = may attend) or floating additive (only :math:`-\infty` = masked and
+        0 = allowed), on the backend and device of ``x``, of shape ``(M, N)``, ``(K, M, N)`` or
+        ``(B, K, M, N)`` where any dimension may be 1 instead (it is broadcast): e.g. ``(M, N)``
+        for a graph or a causal order, ``(B, 1, M, 1)`` for padded inputs.  It may not enlarge
+        the scores (a batch of 3 for a ``x`` of batch 1 is an error).
     leaky_relu
         Negative slope of a LeakyReLU applied to the scores before masking (GAT), or ``None``.
     normalize
@@ -322,20 +324,33 @@ def attention_basis(
         mechanism.check_inputs(x3, z3)
     shape = (int(x3.shape[0]), mechanism.heads, int(x3.shape[1]), int(z3.shape[1]))
     if mask is not None:
-        _check_mask(mask, shape)
+        _check_mask(mask, x3, shape)
     if isinstance(mechanism, BiAffine) and mechanism.transformer:
         return AttentionBasis(x3, z3, mechanism.projector(), mask, leaky_relu, normalize)
     return AttentionBasis(x3, z3, mechanism.scores(x3, z3), mask, leaky_relu, normalize)
 
 
-def _check_mask(mask: Array, shape: tuple[int, ...]) -> None:
-    if not hasattr(mask, "dtype"):  # a NumPy array or a tensor
-        raise TypeError(f"mask must be an array or tensor, got {type(mask).__name__}")
-    try:
-        np.broadcast_shapes(tuple(int(s) for s in mask.shape), shape)
-    except ValueError as err:
+def _check_mask(mask: object, x: Array, shape: tuple[int, ...]) -> None:
+    """Raise a ``TypeError`` or ``ValueError`` naming ``mask`` unless it is a mask of the scores ``shape``."""
+    expected = "(M, N), (K, M, N) or (B, K, M, N), each dimension that of the scores or 1"
+    if find(mask) is None:
+        raise TypeError(f"mask must be a numpy.ndarray or a torch.Tensor (like x), got {type(mask).__name__}")
+    arr: Any = mask
+    if of(arr).name != of(x).name:
+        raise TypeError(f"mask is a {of(arr).name} array but x is a {of(x).name} array; give the mask on x's backend")
+    if device_of(arr) != device_of(x):
+        raise ValueError(f"mask is on device {device_of(arr)} but x is on {device_of(x)}; move the mask")
+    got = tuple(int(s) for s in arr.shape)
+    if not 2 <= len(got) <= 4:
+        raise ValueError(f"mask must have 2 to 4 dimensions, got shape {shape_str(got)}; expected {expected}")
+    if any(g not in (1, want) for g, want in zip(got, shape[-len(got) :], strict=True)):
         raise ValueError(
-            f"mask of shape {shape_str(tuple(mask.shape))} does not broadcast to the scores "
-            f"{shape_str(shape)} (B, K, M, N)"
-        ) from err
-    allowed_mask(mask)
+            f"mask of shape {shape_str(got)} does not broadcast to the scores {shape_str(shape)} (B, K, M, N) "
+            f"without enlarging them; expected {expected}"
+        )
+    if not (dtype_name(arr) == "bool" or is_floating(arr)):
+        raise TypeError(
+            f"mask must be boolean (True = may attend) or floating (additive: -inf = masked, 0 = allowed), "
+            f"got dtype {dtype_name(arr)}"
+        )
+    allowed_mask(arr)

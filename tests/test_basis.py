@@ -101,3 +101,120 @@ def test_sparse_layouts_are_not_cached_when_values_require_grad():
         conv(basis, x, torch.ones(1, 1, 1)).sum().backward()
     assert values.grad is not None
     assert values.grad.tolist() == [2.0, 2.0]
+
+
+# --- inputs refused rather than silently changed ----------------------------------------------------
+_ONE_ENTRY = (np.array([[0], [0], [0]]), np.array([1.0]))
+
+
+@pytest.mark.parametrize("size", [2.5, 2.0, np.float64(2.0), True, np.bool_(True), "2"])
+def test_sparse_shape_refuses_sizes_that_are_not_integers(size):
+    with pytest.raises(TypeError, match=r"shape must hold integer sizes, got .* in \(1, "):
+        SparseBasis(*_ONE_ENTRY, (1, size, 2))
+
+
+@pytest.mark.parametrize("shape", [(1, np.int64(2), 2), torch.Size([1, 2, 2]), (1, torch.tensor(2), 2)])
+def test_sparse_shape_accepts_integers_of_any_kind(shape):
+    assert SparseBasis(*_ONE_ENTRY, shape).shape == (1, 2, 2)
+
+
+COMPLEX_BASES = {
+    "sparse values": lambda: SparseBasis(np.array([[0], [0], [0]]), np.array([1.0 + 1j]), (1, 2, 2)),
+    "sparse from torch": lambda: SparseBasis.from_torch(torch.ones(1, 2, 2, dtype=torch.complex64).to_sparse()),
+    "sparse from scipy": lambda: SparseBasis.from_scipy([scipy.sparse.csr_array(np.eye(2) * (1 + 1j))]),
+    "dense numpy": lambda: DenseBasis(np.ones((1, 2, 2)) * 1j),
+    "dense torch": lambda: as_basis(torch.ones(1, 2, 2, dtype=torch.complex128)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMPLEX_BASES))
+def test_bases_refuse_complex_entries(case):
+    with pytest.raises(TypeError, match=r"matrices must hold real numbers|must hold floating-point numbers"):
+        COMPLEX_BASES[case]()
+
+
+_EDGE_INDEX = np.array([[0, 1, 2], [1, 2, 0]])
+COMPLEX_GRAPHS = {
+    "edge_weight numpy": ({"edge_weight": np.ones(3) * (1 + 1j)}, "edge_weight"),
+    "edge_weight torch": ({"edge_weight": torch.ones(3, dtype=torch.complex64)}, "edge_weight"),
+    "edge_weight numpy, like torch": ({"edge_weight": np.ones(3) * 1j, "like": torch.zeros(1)}, "edge_weight"),
+    "edge_weight list": ({"edge_weight": [1 + 1j, 1.0, 1.0]}, "edge_weight"),
+    "like": ({"like": torch.zeros(1, dtype=torch.complex64)}, "like"),
+    "dense numpy": ({"graph": np.eye(3) * (1 + 1j)}, "graph"),
+    "dense torch": ({"graph": torch.eye(3, dtype=torch.complex64)}, "graph"),
+    "torch sparse": ({"graph": torch.eye(3, dtype=torch.complex64).to_sparse()}, "graph"),
+    "scipy.sparse": ({"graph": scipy.sparse.csr_array(np.eye(3) * (1 + 1j))}, "graph"),
+}
+
+
+@pytest.mark.parametrize("builder", ["gcn", "powers", "adjacency"])
+@pytest.mark.parametrize("case", sorted(COMPLEX_GRAPHS))
+def test_graph_builders_refuse_complex_weights_instead_of_dropping_the_imaginary_part(case, builder):
+    from structconv import gcn_basis, graph_basis
+
+    given, name = COMPLEX_GRAPHS[case]
+    kwargs = dict(given)
+    graph = kwargs.pop("graph", _EDGE_INDEX)
+    with pytest.raises(TypeError, match=f"^{name} must hold real numbers, got .*imaginary part would be lost"):
+        gcn_basis(graph, **kwargs) if builder == "gcn" else graph_basis(graph, builder, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["gcn", "powers", "chebyshev", "diffusion", "adjacency"])
+def test_graph_builders_refuse_an_implausible_inferred_node_count_before_allocating(kind):
+    from structconv import gcn_basis, graph_basis
+
+    stray = np.array([[0, 1, 2**40], [1, 2, 0]])
+    message = r"refers to node 1099511627776, so the graph would have 1099511627777 nodes for only 3 edges \(8\.8e\+03"
+    with pytest.raises(ValueError, match=message):
+        graph_basis(stray, kind, K=2)
+    with pytest.raises(ValueError, match=message):
+        gcn_basis(torch.from_numpy(stray))
+    with pytest.raises(ValueError, match=r"refers to node 1099511627776 but num_nodes=3"):
+        graph_basis(stray, kind, K=2, num_nodes=3)
+
+
+def test_an_inferred_node_count_with_isolated_nodes_is_still_accepted():
+    from structconv import gcn_basis
+
+    assert gcn_basis(np.array([[0], [100_000]])).shape == (1, 100_001, 100_001)  # under the floor of 2**20
+    assert gcn_basis(np.array([[0, 1], [2**21, 1]]), num_nodes=2**21 + 1).N == 2**21 + 1  # given: as meant
+
+
+@pytest.mark.parametrize("num_nodes", [2**40, 10**10, 2**64])
+def test_a_given_node_count_beyond_int64_positions_is_refused_before_allocating(num_nodes):
+    from structconv import gcn_basis
+
+    with pytest.raises(ValueError, match=f"num_nodes={num_nodes} is too large: an adjacency of {num_nodes} x"):
+        gcn_basis(_EDGE_INDEX, num_nodes=num_nodes)
+    with pytest.raises(ValueError, match=r"shape \(1, 1099511627776, 1099511627776\) has 1208925819614629174706176"):
+        SparseBasis(*_ONE_ENTRY, (1, 2**40, 2**40))
+    assert SparseBasis(*_ONE_ENTRY, (1, 2**20, 2**20)).nnz == 1  # 2**40 entries, held lazily: fine
+
+
+def test_from_scipy_names_a_matrix_that_is_not_scipy_sparse():
+    with pytest.raises(TypeError, match=r"matrices must be scipy\.sparse matrices, but matrix 1 is a list"):
+        SparseBasis.from_scipy([scipy.sparse.eye_array(2), [[1.0, 0.0], [0.0, 1.0]]])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_a_scipy_graph_keeps_its_floating_dtype(dtype):
+    from structconv import gcn_basis
+
+    adjacency = scipy.sparse.csr_array(np.ones((3, 3), dtype=dtype))
+    assert gcn_basis(adjacency).dtype == (np.float64 if dtype is np.int64 else dtype)
+
+
+@pytest.mark.parametrize("lambda_max", [float("inf"), float("nan"), 0.0, -1.0])
+def test_chebyshev_refuses_a_lambda_max_that_is_not_positive_and_finite(lambda_max):
+    from structconv import graph_basis
+
+    with pytest.raises(ValueError, match=r"lambda_max must be a positive number \(finite\)"):
+        graph_basis(_EDGE_INDEX, "chebyshev", K=2, lambda_max=lambda_max)
+
+
+@pytest.mark.parametrize("num_targets", [2.5, True, -1, "3"])
+def test_a_bipartite_target_count_must_be_an_integer(num_targets):
+    from structconv.structures.edge_list import as_edges
+
+    with pytest.raises(ValueError, match=f"num_targets must be a non-negative integer, got {num_targets!r}"):
+        as_edges(_EDGE_INDEX, 3, num_targets=num_targets)

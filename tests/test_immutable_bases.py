@@ -15,8 +15,11 @@ its cache.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
+import io
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -250,3 +253,65 @@ def test_public_attributes_cannot_be_reassigned(kind: str) -> None:
     for name in names:
         with pytest.raises((dataclasses.FrozenInstanceError, AttributeError)):
             setattr(basis, name, getattr(basis, name))
+
+
+def _concrete_bases() -> set[type]:
+    def below(klass: type) -> set[type]:
+        found = set()
+        for sub in klass.__subclasses__():
+            found |= {sub} | below(sub)
+        return found
+
+    return {k for k in below(sc.Basis) if not k.__abstractmethods__}
+
+
+def test_every_representation_is_among_the_kinds() -> None:
+    built = {type(build(np.asarray)) for build in KINDS.values()}
+    assert _concrete_bases() <= built, sorted(k.__name__ for k in _concrete_bases() - built)
+
+
+def _round_trips() -> dict[str, Callable[[Any], Any]]:
+    def torch_save(basis: Any) -> Any:
+        buffer = io.BytesIO()
+        torch.save(basis, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=False)
+
+    return {
+        "deepcopy": copy.deepcopy,
+        "copy": copy.copy,
+        "pickle": lambda basis: pickle.loads(pickle.dumps(basis)),
+        "torch.save": torch_save,
+    }
+
+
+@pytest.mark.parametrize("how", sorted(_round_trips()))
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_used_basis_copies_and_pickles_to_an_equal_value(kind: str, backend: str, how: str) -> None:
+    """Its derived caches (sparse CSR products, autograd sums) are dropped by the copy, then rebuilt."""
+    cv = BACKENDS[backend]
+    basis = KINDS[kind](cv)
+    x = cv(np.random.default_rng(2).normal(size=(basis.batch or 2, basis.M, 3)))
+    theta = _parameters(basis, cv)[0]
+    with torch.no_grad():
+        expected = {c.order: sc.conv(basis, x, theta, order=c.order) for c in sc.explain(basis, x, theta).candidates}
+    twin = _round_trips()[how](basis)
+    assert type(twin) is type(basis) and twin.shape == basis.shape
+    if how != "copy":  # a shallow copy shares the arrays, and may share what is derived from them
+        assert not {id(c) for c in _caches(basis)} & {id(c) for c in _caches(twin)}
+    np.testing.assert_array_equal(to_numpy(twin.to_dense()), to_numpy(basis.to_dense()))
+    with torch.no_grad():
+        for order, y in expected.items():
+            np.testing.assert_array_equal(to_numpy(sc.conv(twin, x, theta, order=order)), to_numpy(y), err_msg=order)
+
+
+def test_a_copied_differentiable_sparse_basis_keeps_its_gradient_path() -> None:
+    values = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    basis = sc.SparseBasis(torch.tensor([[0, 0, 0], [1, 0, 1], [0, 1, 0]]), values, (1, 2, 2))
+    assert basis.nnz == 2  # the repeated entry is summed under autograd: a non-leaf kept in the cache
+    x = torch.ones(1, 2, 1, dtype=torch.float64)
+    twin = copy.deepcopy(basis)
+    twin_values = twin._values
+    sc.conv(twin, x, torch.ones(1, 1, 1, dtype=torch.float64)).sum().backward()
+    assert twin_values.grad is not None and values.grad is None

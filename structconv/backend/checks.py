@@ -28,7 +28,9 @@ def check_array(a: object, arg: str, ranks: tuple[int, ...], names: tuple[str, .
 
 
 def check_finite(a: Array, arg: str) -> None:
-    """Raise if ``a`` holds NaN or infinite values."""
+    """Raise if ``a`` holds NaN or infinite values (or, on the ``meta`` device, no values at all)."""
+    if device_of(a) == "meta":
+        raise ValueError(f"{arg} is on the meta device: it holds no values to check")
     if not all_finite(a):
         raise ValueError(f"{arg} contains non-finite values (NaN or inf)")
 

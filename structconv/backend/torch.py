@@ -109,7 +109,7 @@ class TorchBackend(Backend):
             warnings.simplefilter("ignore", UserWarning)
             prod = torch.sparse.mm(lhs, rhs).coalesce()
         rows, cols = prod.indices()
-        return rows, cols, prod.values()
+        return rows, cols, prod.values().clone()  # a view of a sparse base breaks torch.compile
 
     def dense_gemms(self, order: str, a: Array, x: Array, theta: Array) -> Array | None:
         r"""Plain GEMMs over the whole batch, nothing broadcast against it.
@@ -176,7 +176,7 @@ class TorchBackend(Backend):
     def coordinates(self, a: Array) -> tuple[Array, Array, tuple[int, ...]]:
         if a.layout != torch.strided:
             coo = a.to_sparse_coo().coalesce()
-            return coo.indices(), coo.values(), tuple(int(s) for s in coo.shape)
+            return coo.indices(), coo.values().clone(), tuple(int(s) for s in coo.shape)
         index = a.nonzero().T
         return index, a[tuple(index)], tuple(int(s) for s in a.shape)
 
@@ -217,7 +217,8 @@ class TorchBackend(Backend):
         out = []
         for d in degrees:
             part = mats[d].coalesce()
-            out.append((part.indices()[0], part.indices()[1], part.values()))
+            # values() is a view of the sparse tensor, which torch.compile cannot carry across a graph break
+            out.append((part.indices()[0], part.indices()[1], part.values().clone()))
         return out
 
     # --- structures: attention and positions ----------------------------------------------------

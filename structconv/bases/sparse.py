@@ -12,6 +12,7 @@ it, so nothing derived can go stale or pass from one basis to another.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +21,9 @@ import numpy as np
 from ..backend import Array, as_index, concatenate, device_of, einsum, find, namespace, of, shape_str, sparse_matrix
 from ..backend.checks import check_finite
 from .base import Basis, Cost
+
+#: The most entries (dense positions) a basis may span: each entry's position is an int64.
+MAX_ENTRIES = 2**63 - 1
 
 #: Overheads of :meth:`SparseBasis.apply_combined`, in sparse-kernel flops (see its cost).
 _COMBINED_FIXED = 1.0e6
@@ -54,9 +58,13 @@ class SparseBasis(Basis):
     representation = "sparse"
 
     def __init__(self, indices: Array, values: Array, shape: Sequence[int]) -> None:
-        shape = tuple(int(s) for s in shape)
+        shape = _sizes(shape)
         if len(shape) not in (3, 4) or any(s <= 0 for s in shape):
             raise ValueError(f"shape must be (K, M, N) or (B, K, M, N) with positive sizes, got {shape_str(shape)}")
+        if math.prod(shape) > MAX_ENTRIES:  # sorting and to_dense number the entries in int64
+            raise ValueError(
+                f"shape {shape_str(shape)} has {math.prod(shape)} entries, more than int64 can number ({MAX_ENTRIES})"
+            )
         backend = of(values, "values")
         if values.ndim != 1:
             raise ValueError(f"values must have shape (nnz,), got {shape_str(tuple(values.shape))}")
@@ -124,6 +132,9 @@ class SparseBasis(Basis):
 
         if not matrices:
             raise ValueError("matrices must hold at least one scipy.sparse matrix")
+        for k, mat in enumerate(matrices):
+            if not scipy.sparse.issparse(mat):
+                raise TypeError(f"matrices must be scipy.sparse matrices, but matrix {k} is a {type(mat).__name__}")
         shapes = {tuple(m.shape) for m in matrices}
         if len(shapes) != 1:
             raise ValueError(f"matrices must all have the same shape (M, N), got {sorted(shapes)}")
@@ -131,6 +142,8 @@ class SparseBasis(Basis):
         ks, ms, ns, vs = [], [], [], []
         for k, mat in enumerate(matrices):
             coo = scipy.sparse.coo_array(mat)
+            if np.iscomplexobj(coo.data):  # the float64 cast below would drop the imaginary part
+                raise TypeError(f"matrices must hold real numbers, but matrix {k} has dtype {coo.data.dtype}")
             ks.append(np.full(coo.nnz, k))
             ms.append(coo.row)
             ns.append(coo.col)
@@ -329,6 +342,15 @@ class Derived:
     def __contains__(self, name: str) -> bool:
         return name in self._items
 
+    def __reduce__(self) -> tuple[type[Derived], tuple[()]]:
+        """Copies (``copy``, ``deepcopy``) and pickles of a cache are empty caches.
+
+        What is derived is rebuilt on first use, so nothing is lost; and copying it could not
+        work anyway: torch cannot deepcopy sparse CSR tensors, nor tensors computed under
+        autograd (the coalesced values of a differentiable basis).
+        """
+        return (Derived, ())
+
     def get(self, name: str, build: Callable[[], Any], keep: bool = True) -> Any:
         """The value named ``name``, built by ``build()`` on first use (and kept if ``keep``)."""
         found = self._items.get(name)
@@ -337,6 +359,19 @@ class Derived:
             if keep:
                 self._items[name] = found
         return found
+
+
+def _sizes(shape: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` as Python ints, refusing what ``int()`` would truncate (2.5) or misread (``True``)."""
+    sizes = []
+    for s in shape:
+        if isinstance(s, bool | np.bool_):
+            raise TypeError(f"shape must hold integer sizes, got {s!r} in {tuple(shape)!r}")
+        try:
+            sizes.append(operator.index(s))  # ints, NumPy integers, integer 0-d tensors; not floats
+        except TypeError:
+            raise TypeError(f"shape must hold integer sizes, got {s!r} in {tuple(shape)!r}") from None
+    return tuple(sizes)
 
 
 def _batch_first(a: Array, K: int, N: int, B: int, C: int) -> Array:

@@ -40,7 +40,9 @@ class ChebConv(_GraphLayer):
         if (
             lambda_max is not None
             and lambda_max != "auto"
-            and (isinstance(lambda_max, bool) or not isinstance(lambda_max, int | float) or lambda_max <= 0)
+            and (
+                isinstance(lambda_max, bool) or not isinstance(lambda_max, int | float) or not 0 < lambda_max < math.inf
+            )
         ):
             raise ValueError(f"ChebConv: lambda_max must be a positive number, 'auto' or None, got {lambda_max!r}")
         super().__init__(in_channels, out_channels, K, bias, "source_to_target")

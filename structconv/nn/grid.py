@@ -35,6 +35,7 @@ from ..bases.grid import GridBasis, Size, _ints
 from ..engine.contract import conv, explain
 from ..structures.grid import Padding, _padding, grid_basis
 from ._grid_common import BasisCache, split_input
+from ._module import NotScriptable
 
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "zero", "replicate": "zero"}
 _FRAMED = ("reflect", "replicate")  # framed explicitly by F.pad, then a basis with no padding
@@ -75,7 +76,7 @@ class _Entry:
         return chosen
 
 
-class _GridConvNd(nn.Module):
+class _GridConvNd(NotScriptable, nn.Module):
     _ndim = 0
 
     def __init__(

@@ -16,9 +16,10 @@ from torch import nn
 from ..bases.grid import GridBasis, Size, _ints
 from ..structures.grid import Padding, apply_shifts, avg_pool_basis
 from ._grid_common import BasisCache, split_input
+from ._module import NotScriptable
 
 
-class _AvgPoolNd(nn.Module):
+class _AvgPoolNd(NotScriptable, nn.Module):
     _ndim = 0
 
     def __init__(

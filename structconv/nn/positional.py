@@ -21,12 +21,13 @@ from ..structures.positional import (
     QuadraticPosition,
     RelativeAttention,
 )
+from ._module import NotScriptable
 from .positional_params import ENCODINGS, WIDTHS, _positive_int, check_options, register_encoding
 
 __all__ = ["ENCODINGS", "WIDTHS", "PositionalAttention"]
 
 
-class PositionalAttention(nn.Module):
+class PositionalAttention(NotScriptable, nn.Module):
     r"""Multi-head self-attention over the positions of a grid, :math:`y = \sum_h A_h^\top x\,\Theta_h + \beta`.
 
     The heads :math:`A_h` come from a relative-position encoding (:mod:`structconv.structures.positional`):

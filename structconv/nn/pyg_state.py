@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._module import NotScriptable
+
 
 @dataclass(frozen=True)
 class PyGKey:
@@ -62,7 +64,7 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(s) for s in t.shape)
 
 
-class PyGState(nn.Module):
+class PyGState(NotScriptable, nn.Module):
     """A layer whose parameters :meth:`pyg_keys` relates to PyG's: it loads either ``state_dict``."""
 
     def pyg_keys(self) -> list[PyGKey]:

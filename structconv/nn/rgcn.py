@@ -13,6 +13,7 @@ from ..bases.base import Basis
 from ..bases.factor import Separable
 from ..engine.contract import conv
 from ..structures.graph import as_edges, is_matrix_graph, relational_basis
+from ._module import NotScriptable
 from .graph_common import _features, _pair, _positive, glorot_
 
 
@@ -22,7 +23,7 @@ def _segment_max(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.
     return out.scatter_reduce(0, index[:, None].expand_as(values), values, "amax", include_self=False)
 
 
-class RGCNConv(nn.Module):
+class RGCNConv(NotScriptable, nn.Module):
     r"""Relational graph convolution (Schlichtkrull et al.): one member per relation plus the root.
 
     .. math::

@@ -13,9 +13,10 @@ from ..backend.checks import check_backend
 from ..bases.base import Basis
 from ..bases.convert import as_basis
 from ..engine.contract import conv
+from ._module import NotScriptable
 
 
-class StructConv(nn.Module):
+class StructConv(NotScriptable, nn.Module):
     r"""Convolution :math:`y_b = \sum_k A_k^\top x_b \Theta_k + \beta` over a fixed basis.
 
     Parameters

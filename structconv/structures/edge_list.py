@@ -14,7 +14,7 @@ import numpy as np
 
 from ..backend import REGISTRY, Array, device_of, find, is_integer_array, namespace, of, shape_str
 from ..backend.checks import check_finite
-from ..bases.sparse import SparseBasis
+from ..bases.sparse import MAX_ENTRIES, SparseBasis
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,9 @@ def as_edges(
         the wrong length or non-finite weights, or a non-square adjacency.
     """
     backend = find(graph)
+    _check_real(graph, "graph")
+    _check_real(edge_weight, "edge_weight")
+    _check_real(like, "like")
     if not is_matrix_graph(graph):
         if backend is None:
             raise TypeError(
@@ -135,7 +138,8 @@ def as_edges(
         _check_matrix(shape, expect, num_targets is not None)
         sp = graph.tocoo()
         idx: Any = np.stack([sp.row, sp.col]).astype(np.int64)
-        values: Any = np.asarray(sp.data, dtype=np.float64)
+        floating = np.issubdtype(sp.data.dtype, np.floating)  # integer entries are weights too, in float64
+        values: Any = sp.data if floating else np.asarray(sp.data, dtype=np.float64)
     else:
         if len(shape) != 2 and not backend.is_sparse(graph):
             raise ValueError(
@@ -154,6 +158,18 @@ def as_edges(
     return _from_edge_index(idx, sources, values, like, "graph", num_targets=targets if bipartite else None)
 
 
+def _check_real(a: Any, name: str) -> None:
+    """Refuse complex numbers, whose imaginary part the cast to real weights would drop."""
+    if a is None:
+        return
+    dtype = getattr(a, "dtype", None)  # arrays, torch sparse tensors, scipy.sparse matrices
+    # Every library spells a complex dtype "complex..." (complex128, torch.complex64): one test for all.
+    found = bool(np.iscomplexobj(a)) if dtype is None else "complex" in str(dtype)
+    if found:
+        got = "complex numbers" if dtype is None else f"dtype {dtype}"
+        raise TypeError(f"{name} must hold real numbers, got {got} (the imaginary part would be lost)")
+
+
 def _check_matrix(shape: tuple[int, ...], expect: tuple[int, int] | None, bipartite: bool) -> None:
     if bipartite and expect is not None:
         if shape != expect:
@@ -170,6 +186,28 @@ def _square(shape: tuple[int, ...], num_nodes: int | None) -> None:
         )
     if num_nodes is not None and num_nodes != shape[0]:
         raise ValueError(f"num_nodes={num_nodes} but the adjacency matrix has {shape[0]} rows")
+
+
+#: An inferred node count is accepted up to this many nodes, or :data:`_NODES_PER_EDGE` per edge.
+_INFERRED_NODES = 1 << 20
+_NODES_PER_EDGE = 64
+
+
+def _inferred_nodes(hi: int, edges: int) -> int:
+    """The node count ``hi + 1`` read from an ``edge_index``'s largest node, if it is plausible.
+
+    Every node gets a degree, a self-loop or a row, so one stray node number (``2**40``, say)
+    would allocate terabytes.  A count far beyond what the edges can touch is refused with the
+    memory it would need; ``num_nodes``, when given, is taken as meant.
+    """
+    nodes = hi + 1
+    if nodes > max(_INFERRED_NODES, _NODES_PER_EDGE * edges):
+        raise ValueError(
+            f"edge_index refers to node {hi}, so the graph would have {nodes} nodes for only {edges} edges "
+            f"({8 * nodes / 1e9:.3g} GB for each float64 array over the nodes); pass num_nodes if that many "
+            "nodes are meant, or check edge_index for a stray node number"
+        )
+    return nodes
 
 
 def _reference(*arrays: Any) -> Array:
@@ -204,9 +242,19 @@ def _from_edge_index(
     if num_nodes is None:
         if not E:
             raise ValueError("num_nodes must be given for a graph without edges")
-        num_nodes = hi + 1
+        num_nodes = _inferred_nodes(hi, E)
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int | np.integer) or num_nodes <= 0:
         raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    if num_targets is not None and (
+        isinstance(num_targets, bool) or not isinstance(num_targets, int | np.integer) or num_targets < 0
+    ):
+        raise ValueError(f"num_targets must be a non-negative integer, got {num_targets!r}")
+    targets = int(num_nodes if num_targets is None else num_targets)
+    if int(num_nodes) * targets > MAX_ENTRIES:  # before any array over the nodes is allocated
+        raise ValueError(
+            f"num_nodes={num_nodes} is too large: an adjacency of {num_nodes} x {targets} nodes has more entries "
+            f"than int64 can number ({MAX_ENTRIES})"
+        )
     if num_targets is None:
         if hi >= num_nodes:
             raise ValueError(f"edge_index refers to node {hi} but num_nodes={num_nodes} (nodes are 0..{num_nodes - 1})")

@@ -6,6 +6,8 @@ differentiably in the weights; degrees of isolated nodes give zero weights, neve
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..backend import Array, concatenate, device_of, namespace, of, to_numpy
@@ -157,10 +159,10 @@ def scaled_laplacian(
         lam = 2.0
     elif lambda_max == "auto":
         lam = _largest_eigenvalue(lap)
-    elif isinstance(lambda_max, int | float) and not isinstance(lambda_max, bool) and lambda_max > 0:
+    elif isinstance(lambda_max, int | float) and not isinstance(lambda_max, bool) and 0 < lambda_max < math.inf:
         lam = float(lambda_max)
     else:
-        raise ValueError(f"lambda_max must be a positive number, 'auto' or None, got {lambda_max!r}")
+        raise ValueError(f"lambda_max must be a positive number (finite), 'auto' or None, got {lambda_max!r}")
     scaled = lap.weight * (2.0 / lam)
     is_loop = lap.src == lap.dst
     scaled = namespace(scaled).where(is_loop, scaled - 1.0, scaled)

@@ -10,6 +10,7 @@ runtime failures with 1.
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 import time
 from collections.abc import Sequence
@@ -81,7 +82,7 @@ def _planetoid(args: argparse.Namespace) -> int:
     except FileNotFoundError as err:
         print(f"structconv planetoid: {err}", file=sys.stderr)
         return EXIT_USAGE
-    except ValueError as err:  # a malformed file
+    except (ValueError, pickle.UnpicklingError) as err:  # a malformed, refused or implausibly sized file
         print(f"structconv planetoid: {err}", file=sys.stderr)
         return EXIT_RUNTIME
     print(f"{data!r}; {args.seeds} seeds per model; test accuracy at the best validation epoch", flush=True)

@@ -464,7 +464,7 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path: Path, monkeypat
     monkeypatch.setattr(atomic_module.os, "replace", fail)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(path, {"epoch": 2})
-    assert load_checkpoint(path)["epoch"] == 1
+    assert torch.load(path, weights_only=True)["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
 
 

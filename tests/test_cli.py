@@ -138,6 +138,39 @@ def test_a_bad_number_is_a_usage_error_naming_the_option(
     assert _fails(argv, capsys) == f"{prog}: error: {message}"
 
 
+DEVICES = "--device must be auto, cpu, cuda or cuda:N, got"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["cifar", "train", "--device", "gpu"], f"{DEVICES} 'gpu'; did you mean cuda?"),
+        (["cifar", "train", "--device", "GPU:1"], f"{DEVICES} 'GPU:1'; did you mean cuda:1?"),
+        (["cifar", "eval", "run", "--device", "foo"], f"{DEVICES} 'foo'"),
+        (["cifar", "bench", "--device", "CPU"], f"{DEVICES} 'CPU'; did you mean cpu?"),
+        (["cifar", "demo", "--device", "cuda:x"], f"{DEVICES} 'cuda:x'; did you mean cuda?"),
+    ],
+)
+def test_an_unknown_device_is_a_usage_error_with_the_right_spelling(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _fails(argv, capsys) == f"structconv cifar {argv[1]}: error: {message}"
+
+
+def test_the_device_spellings_torch_knows_are_accepted() -> None:
+    for device in ("auto", "cpu", "cuda", "cuda:0", "cuda:12"):
+        assert build_parser().parse_args(["cifar", "bench", "--device", device]).device == device
+
+
+def test_a_cuda_index_beyond_the_devices_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    index = torch.cuda.device_count()
+    assert main(["cifar", "bench", "--device", f"cuda:{index}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--device cuda:{index}: " in err
+
+
 def test_a_time_limit_of_zero_and_a_seed_of_zero_are_accepted() -> None:
     args = build_parser().parse_args(["cifar", "train", "--time-limit", "0", "--seed", "0"])
     assert args.time_limit == 0.0 and args.seed == 0 and not hasattr(args, "_structconv_parser")

@@ -13,6 +13,12 @@ network: a missing archive is an error that says which file to put where.
 :func:`download_cifar10` fetches the official archive where the network allows (its URL and MD5
 are :data:`OFFICIAL_URL` and :data:`OFFICIAL_MD5`), verifies the checksum and writes the file
 atomically; ``structconv cifar train --download`` calls it when no archive is present.
+
+No size stated in an archive is trusted (:mod:`structconv.data.limits`): a member is refused before
+it is read if its header states more than such a member holds (:data:`MAX_BATCH_BYTES`,
+:data:`MAX_IMAGE_BYTES`), an image's stated dimensions are checked before its pixels are decoded, a
+split may hold no more images than CIFAR-10's, and pixels must be 8-bit and labels integers in
+``[0, 10)``: anything else is refused, never cast.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import io
 import os
 import sys
 import tarfile
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +37,21 @@ from typing import Any
 import numpy as np
 
 from .atomic import atomic_write
-from .unpickle import CORRUPT_PICKLE, RefusedGlobalError, RestrictedUnpickler, numpy_reconstruct
+from .limits import archive_files, read_member, read_npz
+from .unpickle import (
+    CORRUPT_PICKLE,
+    PickledArray,
+    RefusedGlobalError,
+    RefusedObjectError,
+    RestrictedUnpickler,
+    numpy_reconstruct,
+)
 
 __all__ = [
     "CACHE_ENV",
     "CLASSES",
+    "MAX_BATCH_BYTES",
+    "MAX_IMAGE_BYTES",
     "OFFICIAL_MD5",
     "OFFICIAL_URL",
     "Cifar10",
@@ -52,6 +69,16 @@ OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 OFFICIAL_MD5 = "c58f30108f718f92721af3b95e74349a"
 ENV = "STRUCTCONV_DATA"
 CACHE_ENV = "STRUCTCONV_CACHE"
+SPLIT_SIZES = {"train": 50_000, "test": 10_000}
+"""The images of each CIFAR-10 split: no archive may hold more."""
+MAX_BATCH_BYTES = 48 << 20
+"""The most bytes a member ``data_batch_*`` or ``test_batch`` of the official archive may state: a batch
+holds 10,000 images of 3,072 bytes (30.7 MB) with their labels and file names."""
+MAX_IMAGE_BYTES = 1 << 20
+"""The most bytes an image member of a folder archive may state; a 32x32 JPEG or PNG takes a few kB."""
+MAX_MEMBERS = 100_000
+"""The most entries an archive may hold: CIFAR-10's 60,000 images and their folders, with room."""
+_IMAGE_MODES = ("RGB", "L")  # 8 bits per sample, which convert("RGB") copies without a cast
 
 _ADMITTED = {
     ("numpy", "ndarray"): np.ndarray,
@@ -173,52 +200,76 @@ def _open_tar(archive: Path) -> tarfile.TarFile:
         raise ValueError(f"{archive}: not a readable tar archive (truncated or corrupt?): {err}") from err
 
 
-def _members(tar: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
-    """The archive's files; a stream cut short (``EOFError`` from gzip) names the archive."""
-    try:
-        return [m for m in tar.getmembers() if m.isfile()]
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as err:
-        raise ValueError(f"{archive}: the archive ends early or is corrupt (truncated download?): {err}") from err
-
-
 def _unpickle(data: bytes, source: str) -> Any:
     try:
-        return RestrictedUnpickler(io.BytesIO(data), source, _ADMITTED, "numpy arrays", encoding="bytes").load()
-    except RefusedGlobalError:
+        return RestrictedUnpickler(
+            io.BytesIO(data), source, _ADMITTED, "numpy arrays", limit=len(data), encoding="bytes"
+        ).load()
+    except (RefusedGlobalError, RefusedObjectError):
         raise
     except CORRUPT_PICKLE as err:
         raise ValueError(f"{source}: cannot be read as a pickle (truncated or corrupt?): {err}") from err
 
 
+def _batch(raw: bytes, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images ``(N, 32, 32, 3)`` and labels of one official batch: uint8 pixels and integer labels, never cast."""
+    batch = _unpickle(raw, source)
+    if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
+        raise ValueError(f"{source}: expected a dict with b'data' and b'labels'")
+    data, given = batch[b"data"], batch[b"labels"]
+    if not isinstance(data, PickledArray):
+        raise ValueError(f"{source}: expected b'data' to be a numpy array, got {type(data).__name__}")
+    if data.dtype != np.uint8:
+        raise ValueError(f"{source}: pixel data of dtype {data.dtype}; expected uint8 (refused, not cast)")
+    labels = _labels(given, source)
+    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != data.shape[0]:
+        raise ValueError(f"{source}: expected data of shape (N, 3072) and N labels, got {data.shape}")
+    return np.asarray(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
+
+
+def _labels(given: Any, source: str) -> np.ndarray:
+    """The labels of a batch as int64: Python ints or an integer array, each in ``[0, 10)``."""
+    if isinstance(given, PickledArray):
+        if given.dtype.kind not in "iu" or given.ndim != 1:
+            raise ValueError(f"{source}: labels of dtype {given.dtype}; expected integers (refused, not cast)")
+        values = np.asarray(given)
+        bad = np.flatnonzero((values < 0) | (values >= len(CLASSES)))
+        first = values[bad[0]] if bad.size else None
+    elif isinstance(given, list | tuple):
+        # bool is an int subclass, and a float label would be truncated by the cast: both refused.
+        first = next((v for v in given if type(v) is not int or not 0 <= v < len(CLASSES)), None)
+        values = np.asarray(given if first is None else [], dtype=np.int64)
+    else:
+        raise ValueError(f"{source}: expected b'labels' to be a list of integers, got {type(given).__name__}")
+    if first is not None:
+        raise ValueError(f"{source}: label {first!r:.40} is not an integer class index in [0, {len(CLASSES)})")
+    return values.astype(np.int64)
+
+
 def _read_official(archive: Path, split: str) -> Cifar10:
     names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
-    images, labels = [], []
+    batches: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     with _open_tar(archive) as tar:
-        members = {Path(m.name).name: m for m in _members(tar, archive)}
-        for name in names:
-            member = members.get(name)
-            if member is None:
-                raise ValueError(f"{archive}: member {name} is missing (not the official CIFAR-10 python archive?)")
-            try:
-                handle = tar.extractfile(member)
-                raw = handle.read() if handle is not None else b""
-            except (tarfile.TarError, OSError, EOFError, zlib.error) as err:
-                raise ValueError(f"{archive}: member {name} cannot be read (truncated?): {err}") from err
-            batch = _unpickle(raw, f"{archive}:{name}")
-            if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
-                raise ValueError(f"{archive}:{name}: expected a dict with b'data' and b'labels'")
-            data = np.asarray(batch[b"data"], dtype=np.uint8)
-            if data.ndim != 2 or data.shape[1] != 3072 or len(batch[b"labels"]) != data.shape[0]:
-                raise ValueError(f"{archive}:{name}: expected data of shape (N, 3072) and N labels, got {data.shape}")
-            images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-            labels.append(np.asarray(batch[b"labels"], dtype=np.int64))
-    return _checked(np.concatenate(images), np.concatenate(labels), str(archive))
+        # Streamed to the end, reading the wanted members as they pass: a truncated download is found either way.
+        for member in archive_files(tar, archive, MAX_MEMBERS):
+            name = Path(member.name).name
+            if name in names:
+                batches[name] = _batch(read_member(tar, member, archive, MAX_BATCH_BYTES), f"{archive}:{name}")
+    missing = [name for name in names if name not in batches]
+    if missing:
+        raise ValueError(f"{archive}: member {missing[0]} is missing (not the official CIFAR-10 python archive?)")
+    images = np.concatenate([batches[name][0] for name in names])
+    return _checked(images, np.concatenate([batches[name][1] for name in names]), str(archive))
 
 
 def _checked(images: np.ndarray, labels: np.ndarray, source: str) -> Cifar10:
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (32, 32, 3):
+        raise ValueError(f"{source}: expected uint8 images of shape (N, 32, 32, 3), got {images.dtype} {images.shape}")
+    if labels.dtype.kind not in "iu" or labels.shape != images.shape[:1]:
+        raise ValueError(f"{source}: expected {len(images)} integer labels, got {labels.dtype} {labels.shape}")
     if labels.size and (labels.min() < 0 or labels.max() >= len(CLASSES)):
         raise ValueError(f"{source}: labels outside 0..{len(CLASSES) - 1}")
-    return Cifar10(np.ascontiguousarray(images), labels, CLASSES, source)
+    return Cifar10(np.ascontiguousarray(images), labels.astype(np.int64, copy=False), CLASSES, source)
 
 
 _KEY_BYTES = 1 << 20  # the archive's first MiB enters the cache key
@@ -290,41 +341,60 @@ def _cache_path(archive: Path, split: str, cache_dir: str | os.PathLike[str] | N
 def _read_folder_cached(archive: Path, split: str, cache_dir: str | os.PathLike[str] | None) -> Cifar10:
     cache = _cache_path(archive, split, cache_dir)
     if cache.is_file():
-        with np.load(cache, allow_pickle=False) as z:
-            return _checked(z["images"], z["labels"], str(archive))
+        # Read with bounds like the archive: the cache is a file too, and its headers state the shapes.
+        arrays = read_npz(cache, ("images", "labels"), SPLIT_SIZES[split] * 3072 + 4096)
+        return _checked(arrays["images"], arrays["labels"], str(archive))
     data = _read_folder(archive, split)
     with atomic_write(cache) as f:  # a reader never sees a half-written cache
         np.savez(f, images=data.images, labels=data.labels)
     return data
 
 
-def _read_folder(archive: Path, split: str) -> Cifar10:
+def _decode(raw: bytes, source: str) -> np.ndarray:
+    """The ``(32, 32, 3)`` uint8 pixels of an image file, its stated size and depth checked before decoding."""
     from PIL import Image, UnidentifiedImageError
 
-    images, labels = [], []
+    try:
+        with warnings.catch_warnings():
+            # Pillow only warns below twice its pixel limit; a stated size that large is refused either way.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw)) as img:
+                if img.size != (32, 32):
+                    raise ValueError(f"{source}: expected a 32x32 image, but it states {img.width}x{img.height}")
+                # A 16-bit PNG opens as mode RGB and would be cut to 8 bits: its decoder's raw mode tells.
+                raw_modes = [t[3] if isinstance(t[3], str) else t[3][0] if t[3] else "" for t in img.tile]
+                if img.mode not in _IMAGE_MODES or any(m not in _IMAGE_MODES for m in raw_modes):
+                    raise ValueError(
+                        f"{source}: pixels of mode {img.mode} ({', '.join(map(str, raw_modes))}); expected 8-bit RGB "
+                        "or grayscale (refused, not converted)"
+                    )
+                img.load()
+                return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, SyntaxError, EOFError, zlib.error, Image.DecompressionBombError) as err:
+        raise ValueError(f"{source}: not a readable image (truncated or corrupt?): {err}") from err
+    except Image.DecompressionBombWarning as err:
+        raise ValueError(f"{source}: expected a 32x32 image: {err}") from err
+
+
+def _read_folder(archive: Path, split: str) -> Cifar10:
+    found: list[tuple[str, np.ndarray, int]] = []
     with _open_tar(archive) as tar:
-        members = sorted(_members(tar, archive), key=lambda m: m.name)
-        for member in members:
+        for member in archive_files(tar, archive, MAX_MEMBERS):
             parts = Path(member.name).parts
             if len(parts) < 3 or parts[-3] != split or not parts[-1].lower().endswith((".jpg", ".jpeg", ".png")):
                 continue
             label = parts[-2]
             if label not in CLASSES:
                 raise ValueError(f"{archive}:{member.name}: unknown class folder {label!r}; expected one of {CLASSES}")
-            try:
-                handle = tar.extractfile(member)
-                raw = handle.read() if handle is not None else b""
-                with Image.open(io.BytesIO(raw)) as img:
-                    img.load()
-                    array = np.asarray(img.convert("RGB"), dtype=np.uint8)
-            except (UnidentifiedImageError, OSError, SyntaxError, tarfile.TarError, EOFError, zlib.error) as err:
+            if len(found) == SPLIT_SIZES[split]:
                 raise ValueError(
-                    f"{archive}:{member.name}: not a readable image (truncated or corrupt?): {err}"
-                ) from err
-            if array.shape != (32, 32, 3):
-                raise ValueError(f"{archive}:{member.name}: expected a 32x32 RGB image, got {array.shape}")
-            images.append(array)
-            labels.append(CLASSES.index(label))
-    if not images:
+                    f"{archive}: more than {SPLIT_SIZES[split]:,} images under */{split}/; CIFAR-10's {split} split "
+                    f"has {SPLIT_SIZES[split]:,}"
+                )
+            raw = read_member(tar, member, archive, MAX_IMAGE_BYTES)
+            found.append((member.name, _decode(raw, f"{archive}:{member.name}"), CLASSES.index(label)))
+    if not found:
         raise ValueError(f"{archive}: no images under */{split}/<class>/ (not a CIFAR-10 image-folder archive?)")
-    return _checked(np.stack(images), np.asarray(labels, dtype=np.int64), str(archive))
+    found.sort(key=lambda item: item[0])  # read as stored, ordered by path as the cache always has been
+    images = np.stack([image for _, image, _ in found])
+    return _checked(images, np.asarray([label for _, _, label in found], dtype=np.int64), str(archive))

@@ -136,10 +136,15 @@ def load_planetoid(
     FileNotFoundError
         If ``root`` or one of the eight files is missing.
     pickle.UnpicklingError
-        If a pickle names a global outside :data:`ADMITTED_GLOBALS`: nothing it names is run.
+        If a pickle names a global outside :data:`ADMITTED_GLOBALS`: nothing it names is run (the
+        error is a ``ValueError`` too).
     ValueError
         If ``name`` or ``dtype`` is not supported, or a file is malformed: truncated, holding the
-        wrong kind of object, or disagreeing with the others in its row or column counts.
+        wrong kind of object, or disagreeing with the others in its row or column counts; or if a
+        file states an implausible size (an array larger than its file, more listed edges than its
+        file has bytes, a test id far beyond the nodes, a dense feature matrix over
+        :data:`~structconv.data.planetoid_files.MAX_DENSE_VALUES` values), refused before it is
+        allocated.
 
     Notes
     -----
@@ -172,13 +177,14 @@ def load_planetoid(
     graph = read_pickle(paths["graph"], "a dict of adjacency lists")
     test_index = read_test_index(paths["test.index"])
     check_consistent(paths, features, labels, test_index)
+    # Nodes are the allx rows and then the test range, which starts right after them (checked above).
+    num_nodes = int(test_index.max()) + 1
+    src, dst = as_edges(graph, paths["graph"], num_nodes)  # checked before the dense tables are allocated
 
     x, y = _node_tables(features["allx"], features["tx"], labels["ally"], labels["ty"], test_index)
-    num_nodes = x.shape[0]
     if normalize_features:
         sums = x.sum(axis=1, keepdims=True)
         np.divide(x, sums, out=x, where=sums != 0)
-    src, dst = as_edges(graph, paths["graph"], num_nodes)
 
     num_train = labels["y"].shape[0]
     train_mask = torch.zeros(num_nodes, dtype=torch.bool)

@@ -7,24 +7,39 @@ check that the object is what the format says (and rebuild a CSR matrix from che
 the files' row and column counts against each other.  Every failure is a ``ValueError`` naming
 the file (a refused global, a ``pickle.UnpicklingError``); :mod:`structconv.data.planetoid`
 builds the graph from what passes.
+
+No size stated in a file is trusted: an array may hold no more bytes than its file, the adjacency
+lists no more ids than the graph file has bytes, a test id must lie within twice the listed test
+ids of the last ``allx`` row, and the dense feature matrix built from them at most
+:data:`MAX_DENSE_VALUES` values; each is checked before anything of that size is allocated.
 """
 
 from __future__ import annotations
 
 import collections
 import operator
+import os
+import reprlib
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
 
-from .unpickle import CORRUPT_PICKLE, RefusedGlobalError, RestrictedUnpickler, numpy_reconstruct
+from .unpickle import (
+    CORRUPT_PICKLE,
+    PickledArray,
+    RefusedGlobalError,
+    RefusedObjectError,
+    RestrictedUnpickler,
+    numpy_reconstruct,
+)
 
 __all__ = [
     "ADMITTED_GLOBALS",
     "FEATURES",
     "LABELS",
+    "MAX_DENSE_VALUES",
     "NUM_VAL",
     "SUFFIXES",
     "as_edges",
@@ -39,6 +54,10 @@ __all__ = [
 NUM_VAL: Final = 500
 """Size of the standard validation split: the nodes right after the training nodes."""
 
+MAX_DENSE_VALUES: Final = 2**27
+"""The most values (nodes times features) of the dense feature matrix the reader builds: 1 GiB in float64,
+ten times the largest standard split (CiteSeer's 3,327 x 3,703)."""
+
 SUFFIXES: Final = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
 FEATURES: Final = ("x", "tx", "allx")
 LABELS: Final = ("y", "ty", "ally")
@@ -48,22 +67,51 @@ _T = TypeVar("_T")
 
 
 # --- restricted unpickling ------------------------------------------------------------------------
+class _PickledCSR(sp.csr_matrix):  # type: ignore[misc]  # scipy has no type hints
+    """What the unpickler gives for ``csr_matrix``: created empty (``NEWOBJ``) and filled by its state, never called.
+
+    Calling the class with a shape, ``csr_matrix((rows, cols))``, would allocate ``rows + 1`` index
+    pointers for sizes the file states; the format's pickles never call it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RefusedObjectError("scipy.sparse.csr_matrix called with arguments; the format only restores its state")
+
+
+def _empty_list(*args: Any) -> list[Any]:
+    """``list`` as the graph's ``defaultdict`` factory: called without arguments only.
+
+    ``list(iterable)`` would copy an object of the stream into one Python object per element.
+    """
+    if args:
+        raise RefusedObjectError("list called with arguments; the format only uses it as the graph's default factory")
+    return []
+
+
+def _graph_dict(*args: Any) -> collections.defaultdict[Any, Any]:
+    """``collections.defaultdict`` for the graph: ``defaultdict(list)``, filled by the stream's items."""
+    if len(args) != 1 or args[0] is not _empty_list:
+        raise RefusedObjectError("defaultdict called with arguments other than list; the graph is a defaultdict(list)")
+    return collections.defaultdict(_empty_list)
+
+
 def _admitted_globals() -> dict[tuple[str, str], Any]:
     reconstruct = numpy_reconstruct()
     return {
-        # ndarray pickles as _reconstruct(ndarray, shape, dtype) followed by ndarray.__setstate__.
+        # ndarray pickles as _reconstruct(ndarray, shape, dtype) followed by ndarray.__setstate__; the
+        # unpickler swaps these three for checked versions.
         ("numpy", "ndarray"): np.ndarray,
         ("numpy", "dtype"): np.dtype,
         ("numpy.core.multiarray", "_reconstruct"): reconstruct,
         ("numpy._core.multiarray", "_reconstruct"): reconstruct,
         # The class moved from scipy.sparse.csr (the files' spelling) to scipy.sparse._csr in scipy 1.8.
-        ("scipy.sparse.csr", "csr_matrix"): sp.csr_matrix,
-        ("scipy.sparse._csr", "csr_matrix"): sp.csr_matrix,
-        ("scipy.sparse", "csr_matrix"): sp.csr_matrix,
+        ("scipy.sparse.csr", "csr_matrix"): _PickledCSR,
+        ("scipy.sparse._csr", "csr_matrix"): _PickledCSR,
+        ("scipy.sparse", "csr_matrix"): _PickledCSR,
         # The graph is a defaultdict(list); Python 2 spelled the builtins module __builtin__.
-        ("collections", "defaultdict"): collections.defaultdict,
-        ("__builtin__", "list"): list,
-        ("builtins", "list"): list,
+        ("collections", "defaultdict"): _graph_dict,
+        ("__builtin__", "list"): _empty_list,
+        ("builtins", "list"): _empty_list,
     }
 
 
@@ -72,11 +120,15 @@ ADMITTED_GLOBALS: Final = _admitted_globals()
 
 
 def read_pickle(path: Path, expected: str) -> object:
-    """Unpickle ``path``, admitting only :data:`ADMITTED_GLOBALS`; a corrupt stream is a ``ValueError``."""
+    """Unpickle ``path``, admitting only :data:`ADMITTED_GLOBALS`; a corrupt stream is a ``ValueError``.
+
+    An array may hold no more bytes than the file has (:class:`~structconv.data.unpickle.RefusedObjectError`).
+    """
     with path.open("rb") as file:
+        limit = os.fstat(file.fileno()).st_size
         try:
-            return RestrictedUnpickler(file, str(path), ADMITTED_GLOBALS, _NEEDS).load()
-        except RefusedGlobalError:
+            return RestrictedUnpickler(file, str(path), ADMITTED_GLOBALS, _NEEDS, limit).load()
+        except (RefusedGlobalError, RefusedObjectError):
             raise
         except CORRUPT_PICKLE as exc:
             raise ValueError(
@@ -87,7 +139,10 @@ def read_pickle(path: Path, expected: str) -> object:
 
 # --- validation of the unpickled objects ----------------------------------------------------------
 def _type_name(obj: object) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+    kind: type = type(obj)
+    if kind in (PickledArray, _PickledCSR):  # the checked stand-ins are named as the classes the file named
+        kind = kind.__mro__[1]
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _expect(obj: object, kind: type[_T], path: Path, expected: str) -> _T:
@@ -109,6 +164,11 @@ def as_features(obj: object, path: Path) -> sp.csr_matrix:
         if data.dtype.kind not in "biuf" or indices.dtype.kind not in "iu" or indptr.dtype.kind not in "iu":
             raise ValueError(f"bad dtypes data={data.dtype}, indices={indices.dtype}, indptr={indptr.dtype}")
         rows, cols = (operator.index(n) for n in given.shape)
+        if cols > MAX_DENSE_VALUES:  # the dense copy is what costs: its rows are bounded by indptr, held in the file
+            raise ValueError(
+                f"it declares {cols:,} feature columns, more than the {MAX_DENSE_VALUES:,} values this reader's "
+                "dense feature matrix may hold"
+            )
         matrix = sp.csr_matrix((data, indices, indptr), shape=(rows, cols))
         matrix.check_format(full_check=True)
     except (AttributeError, TypeError, ValueError, IndexError, OverflowError) as exc:
@@ -121,7 +181,7 @@ def as_features(obj: object, path: Path) -> sp.csr_matrix:
 def as_labels(obj: object, path: Path) -> np.ndarray[Any, np.dtype[Any]]:
     """The one-hot label array unpickled from ``path``, checked: 2-D, numeric and finite."""
     expected = "a 2-D numpy array of one-hot labels"
-    labels = _expect(obj, np.ndarray, path, expected)
+    labels = np.asarray(_expect(obj, np.ndarray, path, expected))
     if labels.ndim != 2 or labels.dtype.kind not in "biuf":
         raise ValueError(f"{path}: expected {expected}, got an array of shape {labels.shape} and dtype {labels.dtype}")
     if not np.isfinite(labels).all():
@@ -129,27 +189,48 @@ def as_labels(obj: object, path: Path) -> np.ndarray[Any, np.dtype[Any]]:
     return labels
 
 
+def _node_id(value: Any, node: object, path: Path, num_nodes: int) -> int:
+    try:
+        index = operator.index(value)
+    except TypeError as exc:
+        raise ValueError(
+            f"{path}: expected a dict mapping each node id to a list of neighbour ids, got a non-integer id at node "
+            f"{reprlib.repr(node)}: {exc}"
+        ) from exc
+    if not 0 <= index < num_nodes:
+        raise ValueError(f"{path}: node id {index} is out of range for a graph of {num_nodes} nodes")
+    return index
+
+
 def as_edges(obj: object, path: Path, num_nodes: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """Read the adjacency-list dict as ``(source, target)`` arrays, as listed (one direction, duplicates kept)."""
+    """Read the adjacency-list dict as ``(source, target)`` arrays, as listed (one direction, duplicates kept).
+
+    The lists may hold no more ids in all than the file has bytes: each id costs the pickle at least one
+    opcode byte unless lists are shared between nodes, which the format never does and which would let
+    a small file list any number of edges.
+    """
     expected = "a dict mapping each node id to a list of neighbour ids"
     graph = _expect(obj, dict, path, expected)
-    sources: list[int] = []
-    targets: list[int] = []
+    total = 0
     for node, neighbours in graph.items():
         if not isinstance(neighbours, list | tuple):
-            raise ValueError(f"{path}: expected {expected}, got {_type_name(neighbours)} for node {node!r}")
-        try:
-            ids = [operator.index(n) for n in neighbours]
-            sources.extend([operator.index(node)] * len(ids))
-        except TypeError as exc:
-            raise ValueError(f"{path}: expected {expected}, got a non-integer id at node {node!r}: {exc}") from exc
-        targets.extend(ids)
-    src = np.asarray(sources, dtype=np.int64)
-    dst = np.asarray(targets, dtype=np.int64)
-    for ends in (src, dst):
-        bad = ends[(ends < 0) | (ends >= num_nodes)]
-        if bad.size:
-            raise ValueError(f"{path}: node id {int(bad[0])} is out of range for a graph of {num_nodes} nodes")
+            raise ValueError(f"{path}: expected {expected}, got {_type_name(neighbours)} for node {reprlib.repr(node)}")
+        total += len(neighbours)
+    budget = path.stat().st_size
+    if total > budget:
+        raise ValueError(
+            f"{path}: the adjacency lists hold {total:,} ids in all, more than the {budget:,} bytes of the file "
+            "could list one by one (lists shared between nodes?); refused before building the edge arrays"
+        )
+    src = np.empty(total, dtype=np.int64)
+    dst = np.empty(total, dtype=np.int64)
+    start = 0
+    for node, neighbours in graph.items():
+        if neighbours:  # a node listed without neighbours adds no edge, whatever its id
+            end = start + len(neighbours)
+            src[start:end] = _node_id(node, node, path, num_nodes)
+            dst[start:end] = [_node_id(n, node, path, num_nodes) for n in neighbours]
+            start = end
     return src, dst
 
 
@@ -165,9 +246,16 @@ def read_test_index(path: Path) -> np.ndarray[Any, np.dtype[np.int64]]:
         if not line.strip():
             continue
         try:
-            ids.append(int(line))
+            value = int(line)
         except ValueError:
-            raise ValueError(f"{path}, line {lineno}: expected {expected}, got {line!r}") from None
+            raise ValueError(f"{path}, line {lineno}: expected {expected}, got {reprlib.repr(line)}") from None
+        # Every node takes a row of the dense feature matrix, so no id can reach its budget.
+        if not 0 <= value < MAX_DENSE_VALUES:
+            raise ValueError(
+                f"{path}, line {lineno}: node id {value} is out of range; expected 0 <= id < {MAX_DENSE_VALUES:,} "
+                "(each node takes a row of the dense feature matrix)"
+            )
+        ids.append(value)
     if not ids:
         raise ValueError(f"{path}: expected {expected}, but the file is empty")
     index = np.asarray(ids, dtype=np.int64)
@@ -210,7 +298,11 @@ def check_consistent(
     labels: dict[str, np.ndarray[Any, Any]],
     test_index: np.ndarray[Any, Any],
 ) -> None:
-    """Check the files against each other: one label row per feature row, equal widths, test ids after ``allx``."""
+    """Check the files against each other: one label row per feature row, equal widths, test ids after ``allx``.
+
+    Also that the test ids stay within twice their number of the last ``allx`` row and that the dense
+    feature matrix fits :data:`MAX_DENSE_VALUES`: both bound what :mod:`~structconv.data.planetoid` allocates.
+    """
     for feature, label, why in (
         ("x", "y", "one label row per training node"),
         ("tx", "ty", "one label row per test node"),
@@ -229,6 +321,21 @@ def check_consistent(
         raise ValueError(
             f"{paths['test.index']}: expected the test node ids to start right after the {num_known} rows of "
             f"{paths['allx'].name}, at {num_known}, but the smallest is {int(test_index.min())}"
+        )
+    # Ids in the test range that test.index skips become zero rows (CiteSeer's 15 isolated nodes); more of those
+    # than listed test nodes would be rows that no file describes.
+    largest, listed = int(test_index.max()), int(test_index.size)
+    if largest - num_known + 1 > 2 * listed:
+        raise ValueError(
+            f"{paths['test.index']}: node id {largest} is far beyond the {num_known + listed:,} nodes the files "
+            f"describe ({num_known:,} rows of {paths['allx'].name} and {listed:,} test ids); expected the test ids "
+            f"below {num_known + 2 * listed:,}"
+        )
+    num_nodes, num_features = largest + 1, int(features["allx"].shape[1])
+    if num_nodes * num_features > MAX_DENSE_VALUES:
+        raise ValueError(
+            f"{paths['allx']}: {num_nodes:,} nodes times {num_features:,} feature columns make a dense feature "
+            f"matrix of {num_nodes * num_features:,} values, more than the {MAX_DENSE_VALUES:,} this reader allows"
         )
     num_train = labels["y"].shape[0]
     if num_train + NUM_VAL > num_known:

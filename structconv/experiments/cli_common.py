@@ -27,6 +27,7 @@ __all__ = [
     "EXIT_USAGE",
     "ArgumentParser",
     "HelpFormatter",
+    "device_name",
     "nonnegative_float",
     "nonnegative_int",
     "positive_float",
@@ -77,6 +78,28 @@ def nonnegative_float(text: str) -> float:
     """An ``argparse`` type: a finite number >= 0 (time limits in seconds)."""
     value: float = _number(text, float, 0.0, False, "a number >= 0")
     return value
+
+
+_DEVICES = "auto, cpu, cuda or cuda:N"
+
+
+def device_name(text: str) -> str:
+    """An ``argparse`` type: a device spelled as torch spells it, ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+
+    A near spelling gets the right one (``gpu`` -> ``cuda``, ``GPU:1`` -> ``cuda:1``, ``CPU`` -> ``cpu``);
+    whether the device exists is the command's to check.
+    """
+    if text in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", text):
+        return text
+    lower = text.strip().lower()
+    alias = re.fullmatch(r"(?:gpu|cuda|nvidia)[:_ ]?(\d*)", lower)
+    if alias:
+        hint = f"cuda:{int(alias[1])}" if alias[1] else "cuda"
+    else:
+        close = difflib.get_close_matches(lower, ["auto", "cpu", "cuda"], n=1, cutoff=0.5)
+        hint = close[0] if close else ""
+    suffix = f"; did you mean {hint}?" if hint else ""
+    raise argparse.ArgumentTypeError(f"must be {_DEVICES}, got {text!r}{suffix}")
 
 
 # --- the parser -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 from ..cli_common import (
     EXIT_RUNTIME,
     EXIT_USAGE,
+    device_name,
     nonnegative_float,
     nonnegative_int,
     positive_float,
@@ -37,6 +38,11 @@ def _device(name: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {name}: CUDA is not available on this machine")
+    count = torch.cuda.device_count() if name.startswith("cuda") else 0
+    if name.startswith("cuda:") and int(name[5:]) >= count:
+        raise UsageError(
+            f"--device {name}: this machine has {count} CUDA device(s); expected cuda:0 to cuda:{count - 1}"
+        )
     return name
 
 
@@ -299,7 +305,9 @@ def _demo(args: argparse.Namespace) -> int:
 def _train_arguments(p: argparse.ArgumentParser, demo: bool = False) -> None:
     _data_arguments(p)
     p.add_argument("--out", default="runs/cifar" if not demo else "runs/cifar-demo", help="root of the run directories")
-    p.add_argument("--device", default="auto" if not demo else "cpu", help="auto, cpu, cuda or cuda:N")
+    p.add_argument(
+        "--device", type=device_name, default="auto" if not demo else "cpu", help="auto, cpu, cuda or cuda:N"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument(
@@ -376,7 +384,7 @@ def add_parser(sub: Any) -> None:
         description="Test loss and accuracy of trained checkpoints on the full CIFAR-10 test split.",
     )
     ev.add_argument("runs", nargs="+", help="run directories or checkpoint files")
-    ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    ev.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda or cuda:N")
     _data_arguments(ev)
     ev.set_defaults(func=_eval)
     plot = verbs.add_parser(
@@ -391,7 +399,7 @@ def add_parser(sub: Any) -> None:
         help="training throughput, FLOPs and utilisation of every model and peer",
         description="Training throughput, FLOPs per image and utilisation of every model and its peers.",
     )
-    bench.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    bench.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda or cuda:N")
     bench.add_argument("--batch", type=positive_int, default=100, help="images per training step")
     bench.add_argument("--steps", type=positive_int, default=5, help="training steps per timed round")
     bench.add_argument("--rounds", type=positive_int, default=5, help="timed rounds (the median is reported)")

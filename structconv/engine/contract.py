@@ -66,6 +66,9 @@ def _plan(basis: Basis, x: Array, prm: Param, order: str) -> tuple[Plan, Order]:
     return entry
 
 
+_CAPACITY: dict[str, float] = {}
+
+
 def _check_memory(plan: Plan, x: Array) -> None:
     """Refuse a requested order whose intermediates cannot fit on ``x``'s device, before allocating any.
 
@@ -73,7 +76,10 @@ def _check_memory(plan: Plan, x: Array) -> None:
     :math:`(K, M, N)` basis that the answer does not need.
     """
     need = plan.candidate(plan.chosen).memory * x.dtype.itemsize
-    capacity = of(x).memory_capacity(x)
+    device = device_of(x)
+    capacity = _CAPACITY.get(device)
+    if capacity is None:  # asked once per device: torch.compile traces a dictionary lookup, not a system call
+        capacity = _CAPACITY[device] = of(x).memory_capacity(x)
     if need > capacity:
         best = min(plan.candidates, key=lambda c: c.memory)
         raise ValueError(

@@ -396,7 +396,7 @@ def test_sdpa_is_only_offered_for_plain_scaled_dot_products() -> None:
     extra = BiAffine(key=torch.randn(1, 3, 2), query=torch.randn(1, 3, 2), linear=torch.randn(1, 3))
     assert attention_basis(x, mechanism=extra).own_orders().keys() == set()
     assert (
-        attention_basis(x.numpy(), mechanism=BiAffine(key=np.ones((1, 3, 2)), query=np.ones((1, 3, 2))))
+        attention_basis(x.numpy(), mechanism=BiAffine(key=np.ones((1, 3, 2), "f4"), query=np.ones((1, 3, 2), "f4")))
         .own_orders()
         .keys()
         == set()

@@ -23,7 +23,7 @@ from conftest import as_numpy, reference, to_backend
 from hypothesis import given
 from hypothesis import strategies as st
 
-from structconv import BiAffine, LowRank, attention_basis, conv, explain
+from structconv import BiAffine, LowRank, attention_basis, conv, explain, masked_softmax
 from structconv.bases import attention as attention_module
 from structconv.bases.attention import fused_width
 from structconv.engine.contract import PLANS
@@ -343,7 +343,7 @@ def test_mask_errors_name_the_mask_and_the_shapes_accepted() -> None:
         with pytest.raises(error, match=message):
             attention_basis(x, mechanism=mech, mask=mask)
     with pytest.raises(TypeError, match=r"mask is a torch array but x is a numpy array"):
-        attention_basis(x.numpy(), mechanism=BiAffine(bilinear=np.ones((2, 3, 3))), mask=torch.ones(4, 4) == 1)
+        attention_basis(x.numpy(), mechanism=BiAffine(bilinear=np.ones((2, 3, 3), "f4")), mask=torch.ones(4, 4) == 1)
 
 
 # --- the layers: an input of another dtype, named ---------------------------------------------------
@@ -383,3 +383,133 @@ def test_positional_attention_names_an_input_of_another_dtype(options: dict[str,
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), expected, rtol=0.0, atol=0.1)
     assert layer.double()(x.double()).dtype == torch.float64
+
+
+# --- scalar arguments, mixed dtypes, the public softmax, huge layers ------------------------------
+@pytest.mark.parametrize(
+    ("slope", "error", "message"),
+    [
+        ("0.2", TypeError, r"leaky_relu must be a real number .*got str '0.2'"),
+        (True, TypeError, r"leaky_relu must be a real number .*got bool"),
+        (torch.tensor(0.2), TypeError, r"leaky_relu must be a real number .*got Tensor"),
+        (float("nan"), ValueError, r"leaky_relu must be finite .*got nan"),
+        (float("inf"), ValueError, r"leaky_relu must be finite .*got inf"),
+    ],
+)
+def test_leaky_relu_must_be_a_finite_real_number(slope: Any, error: type[Exception], message: str) -> None:
+    # A string reached NumPy ("ufunc 'multiply' did not contain a loop") or torch, and NaN gave NaN weights.
+    for backend in ("numpy", "torch"):
+        x = to_backend(np.random.default_rng(0).normal(size=(2, 4, 3)), backend)
+        with pytest.raises(error, match=message):
+            attention_basis(x, mechanism=BiAffine(bilinear=to_backend(np.ones((2, 3, 3)), backend)), leaky_relu=slope)
+
+
+def test_leaky_relu_takes_any_finite_slope_and_numpy_scalars_keep_the_dtype() -> None:
+    rng = np.random.default_rng(1)
+    x, bilinear = rng.normal(size=(2, 4, 3)).astype(np.float16), rng.normal(size=(2, 3, 3)).astype(np.float16)
+    for slope in (-1.0, 0.0, 2, np.float64(0.2), np.float32(0.2)):
+        A = attention_basis(x, mechanism=BiAffine(bilinear=bilinear), leaky_relu=slope, normalize=False)
+        scores = np.einsum("bmp,kpr,bnr->bkmn", x.astype(np.float64), bilinear.astype(np.float64), x.astype(np.float64))
+        expected = np.where(scores >= 0, scores, float(slope) * scores)
+        assert A.leaky_relu == float(slope) and A.to_dense().dtype == np.float16
+        np.testing.assert_allclose(A.to_dense(), expected, rtol=1e-2, atol=2e-2)
+
+
+def test_normalize_must_be_a_bool() -> None:
+    x = torch.randn(1, 3, 2)
+    with pytest.raises(TypeError, match=r"normalize must be True or False, got str 'no'"):
+        attention_basis(x, mechanism=BiAffine(bilinear=torch.ones(1, 2, 2)), normalize="no")  # type: ignore[arg-type]
+
+
+def test_a_numpy_scalar_scale_keeps_the_inputs_dtype() -> None:
+    # np.float64 is not weak in NumPy's promotion: float16 scores times it came back float64.
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(1, 5, 3)).astype(np.float16)
+    key, query = (rng.normal(size=(2, 3, 2)).astype(np.float16) for _ in range(2))
+    for mech in (BiAffine(key=key, query=query, scale=np.float64(0.7)), BiAffine(bilinear=x[0, :3, :3][None] * 1)):
+        A = attention_basis(x, mechanism=mech)
+        assert type(mech.scale) is float and A.to_dense().dtype == np.float16
+        theta = rng.normal(size=(int(A.shape[1]), 3, 2)).astype(np.float16)
+        for order in names("full", A):
+            assert conv(A, x, theta, order=order).dtype == np.float16, order
+    for scale, error in (("0.5", TypeError), (float("nan"), ValueError), (np.inf, ValueError)):
+        with pytest.raises(error, match=r"scale must be"):
+            BiAffine(key=key, query=query, scale=scale)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_mechanism_arrays_and_z_of_another_dtype_are_named(backend: str) -> None:
+    # torch answered "expected m1 and m2 to have the same dtype"; NumPy promoted the basis to float64.
+    rng = np.random.default_rng(3)
+
+    def arr(shape: tuple[int, ...], dtype: str = "float32") -> Any:
+        return to_backend(rng.normal(size=shape).astype(dtype), backend)
+
+    x = arr((2, 4, 3), "float16" if backend == "numpy" else "float32")
+    wide = "float64"
+    cases: list[tuple[Any, Any, str]] = [
+        (None, BiAffine(key=arr((2, 3, 2), wide), query=arr((2, 3, 2), wide)), "key"),
+        (None, BiAffine(bilinear=arr((2, 3, 3), wide), offset=arr((2,), wide)), "bilinear"),
+        (arr((2, 5, 3), wide), BiAffine(bilinear=arr((2, 3, 3), str(x.dtype).split(".")[-1])), "z"),
+    ]
+    for z, mech, name in cases:
+        with pytest.raises(TypeError, match=rf"^{name} has dtype float64 but x has dtype"):
+            attention_basis(x, z, mechanism=mech)
+    with pytest.raises(TypeError, match=r"query has dtype float64 but key has dtype float32"):
+        BiAffine(key=arr((2, 3, 2)), query=arr((2, 3, 2), wide))
+
+
+def test_mixed_dtypes_stay_autocasts_to_resolve() -> None:
+    g = torch.Generator().manual_seed(4)
+    x, mech = torch.randn(2, 6, 5, generator=g).bfloat16(), _transformer(g, 2, 5, 4, torch.float32)
+    theta = torch.randn(2, 5, 3, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = conv(attention_basis(x, mechanism=mech), x, theta)
+    expected = conv(attention_basis(x.float(), mechanism=mech), x.float(), theta)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), expected, rtol=0.0, atol=0.15 * float(expected.abs().max()))
+
+
+def test_a_lazy_basis_converts_its_projections_with_its_inputs() -> None:
+    # basis.to(dtype=float64) once kept float32 projections beside float64 inputs: torch refused the product.
+    g = torch.Generator().manual_seed(5)
+    x, mech = torch.randn(2, 6, 5, generator=g), _transformer(g, 2, 5, 4, torch.float32)
+    theta = torch.randn(2, 5, 3, generator=g, dtype=torch.float64)
+    wide = attention_basis(x, mechanism=mech).to(dtype=torch.float64)
+    double = BiAffine(**{k: v.double() for k, v in mech.arrays().items()}, scale=mech.scale)
+    exact = attention_basis(x.double(), mechanism=double)
+    assert wide.dtype == torch.float64 and wide.to_dense().dtype == torch.float64
+    for order in names("full", wide):
+        torch.testing.assert_close(conv(wide, x.double(), theta, order=order), conv(exact, x.double(), theta))
+
+
+def test_masked_softmax_names_bad_scores_and_masks() -> None:
+    # Integer scores were accepted, rank-1 scores and masks of other backends, devices or shapes met
+    # NumPy's or torch's own errors, and a 5-D mask silently enlarged 4-D scores.
+    scores = torch.randn(2, 3, 4, 4)
+    cases: list[tuple[Any, Any, type[Exception], str]] = [
+        (torch.ones(4, 4, dtype=torch.int64), None, TypeError, r"scores must hold floating-point numbers"),
+        ([[0.0, 1.0]] * 2, None, TypeError, r"scores must be a numpy.ndarray or a torch.Tensor"),
+        (torch.randn(4), None, ValueError, r"scores must have at least 2 dimensions .* got shape \(4,\)"),
+        (scores, torch.ones(1, 1, 1, 4, 4, dtype=torch.bool), ValueError, r"mask must have 0 to 4 dimensions"),
+        (scores, torch.ones(5, 4, dtype=torch.bool), ValueError, r"mask of shape \(5, 4\) does not broadcast to"),
+        (scores, torch.ones(3, 4, 4, dtype=torch.bool).numpy(), TypeError, r"mask is a numpy array but scores"),
+        (scores, [[True] * 4] * 4, TypeError, r"mask must be a numpy.ndarray or a torch.Tensor \(like scores\)"),
+        (scores, torch.ones(4, 4, dtype=torch.bool, device="meta"), ValueError, r"mask is on device meta"),
+        (scores, torch.ones(4, 4, dtype=torch.int64), TypeError, r"mask must be boolean .* got dtype int64"),
+        (scores, torch.full((4, 4), 1.5), ValueError, r"mask must be boolean \(True = allowed\) or hold only"),
+    ]
+    for s, mask, error, message in cases:
+        with pytest.raises(error, match=message):
+            masked_softmax(s, mask)
+    allowed = torch.rand(4) < 0.5
+    torch.testing.assert_close(masked_softmax(scores, allowed), masked_softmax(scores, allowed.expand(2, 3, 4, 4)))
+
+
+def test_multi_head_attention_refuses_parameters_larger_than_memory() -> None:
+    # torch.empty failed to allocate 160 GB (an allocation failure, not an error naming the size).
+    with pytest.raises(ValueError, match=r"MultiHeadSelfAttention: embed_dim=4, kdim=10000000000 and vdim=4 need"):
+        MultiHeadSelfAttention(4, 2, kdim=10**10)
+    with pytest.raises(ValueError, match=r"embed_dim=4294967296, .* GiB of parameters, more than the"):
+        MultiHeadSelfAttention(2**32, 2)
+    assert MultiHeadSelfAttention(4, 2, kdim=10**10, device="meta").k_proj_weight is not None

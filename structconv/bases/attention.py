@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Real
 from types import MappingProxyType
 from typing import Any
 
-from ..backend import Array, concatenate, device_of, dtype_name, namespace, of, x_theta, zeros
+from ..backend import Array, autocast_dtype, concatenate, device_of, dtype_name, namespace, of, x_theta, zeros
 from .base import NO_ORDERS, Basis, Cost, OwnOrder
 from .dense import DenseBasis
 
@@ -36,7 +37,7 @@ class Projections:
     key_bias, query_bias
         :math:`b^k`, :math:`b^q`, ``(K, D)`` each, or ``None``.
     scale
-        :math:`s`, e.g. :math:`1/\sqrt D`.
+        :math:`s`, e.g. :math:`1/\sqrt D`, a finite real number.
     """
 
     key: Array
@@ -44,6 +45,9 @@ class Projections:
     key_bias: Array | None = None
     query_bias: Array | None = None
     scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scale", finite_real(self.scale, "scale", "e.g. 1/sqrt(D)"))
 
     def __call__(self, x: Array, z: Array) -> tuple[Array, Array]:
         """Keys ``(B, K, M, D)`` of ``x`` ``(B, M, P)`` and queries ``(B, K, N, D)`` of ``z``."""
@@ -61,6 +65,34 @@ class Projections:
         return product * self.scale if self.scale != 1.0 else product
 
 
+def finite_real(value: object, arg: str, meaning: str) -> float:
+    """``value`` as a ``float`` if it is a finite real number (not a bool); else an error naming ``arg``.
+
+    A NumPy scalar becomes a Python ``float``, which never promotes an array's dtype.
+    """
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{arg} must be a real number ({meaning}), got {type(value).__name__} {value!r}")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"{arg} must be finite ({meaning}), got {value!r}")
+    return float(value)
+
+
+def check_placement(named: dict[str, Array]) -> None:
+    """Raise naming the array on another backend, device or dtype than ``named["x"]`` (nothing converts silently).
+
+    Under autocast on ``x``'s device the products convert their operands' dtypes (as ``torch.matmul``
+    does), so only the backend and device must agree there.
+    """
+    x, loose = named["x"], autocast_dtype(named["x"]) is not None
+    for name, a in named.items():
+        if of(a).name != of(x).name:
+            raise TypeError(f"{name} is a {of(a).name} array but x is a {of(x).name} array; do not mix backends")
+        if device_of(a) != device_of(x):
+            raise ValueError(f"{name} is on device {device_of(a)} but x is on {device_of(x)}")
+        if not loose and dtype_name(a) != dtype_name(x):
+            raise TypeError(f"{name} has dtype {dtype_name(a)} but x has dtype {dtype_name(x)}; convert explicitly")
+
+
 def allowed_mask(mask: Array) -> Array:
     """A boolean mask (``True`` = allowed) from a boolean or additive ``{-inf, 0}`` mask."""
     if str(mask.dtype).endswith("bool"):
@@ -73,28 +105,7 @@ def allowed_mask(mask: Array) -> Array:
 
 
 def masked_softmax(scores: Array, mask: Array | None = None) -> Array:
-    r"""Column-wise softmax over :math:`m` (axis ``-2``) with log-domain masking.
-
-    .. math:: w_{mn} = \frac{\mathbb 1_{\Omega}(m, n)\, e^{s_{mn} - c_n}}
-              {\sum_{m'} \mathbb 1_{\Omega}(m', n)\, e^{s_{m'n} - c_n}},
-              \qquad c_n = \max_{m:\,(m, n)\in\Omega} s_{mn},
-
-    over the allowed set :math:`\Omega`; a column :math:`n` with no allowed entry is 0.
-
-    Parameters
-    ----------
-    scores
-        Scores, at least 2-D; the softmax runs over axis ``-2``.
-    mask
-        Broadcasts to ``scores``: booleans (``True`` = allowed) or additive values in
-        :math:`\{-\infty, 0\}`.
-
-    Returns
-    -------
-    Array
-        Weights of the dtype of ``scores``.  A column with no allowed entry gives zeros (never
-        ``NaN``) in every floating dtype, and its gradient is zero.
-    """
+    """:func:`structconv.masked_softmax` (documented there) without its argument checks, for arrays known good."""
     backend = of(scores)
     # NumPy and torch spell every call below alike (a hot path: no array API wrappers).
     lib = backend.native()
@@ -268,11 +279,15 @@ class AttentionBasis(Basis):
         return self.weights().select(members)
 
     def to(self, device: Any = None, dtype: Any = None) -> Basis:
-        """A dtype change stays lazy (the inputs are converted); a device change materialises the weights."""
+        """A dtype change stays lazy (the inputs and projections are converted); a device change materialises."""
         if device is None and self._projections is not None:
-            lib = namespace(self._x)
-            x, z = ((a if dtype is None else lib.astype(a, dtype)) for a in (self._x, self._z))
-            return AttentionBasis(x, z, self._projections, self._mask, self._leaky_relu, self._normalize)
+            p, lib = self._projections, namespace(self._x)
+
+            def cast(a: Any) -> Any:  # the projections too: the products refuse mixed dtypes
+                return a if dtype is None or a is None else lib.astype(a, dtype)
+
+            w = Projections(cast(p.key), cast(p.query), cast(p.key_bias), cast(p.query_bias), p.scale)
+            return AttentionBasis(cast(self._x), cast(self._z), w, self._mask, self._leaky_relu, self._normalize)
         return self.weights().to(device, dtype)
 
     def plan_key(self) -> tuple[Any, ...]:

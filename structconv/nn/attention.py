@@ -15,11 +15,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from ..backend.torch_autocast import check_input_dtype
+from ..backend.torch_autocast import autocast_dtype, check_input_dtype
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 from ..engine.contract import conv
 from ..structures.attention import AttentionBasis, BiAffine, Mechanism, ScoreBias, attention_basis
+from ._module import NotScriptable
 from .mha_torch import (
     _NAME,
     append_tokens,
@@ -34,7 +35,7 @@ from .mha_torch import (
 )
 
 
-class MultiHeadSelfAttention(nn.Module):
+class MultiHeadSelfAttention(NotScriptable, nn.Module):
     r"""``torch.nn.MultiheadAttention`` written as :math:`y = \sum_h A_h^\top v\,\Theta_h + \beta`.
 
     Head :math:`h` is the bi-affine mechanism (Def. 6) between the key input :math:`x` (main,
@@ -254,6 +255,9 @@ class MultiHeadSelfAttention(nn.Module):
         weights = None  # torch's layout (B, H, L, S + e)
         if need_weights or drop:
             weights = basis.to_dense().transpose(-1, -2)
+            narrow = autocast_dtype(weights.device.type)
+            if narrow is not None and weights.dtype == torch.float32:  # as torch's, whose products run narrow
+                weights = weights.to(narrow)
             if drop:
                 weights = F.dropout(weights.contiguous(), self.dropout, training=True)
             basis = DenseBasis.of_weights(weights.transpose(-1, -2))
@@ -265,14 +269,15 @@ class MultiHeadSelfAttention(nn.Module):
             mass = weights.sum(-1)
         elif allowed is not None:
             mass = allowed.any(-1).to(y.dtype)
+        # Under autocast y has its dtype and the biases float32: added in y's dtype, as torch's out_proj does.
         if vb is not None and mass is not None:  # the value bias, times each column's mass
-            y = y + torch.einsum("bhl,he->ble", mass.expand(-1, self.num_heads, -1), vb)
+            y = y + torch.einsum("bhl,he->ble", mass.expand(-1, self.num_heads, -1), vb).to(y.dtype)
             if self.out_proj.bias is not None:
-                y = y + self.out_proj.bias
+                y = y + self.out_proj.bias.to(y.dtype)
         else:
             bias = self.output_bias() if vb is not None else self.out_proj.bias
             if bias is not None:
-                y = y + bias
+                y = y + bias.to(y.dtype)
 
         if batched and not self.batch_first:
             y = y.transpose(0, 1)

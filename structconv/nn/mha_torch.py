@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from ..backend import of
+
 _NAME = "MultiHeadSelfAttention"
 
 
@@ -170,9 +172,19 @@ def checked_inputs(
 def register_torch_parameters(layer: Any, bias: bool, add_bias_kv: bool, factory: dict[str, Any]) -> None:
     """Give ``layer`` the parameters of ``torch.nn.MultiheadAttention``, same names and shapes (uninitialised).
 
-    ``layer`` already holds ``embed_dim``, ``kdim``, ``vdim`` and ``_qkv_same_embed_dim``.
+    ``layer`` already holds ``embed_dim``, ``kdim``, ``vdim`` and ``_qkv_same_embed_dim``.  Parameters
+    larger than the memory of their device are refused, naming the sizes, before any is allocated.
     """
     embed_dim = layer.embed_dim
+    probe = torch.empty(0, **factory)
+    # in_proj_weight (or q/k/v_proj_weight), out_proj.weight, in_proj_bias, out_proj.bias, bias_k, bias_v
+    need = (embed_dim * (2 * embed_dim + layer.kdim + layer.vdim) + 6 * embed_dim) * probe.element_size()
+    capacity = of(probe).memory_capacity(probe)
+    if need > capacity:
+        raise ValueError(
+            f"{_NAME}: embed_dim={embed_dim}, kdim={layer.kdim} and vdim={layer.vdim} need {need / 2**30:.3g} GiB "
+            f"of parameters, more than the {capacity / 2**30:.3g} GiB of memory on {probe.device}"
+        )
     if layer._qkv_same_embed_dim:
         layer.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
         layer.register_parameter("q_proj_weight", None)

@@ -20,12 +20,13 @@ A column with no allowed entry is all zeros (it attends to nothing), never ``NaN
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..backend import Array, device_of, dtype_name, einsum, find, is_floating, namespace, of, shape_str, zeros
-from ..backend.checks import check_array
-from ..bases.attention import AttentionBasis, Projections, allowed_mask, masked_softmax
+from ..backend.checks import check_array, check_same_placement
+from ..bases.attention import AttentionBasis, Projections, allowed_mask, check_placement, finite_real
+from ..bases.attention import masked_softmax as _masked_softmax
 
 __all__ = [
     "AttentionBasis",
@@ -60,6 +61,10 @@ class Mechanism:
     def positional(self) -> bool:
         """Whether the scores ignore the content of ``x`` and ``z`` (then one basis serves the batch)."""
         return False
+
+    def arrays(self) -> dict[str, Array]:
+        """The mechanism's arrays by argument name, which must share ``x``'s backend, device and dtype."""
+        return {}
 
     def __add__(self, other: Mechanism) -> Mechanism:
         return Combined(self, other, "sum")
@@ -96,6 +101,12 @@ class Combined(Mechanism):
     def positional(self) -> bool:
         return self.left.positional and self.right.positional
 
+    def arrays(self) -> dict[str, Array]:
+        named = self.left.arrays()
+        for name, a in self.right.arrays().items():
+            named[f"{name} (of the right operand)" if name in named else name] = a
+        return named
+
     def scores(self, x: Array, z: Array) -> Array:
         a, b = self.left.scores(x, z), self.right.scores(x, z)
         return a + b if self.op == "sum" else a * b
@@ -121,7 +132,10 @@ class BiAffine(Mechanism):
     offset
         :math:`\xi`, shape ``(K,)``.
     scale
-        A factor applied to the scores (the Transformer's :math:`1/\sqrt D`).
+        A factor applied to the scores (the Transformer's :math:`1/\sqrt D`), a finite real number
+        (a NumPy scalar is taken as a Python ``float``, so it never promotes the scores' dtype).
+
+    Every term shares one backend, dtype and device (nothing is converted silently).
     """
 
     bilinear: Array | None = None
@@ -166,6 +180,12 @@ class BiAffine(Mechanism):
                 check_array(lin, name, (2,), (f"(K, {dim})",))
         if self.offset is not None:
             check_array(self.offset, "offset", (1,), ("(K,)",))
+        check_same_placement(self.arrays())
+        object.__setattr__(self, "scale", finite_real(self.scale, "scale", "e.g. 1/sqrt(D)"))
+
+    def arrays(self) -> dict[str, Array]:
+        named = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "scale"}
+        return {name: a for name, a in named.items() if a is not None}
 
     @property
     def heads(self) -> int:
@@ -253,6 +273,9 @@ class ScoreBias(Mechanism):
     def heads(self) -> int:
         return int(self.bias.shape[1])
 
+    def arrays(self) -> dict[str, Array]:
+        return {"bias": self.bias}
+
     def scores(self, x: Array, z: Array) -> Array:
         B, M, N = int(x.shape[0]), int(x.shape[1]), int(z.shape[1])
         b, _, m, n = (int(s) for s in self.bias.shape)
@@ -290,9 +313,14 @@ def attention_basis(
         for a graph or a causal order, ``(B, 1, M, 1)`` for padded inputs.  It may not enlarge
         the scores (a batch of 3 for a ``x`` of batch 1 is an error).
     leaky_relu
-        Negative slope of a LeakyReLU applied to the scores before masking (GAT), or ``None``.
+        Negative slope of a LeakyReLU applied to the scores before masking (GAT uses 0.2), or
+        ``None``: a score :math:`s < 0` becomes :math:`\alpha s`.  Any finite real number
+        :math:`\alpha`, as for ``torch.nn.LeakyReLU`` (a NumPy scalar is taken as a ``float``).
     normalize
         Column-wise softmax (default); ``False`` keeps the masked scores (masked entries 0).
+
+    The mechanism's arrays and ``z`` must share the backend, device and dtype of ``x`` (under
+    ``torch.autocast`` the dtypes may differ: its products convert them); the basis has ``x``'s dtype.
 
     Returns
     -------
@@ -320,33 +348,90 @@ def attention_basis(
         check_array(z, "z", (2, 3), ("(B, N, P')", "(N, P')"))
         if int(z3.shape[0]) != int(x3.shape[0]):
             raise ValueError(f"x has batch {int(x3.shape[0])} but z has batch {int(z3.shape[0])}")
+    check_placement({"x": x} | ({} if z is None else {"z": z}) | mechanism.arrays())
     if isinstance(mechanism, BiAffine):
         mechanism.check_inputs(x3, z3)
     shape = (int(x3.shape[0]), mechanism.heads, int(x3.shape[1]), int(z3.shape[1]))
     if mask is not None:
-        _check_mask(mask, x3, shape)
+        _check_mask(mask, x3, shape, "x", "(B, K, M, N)", _MASK_SHAPES, (2, 4))
+    if leaky_relu is not None:
+        leaky_relu = finite_real(leaky_relu, "leaky_relu", "the LeakyReLU's negative slope, e.g. 0.2, or None")
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be True or False, got {type(normalize).__name__} {normalize!r}")
     if isinstance(mechanism, BiAffine) and mechanism.transformer:
         return AttentionBasis(x3, z3, mechanism.projector(), mask, leaky_relu, normalize)
     return AttentionBasis(x3, z3, mechanism.scores(x3, z3), mask, leaky_relu, normalize)
 
 
-def _check_mask(mask: object, x: Array, shape: tuple[int, ...]) -> None:
-    """Raise a ``TypeError`` or ``ValueError`` naming ``mask`` unless it is a mask of the scores ``shape``."""
-    expected = "(M, N), (K, M, N) or (B, K, M, N), each dimension that of the scores or 1"
-    if find(mask) is None:
-        raise TypeError(f"mask must be a numpy.ndarray or a torch.Tensor (like x), got {type(mask).__name__}")
-    arr: Any = mask
-    if of(arr).name != of(x).name:
-        raise TypeError(f"mask is a {of(arr).name} array but x is a {of(x).name} array; give the mask on x's backend")
-    if device_of(arr) != device_of(x):
-        raise ValueError(f"mask is on device {device_of(arr)} but x is on {device_of(x)}; move the mask")
-    got = tuple(int(s) for s in arr.shape)
-    if not 2 <= len(got) <= 4:
-        raise ValueError(f"mask must have 2 to 4 dimensions, got shape {shape_str(got)}; expected {expected}")
-    if any(g not in (1, want) for g, want in zip(got, shape[-len(got) :], strict=True)):
+def masked_softmax(scores: Array, mask: Array | None = None) -> Array:
+    r"""Column-wise softmax over :math:`m` (axis ``-2``) with log-domain masking.
+
+    .. math:: w_{mn} = \frac{\mathbb 1_{\Omega}(m, n)\, e^{s_{mn} - c_n}}
+              {\sum_{m'} \mathbb 1_{\Omega}(m', n)\, e^{s_{m'n} - c_n}},
+              \qquad c_n = \max_{m:\,(m, n)\in\Omega} s_{mn},
+
+    over the allowed set :math:`\Omega`; a column :math:`n` with no allowed entry is 0.
+
+    Parameters
+    ----------
+    scores
+        Floating-point scores, at least 2-D; the softmax runs over axis ``-2``.
+    mask
+        On the backend and device of ``scores``, broadcasting to them without enlarging them (each
+        dimension that of the scores or 1, at most as many dimensions): booleans (``True`` =
+        allowed) or additive values in :math:`\{-\infty, 0\}`.
+
+    Returns
+    -------
+    Array
+        Weights of the dtype of ``scores``.  A column with no allowed entry gives zeros (never
+        ``NaN``) in every floating dtype, and its gradient is zero.  Weights below the dtype's
+        smallest normal number are flushed to zero.
+    """
+    if find(scores) is None:
+        raise TypeError(f"scores must be a numpy.ndarray or a torch.Tensor, got {type(scores).__name__}")
+    if not is_floating(scores):
+        raise TypeError(f"scores must hold floating-point numbers, got dtype {dtype_name(scores)}")
+    shape = tuple(int(s) for s in scores.shape)
+    if len(shape) < 2:
         raise ValueError(
-            f"mask of shape {shape_str(got)} does not broadcast to the scores {shape_str(shape)} (B, K, M, N) "
-            f"without enlarging them; expected {expected}"
+            f"scores must have at least 2 dimensions (the softmax runs over axis -2), got shape {shape_str(shape)}"
+        )
+    if mask is not None:
+        expected = f"a shape that broadcasts to {shape_str(shape)}, each dimension that of the scores or 1"
+        _check_mask(mask, scores, shape, "scores", "", expected, (0, len(shape)))
+    return _masked_softmax(scores, mask)
+
+
+_MASK_SHAPES = "(M, N), (K, M, N) or (B, K, M, N), each dimension that of the scores or 1"
+
+
+def _check_mask(
+    mask: object, like: Array, shape: tuple[int, ...], arg: str, layout: str, expected: str, ranks: tuple[int, int]
+) -> None:
+    """Raise a ``TypeError`` or ``ValueError`` naming ``mask`` unless it is a mask of the scores ``shape``.
+
+    ``like`` (named ``arg``) gives the backend and device; ``layout`` spells the scores' axes and
+    ``expected`` the shapes accepted, of ``ranks`` (least, most) dimensions.
+    """
+    if find(mask) is None:
+        raise TypeError(f"mask must be a numpy.ndarray or a torch.Tensor (like {arg}), got {type(mask).__name__}")
+    arr: Any = mask
+    if of(arr).name != of(like).name:
+        raise TypeError(
+            f"mask is a {of(arr).name} array but {arg} is a {of(like).name} array; give the mask on {arg}'s backend"
+        )
+    if device_of(arr) != device_of(like):
+        raise ValueError(f"mask is on device {device_of(arr)} but {arg} is on {device_of(like)}; move the mask")
+    got = tuple(int(s) for s in arr.shape)
+    if not ranks[0] <= len(got) <= ranks[1]:
+        raise ValueError(
+            f"mask must have {ranks[0]} to {ranks[1]} dimensions, got shape {shape_str(got)}; expected {expected}"
+        )
+    if any(g not in (1, want) for g, want in zip(got, shape[len(shape) - len(got) :], strict=True)):
+        raise ValueError(
+            f"mask of shape {shape_str(got)} does not broadcast to the scores {shape_str(shape)} {layout}".rstrip()
+            + f" without enlarging them; expected {expected}"
         )
     if not (dtype_name(arr) == "bool" or is_floating(arr)):
         raise TypeError(

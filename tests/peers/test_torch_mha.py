@@ -13,6 +13,7 @@ Hypothesis.  The fragment is generated from :data:`CASES`::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 from collections.abc import Callable
@@ -74,17 +75,26 @@ def layers(seed: int, dtype: torch.dtype, **kwargs: Any) -> tuple[torch.nn.Multi
 
 
 def _run(
-    layer: torch.nn.Module, inputs: list[torch.Tensor], kwargs: dict[str, Any], dtype: torch.dtype, seed: int
+    layer: torch.nn.Module,
+    inputs: list[torch.Tensor],
+    kwargs: dict[str, Any],
+    dtype: torch.dtype,
+    seed: int,
+    autocast: torch.dtype | None = None,
 ) -> Any:
-    """Output, weights and the gradients of ``<y, g>`` w.r.t. the distinct inputs and the sorted parameters."""
+    """Output, weights and the gradients of ``<y, g>`` w.r.t. the distinct inputs and the sorted parameters.
+
+    With ``autocast`` the call runs inside ``torch.autocast("cpu", dtype=autocast)``.
+    """
     leaves: dict[int, torch.Tensor] = {}
     for t in inputs:
         leaves.setdefault(id(t), t.detach().to(dtype).requires_grad_())
     args = [leaves[id(t)] for t in inputs]
     kw = {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in kwargs.items()}
     torch.manual_seed(seed)
-    y, w = layer(*args, **kw)
-    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+    with torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext():
+        y, w = layer(*args, **kw)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(y.dtype)
     named = dict(layer.named_parameters())
     grads = torch.autograd.grad(y, [*leaves.values(), *(named[n] for n in sorted(named))], g)
     names = [f"input {i}" for i in range(len(leaves))] + sorted(named)
@@ -98,23 +108,26 @@ def compare(
     kwargs: dict[str, Any],
     dtype: torch.dtype,
     seed: int = 0,
+    autocast: torch.dtype | None = None,
 ) -> None:
     """``ours(*inputs, **kwargs)`` equals ``ref(...)``: output, weights, input and parameter gradients.
 
     ``inputs`` are ``[query, key, value]``; repeated tensors stay the same object (self-attention).
-    In bfloat16 both layers are measured against torch in float64 on the same (rounded) values:
-    ours must be within twice torch's own error plus 8 % of the tensor's largest value plus
-    :math:`2^{-6}` of the largest gradient (gradients) or parameter (output, weights): the
-    folded biases add terms that may cancel.
+    In bfloat16, or under CPU ``autocast`` to a 16-bit dtype, both layers are measured against torch
+    in float64 on the same (rounded) values: ours must be within twice torch's own error plus 8 % of
+    the tensor's largest value plus :math:`2^{-6}` of the largest gradient (gradients) or parameter
+    (output, weights): the folded biases add terms that may cancel.  Every result must have
+    torch's dtype.
     """
-    rtol, atol = TOLERANCES[dtype]
+    rtol, atol = TOLERANCES[dtype if autocast is None else torch.bfloat16]
     assert sorted(dict(ref.named_parameters())) == sorted(dict(ours.named_parameters()))
-    y_ref, w_ref, g_ref = _run(ref, inputs, kwargs, dtype, seed)
-    y, w, g = _run(ours, inputs, kwargs, dtype, seed)
+    y_ref, w_ref, g_ref = _run(ref, inputs, kwargs, dtype, seed, autocast)
+    y, w, g = _run(ours, inputs, kwargs, dtype, seed, autocast)
     assert y.shape == y_ref.shape and y.dtype == y_ref.dtype
-    assert (w is None) == (w_ref is None) and (w is None or w.shape == w_ref.shape)
+    assert (w is None) == (w_ref is None) and (w is None or (w.shape, w.dtype) == (w_ref.shape, w_ref.dtype))
     pairs = [("output", y, y_ref), ("weights", w, w_ref), *((n, g[n], g_ref[n]) for n in g_ref)]
-    if dtype != torch.bfloat16:
+    assert all(a.dtype == b.dtype for _, a, b in pairs if a is not None), "a result differs from torch's in dtype"
+    if dtype != torch.bfloat16 and autocast is None:
         # A tensor that cancels to far below the others (a query gradient through a nearly
         # saturated softmax) still carries the rounding of their terms: its absolute tolerance
         # is relative to at least 1/1000 of the largest compared value.
@@ -352,6 +365,25 @@ def test_is_causal(dtype: torch.dtype, n: dict[str, int]) -> None:
     causal = torch.ones(n["L"], n["L"], dtype=torch.bool).triu(1)
     for extra in ({"need_weights": False}, {}, {"key_padding_mask": bool_mask(n, (n["B"], n["L"]), keep=0)}):
         compare(ref, ours, [x, x, x], {"attn_mask": causal, "is_causal": True, **extra}, dtype)
+
+
+@case(
+    EQUAL,
+    "float32 layer under CPU ``torch.autocast`` (bfloat16, float16): output and weights in autocast's dtype",
+)
+@pytest.mark.parametrize("narrow", [torch.bfloat16, torch.float16])
+@FEW
+@given(n=sizes(), need_weights=st.booleans(), floating=st.booleans())
+def test_autocast(narrow: torch.dtype, n: dict[str, int], need_weights: bool, floating: bool) -> None:
+    # The float32 output bias once promoted our bfloat16 output (and weights) to float32.
+    ref, ours = layers(n["seed"], torch.float32, embed_dim=n["E"], num_heads=n["H"], batch_first=True)
+    x = seq(n, n["L"], n["E"])
+    compare(ref, ours, [x, x, x], {"need_weights": need_weights}, torch.float32, autocast=narrow)
+    ref, ours = layers(n["seed"], torch.float32, embed_dim=n["E"], num_heads=n["H"], kdim=3, vdim=5, add_bias_kv=True)
+    q, k, v = seq(n, n["L"], n["E"], False), seq(n, n["S"], 3, False), seq(n, n["S"], 5, False)
+    mask = float_mask if floating else bool_mask  # torch deprecates a float mask beside a bool one
+    masks = {"key_padding_mask": mask(n, (n["B"], n["S"]), 0), "attn_mask": mask(n, (n["L"], n["S"]), 0)}
+    compare(ref, ours, [q, k, v], {**masks, "need_weights": need_weights}, torch.float32, autocast=narrow)
 
 
 @case(EQUAL, "evaluation mode (torch's native fast path), with a padding mask")

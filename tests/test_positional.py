@@ -24,6 +24,7 @@ from structconv import (
     conv,
     grid_basis,
 )
+from structconv import nn as snn
 from structconv.structures.positional import positional_basis, relative_offsets
 
 D64 = torch.float64
@@ -516,3 +517,17 @@ def test_the_weakest_column_of_a_concave_head_is_a_corner(seed: int, grid: list[
     dense = mech.dense_scores().numpy()
     expected = dense.max(axis=1).min(axis=1)
     np.testing.assert_allclose(mech._weakest_best(mech.offset_scores().numpy()), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("grid", "error", "message"),
+    [
+        (2.5, TypeError, "grid must be an int or a sequence of ints, got float"),
+        (None, TypeError, "grid must be an int or a sequence of ints, got NoneType"),
+        ((4, 4.5), TypeError, "grid must hold integers, got 4.5"),
+        ((4, 0), ValueError, "grid must be positive"),
+    ],
+)
+def test_a_grid_that_is_not_positive_integers_is_refused_not_truncated(grid: Any, error: type, message: str) -> None:
+    with pytest.raises(error, match=f"PositionalAttention: {message}"):
+        snn.PositionalAttention(grid, 4, 2)

@@ -12,6 +12,7 @@ from ..backend.torch_autocast import autocast_dtype, autocast_off, check_input_d
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
+from ..bases.grid_args import _grid
 from ..engine.contract import conv
 from ..structures.attention import BiAffine, Mechanism, attention_basis
 from ..structures.positional import (
@@ -111,7 +112,10 @@ class PositionalAttention(NotScriptable, nn.Module):
         super().__init__()
         name = type(self).__name__
         check_options(name, encoding, boundary, alpha, threshold, width, attention_dropout, width_noise, centre_var)
-        self.grid = tuple(_positive_int(name, "grid", int(s)) for s in grid)
+        try:
+            self.grid = _grid(grid)
+        except (TypeError, ValueError) as error:  # the layer's name first, like its other arguments
+            raise type(error)(f"{name}: {error}") from None
         E = self.embed_dim = _positive_int(name, "embed_dim", embed_dim)
         H = self.num_heads = _positive_int(name, "num_heads", num_heads)
         self.encoding, self.content, self.boundary, self.threshold = encoding, bool(content), boundary, threshold

@@ -395,3 +395,12 @@ def test_review_regressions() -> None:
     gat = snn.GATConv(4, 2, add_self_loops=False)
     with pytest.raises(ValueError, match=r"edge_attr .* needs edge_dim"):
         gat(x, ei, torch.tensor([1.0, 0.0, 1.0]))
+
+
+def test_gat_refuses_complex_edge_features() -> None:
+    """A complex edge_attr would lose its imaginary part in the cast to the layer's dtype."""
+    layer = snn.GATConv(4, 2, edge_dim=1)
+    x, ei = torch.randn(3, 4), torch.tensor([[0, 1, 2], [1, 2, 0]])
+    attr = torch.tensor([[1 + 5j], [2], [3]], dtype=torch.complex64)
+    with pytest.raises(TypeError, match=r"GATConv: edge_attr must hold real numbers, got dtype torch\.complex64"):
+        layer(x, ei, attr)

@@ -146,6 +146,8 @@ class GATConv(PyGState):
                     f"GATConv: edge_attr must have shape (E, edge_dim) = ({E}, {self.edge_dim}), got "
                     f"{tuple(edge_attr.shape)}"
                 )
+            if attr.is_complex():  # the cast below would drop the imaginary part
+                raise TypeError(f"GATConv: edge_attr must hold real numbers, got dtype {attr.dtype}")
             attr = attr.to(like.dtype)
         if self.add_self_loops:
             keep = edges.src != edges.dst

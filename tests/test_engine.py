@@ -211,3 +211,19 @@ def test_forced_order_refuses_intermediates_beyond_the_device() -> None:
     small = grid_basis((6, 6), 3, padding=1, like=torch.zeros(1, dtype=torch.float64))
     xs, ts = torch.randn(2, 36, 3, dtype=torch.float64), torch.randn(9, 3, 2, dtype=torch.float64)
     torch.testing.assert_close(conv(small, xs, ts, order="atheta"), conv(small, xs, ts))
+
+
+def test_order_must_be_a_string() -> None:
+    with pytest.raises(TypeError, match=r"order must be a string such as 'auto' or 'ax', got list: \['ax'\]"):
+        conv(np.ones((1, 2, 2)), np.ones((2, 1)), np.ones((1, 1, 1)), order=["ax"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("order", ["auto", "ax", "xtheta", "atheta"])
+def test_numpy_float16_runs_on_sparse_bases(order: str) -> None:
+    """scipy.sparse has no float16: the product runs in float32 and the answer comes back in float16."""
+    rng = np.random.default_rng(0)
+    A = (rng.random((2, 5, 4)) > 0.5) * rng.random((2, 5, 4))
+    x, theta = rng.random((3, 5, 3)), rng.random((2, 3, 2))
+    y = conv(SparseBasis.from_dense(A.astype(np.float16)), x.astype(np.float16), theta.astype(np.float16), order=order)
+    assert y.dtype == np.float16
+    np.testing.assert_allclose(y, reference(A, x, theta), rtol=1e-2, atol=1e-2)

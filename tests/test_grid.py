@@ -672,3 +672,16 @@ def test_builders_refuse_sizes_before_allocating(builder: Any, args: Any, kwargs
     """A kernel larger than the grid, or one with implausibly many taps, is refused from its sizes alone."""
     with memory_budget(0.5), pytest.raises(ValueError, match=message):
         builder(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("grid", "d", "error", "message"),
+    [
+        (3, 2.5, TypeError, "d must be an int or a sequence of ints, got float"),
+        ((3, 3), (1, 2.0), TypeError, "d must hold integers, got 2.0"),
+        ((3, 3), 1, ValueError, "d must have one entry per grid dimension"),
+    ],
+)
+def test_shift_matrix_refuses_offsets_that_are_not_integers(grid: Any, d: Any, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        shift_matrix(grid, d)

@@ -6,8 +6,10 @@ import math
 
 import pytest
 import torch
+from conftest import memory_budget
 
 from structconv import SparseBasis, conv
+from structconv import nn as snn
 from structconv.nn import StructConv
 
 
@@ -61,3 +63,14 @@ def test_bad_construction():
         StructConv(torch.ones(1, 2, 2), 0, 2)
     with pytest.raises(ValueError, match="shared by the batch"):
         StructConv(torch.ones(3, 1, 2, 2), 2, 2)
+
+
+def test_struct_conv_refuses_a_bool_width() -> None:
+    with pytest.raises(ValueError, match="out_channels must be a positive integer, got True"):
+        snn.StructConv(torch.ones(1, 4, 6), 3, True, bias=False)  # type: ignore[arg-type]
+
+
+def test_rgcn_refuses_parameters_beyond_memory_before_allocating() -> None:
+    message = r"RGCNConv: num_relations=10000000000, .* GiB of parameters"
+    with memory_budget(0.5), pytest.raises(ValueError, match=message):
+        snn.RGCNConv(2, 3, 10**10)

@@ -76,9 +76,11 @@ class NumpyBackend(Backend):
     def sparse_matrix(self, rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> Any:
         import scipy.sparse
 
-        matrix = scipy.sparse.csr_array((values, (rows, cols)), shape=shape)
+        # scipy.sparse has no float16: such values are held in float32 and products cast back.
+        half = values.dtype == np.float16
+        matrix = scipy.sparse.csr_array((values.astype(np.float32) if half else values, (rows, cols)), shape=shape)
         matrix.sum_duplicates()
-        return _ScipyProduct(matrix)
+        return _ScipyProduct(matrix, values.dtype if half else None)
 
     def scatter_add(self, values: Array, index: Array, size: int) -> Array:
         out = np.zeros((size, *values.shape[1:]), dtype=values.dtype)
@@ -214,13 +216,16 @@ class NumpyBackend(Backend):
 class _ScipyProduct:
     """``S @ dense`` returning a plain ndarray (SciPy may return a matrix subclass)."""
 
-    __slots__ = ("matrix",)
+    __slots__ = ("matrix", "result_dtype")
 
-    def __init__(self, matrix: Any) -> None:
+    def __init__(self, matrix: Any, result_dtype: Any = None) -> None:
         self.matrix = matrix
+        self.result_dtype = result_dtype
 
     def __matmul__(self, dense: Array) -> Array:
-        return np.asarray(self.matrix @ dense)
+        if self.result_dtype is None:
+            return np.asarray(self.matrix @ dense)
+        return np.asarray(self.matrix @ dense.astype(np.float32)).astype(self.result_dtype)
 
 
 BACKEND = NumpyBackend()

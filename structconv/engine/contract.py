@@ -38,6 +38,8 @@ PLANS: PlanCache[tuple[Plan, Order]] = PlanCache(size=2048)
 
 
 def _plan(basis: Basis, x: Array, prm: Param, order: str) -> tuple[Plan, Order]:
+    if not isinstance(order, str):
+        raise TypeError(f"order must be a string such as 'auto' or 'ax', got {type(order).__name__}: {order!r}")
     B = int(x.shape[0])
     key = (basis.plan_key(), B, prm.kind, prm.P, prm.Q, prm.R, order)
     cached = PLANS.get(key)

@@ -8,7 +8,11 @@ any source, so raising there replaces a cascade of front-end errors with one sen
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Any, NoReturn
+
+import torch
+
+from ..backend import of
 
 
 def script_refusal(layer: str) -> str:
@@ -39,3 +43,26 @@ class NotScriptable:
 
     def __prepare_scriptable__(self) -> NoReturn:
         raise TypeError(script_refusal(type(self).__name__))
+
+
+def check_parameter_memory(layer: str, numel: int, sizes: str, device: Any = None, dtype: Any = None) -> None:
+    """Refuse ``numel`` parameter entries that exceed the memory of their device, before any is allocated.
+
+    ``sizes`` names the arguments that ask for them (e.g. ``"num_relations=10000000000"``), so a
+    size typed by mistake ends in one sentence instead of the allocator's failure.
+
+    Examples
+    --------
+    >>> check_parameter_memory("RGCNConv", 2 * 3 * 10**12, "num_relations=1000000000000")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: RGCNConv: num_relations=1000000000000 asks for ... GiB of parameters, more than the ... GiB ...
+    """
+    probe = torch.empty(0, device=device, dtype=dtype)
+    need = numel * probe.element_size()
+    capacity = of(probe).memory_capacity(probe)
+    if need > capacity:
+        raise ValueError(
+            f"{layer}: {sizes} asks for {need / 2**30:.3g} GiB of parameters, more than the "
+            f"{capacity / 2**30:.3g} GiB of memory on {probe.device}"
+        )

@@ -13,7 +13,7 @@ from ..bases.base import Basis
 from ..bases.factor import Separable
 from ..engine.contract import conv
 from ..structures.graph import as_edges, is_matrix_graph, relational_basis
-from ._module import NotScriptable
+from ._module import NotScriptable, check_parameter_memory
 from .graph_common import _features, _pair, _positive, glorot_
 
 
@@ -70,6 +70,9 @@ class RGCNConv(NotScriptable, nn.Module):
             raise ValueError("RGCNConv: give num_bases or num_blocks, not both")
         self.num_bases, self.num_blocks = num_bases, num_blocks
         R, Q = num_relations, out_channels
+        members = num_bases if num_bases is not None else R
+        sizes = f"num_relations={R}, in_channels={in_channels}, out_channels={Q}"
+        check_parameter_memory(name, members * P * Q + (R * members if num_bases else 0), sizes)
         self.comp: nn.Parameter | None = None
         if num_bases is not None:
             _positive(num_bases, "num_bases", name)

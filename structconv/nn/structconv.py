@@ -69,7 +69,7 @@ class StructConv(NotScriptable, nn.Module):
                 "basis must be shared by the batch, shape (K, M, N); per-instance bases go to structconv.conv"
             )
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         factory = {"device": device if device is not None else basis.device, "dtype": dtype or basis.dtype}
         self.basis = basis.to(device=factory["device"], dtype=factory["dtype"])

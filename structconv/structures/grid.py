@@ -300,12 +300,9 @@ def shift_matrix(grid: Size, d: Size, boundary: str = "zero", like: Array | None
            [0, 0, 0, 0]])
     """
     g = _grid(grid)
-    if isinstance(d, int | np.integer):
-        shift = (int(d),) * len(g) if len(g) == 1 else None
-    else:
-        shift = tuple(int(v) for v in d)
-    if shift is None or len(shift) != len(g):
+    if isinstance(d, int | np.integer) and len(g) != 1:
         raise ValueError(f"d must have one entry per grid dimension ({len(g)}), got {d!r}")
+    shift = _ints(d, len(g), "d", -(2**62))  # any integer offset; those beyond the grid give an empty matrix
     return GridBasis(g, g, -np.asarray([shift], dtype=np.int64), 1, boundary, like=like)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import Array, all_finite, backend_of, device_of, dtype_name, is_floating, shape_str
+from . import Array, all_finite, backend_of, device_of, dtype_name, is_floating, of, shape_str
 
 
 def check_array(a: object, arg: str, ranks: tuple[int, ...], names: tuple[str, ...]) -> str:
@@ -17,6 +17,9 @@ def check_array(a: object, arg: str, ranks: tuple[int, ...], names: tuple[str, .
     """
     backend = backend_of(a, arg)
     arr: Any = a
+    if of(arr).is_sparse(arr):  # reshapes and GEMMs need strided memory; a sparse basis is converted instead
+        layout = getattr(arr, "layout", "sparse")
+        raise TypeError(f"{arg} must be a dense (strided) array, got layout {layout}; call {arg}.to_dense()")
     expected = " or ".join(names)
     if arr.ndim not in ranks:
         raise ValueError(f"{arg} must have shape {expected}, got shape {shape_str(tuple(arr.shape))}")
@@ -27,10 +30,26 @@ def check_array(a: object, arg: str, ranks: tuple[int, ...], names: tuple[str, .
     return backend
 
 
+def check_readable(a: Array, arg: str, what: str) -> None:
+    """Raise a ``ValueError`` naming ``arg`` if ``a`` is on the ``meta`` device, where ``what`` cannot read its values.
+
+    A device attribute, never a value read: free on an accelerator.
+
+    Examples
+    --------
+    >>> import torch
+    >>> check_readable(torch.ones(2, device="meta"), "edge_index", "reading a graph")
+    Traceback (most recent call last):
+    ...
+    ValueError: edge_index is on the meta device: reading a graph reads its values, which a meta tensor does not hold
+    """
+    if device_of(a) == "meta":
+        raise ValueError(f"{arg} is on the meta device: {what} reads its values, which a meta tensor does not hold")
+
+
 def check_finite(a: Array, arg: str) -> None:
     """Raise if ``a`` holds NaN or infinite values (or, on the ``meta`` device, no values at all)."""
-    if device_of(a) == "meta":
-        raise ValueError(f"{arg} is on the meta device: it holds no values to check")
+    check_readable(a, arg, "the check for NaN and infinity")
     if not all_finite(a):
         raise ValueError(f"{arg} contains non-finite values (NaN or inf)")
 

@@ -178,8 +178,10 @@ def native_depthwise(x: torch.Tensor, weights: torch.Tensor, geo: Geometry) -> t
     window, padding = window_image(x.reshape(B, *geo.grid, C).movedim(-1, 1), geo)
     N = math.prod(geo.out_grid)
     # The pooling shortcut would send the gradient of equal but learnable weights to one of them.
+    # Weights on the meta device hold no values to compare: the depthwise convolution needs none.
     learnable = torch.is_grad_enabled() and weights.requires_grad
-    uniform = K == 1 and geo.is_full_box and not learnable and bool((weights == weights[0, 0]).all())
+    readable = weights.device.type != "meta"
+    uniform = K == 1 and geo.is_full_box and not learnable and readable and bool((weights == weights[0, 0]).all())
     pool_ok = all(d == 1 for d in dilation) and all(2 * p <= k for p, k in zip(padding, size, strict=True))
     if geo.ndim == 3:  # avg_pool3d refuses windows smaller than the kernel and, on the CPU, bfloat16
         pool_ok = pool_ok and all(int(w) >= k for w, k in zip(window.shape[2:], size, strict=True))

@@ -298,7 +298,7 @@ class SparseMatrix:
             wide = SparseMatrix(self.rows, self.cols, self.values.float(), self.shape)
             with torch.autocast("cpu", enabled=False):  # autocast would narrow the operands again
                 return (wide @ dense.float()).to(dense.dtype)
-        if self.values.requires_grad:
+        if self.values.requires_grad or dense.device.type == "meta":  # meta: the CSR build reads the rows
             gathered = dense.index_select(0, self.cols) * self.values[:, None]
             return dense.new_zeros((self.shape[0], dense.shape[1])).index_add(0, self.rows, gathered)
         if not dense.requires_grad:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import Array, as_index, concatenate, device_of, einsum, find, namespace, of, shape_str, sparse_matrix
-from ..backend.checks import check_finite
+from ..backend.checks import check_finite, check_readable
 from .base import Basis, Cost
 
 #: The most entries (dense positions) a basis may span: each entry's position is an int64.
@@ -118,12 +118,15 @@ class SparseBasis(Basis):
         """Keep the non-zero entries of a dense ``(K, M, N)`` or ``(B, K, M, N)`` array."""
         if find(array) is None:
             array = np.asarray(array)
+        check_readable(array, "array", "SparseBasis.from_dense (finding the non-zero entries)")
         return cls(*of(array).coordinates(array))
 
     @classmethod
     def from_torch(cls, tensor: Any) -> SparseBasis:
         """Build from a torch sparse COO tensor of shape ``(K, M, N)`` or ``(B, K, M, N)``."""
-        return cls(*of(tensor, "tensor").coordinates(tensor))
+        backend = of(tensor, "tensor")
+        check_readable(tensor, "tensor", "SparseBasis.from_torch (reading the entries)")
+        return cls(*backend.coordinates(tensor))
 
     @classmethod
     def from_scipy(cls, matrices: Sequence[Any]) -> SparseBasis:
@@ -227,7 +230,10 @@ class SparseBasis(Basis):
     def to(self, device: Any = None, dtype: Any = None) -> SparseBasis:
         backend = of(self._values)
         values = backend.move(self._values, device, dtype, "basis")
-        return SparseBasis(backend.move(self._indices, device), values, self._shape)
+        indices = backend.move(self._indices, device)
+        if device_of(values) == "meta":  # entries checked already; a meta copy holds none to check again
+            return SparseBasis._from_checked(indices, values, self._shape)
+        return SparseBasis(indices, values, self._shape)
 
     def energy(self) -> float:
         v = self.values
@@ -283,6 +289,7 @@ class SparseBasis(Basis):
         K, _, Q = theta.shape
         N = self.N
         idx = self._indices
+        check_readable(idx, "the basis", "order='atheta' (finding the distinct (m, n) pairs)")
         batched = self.batch is not None
         pair = (idx[0] * M + idx[-2]) * N + idx[-1] if batched else idx[-2] * N + idx[-1]
         pairs, inverse = namespace(pair).unique_inverse(pair)

@@ -12,9 +12,9 @@ from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..bases.edges import EdgeBasis
 from ..bases.factor import LowRank
-from ..structures.graph import Edges, as_edges, is_matrix_graph
+from ..structures.graph import Edges, as_edges, host_like, is_matrix_graph
 from .gat_edges import _attend, _segment_softmax, attention_matrix, loop_features, sorted_edges, stored_entries
-from .graph_common import _check_empty, _features, _pair, _positive, glorot_
+from .graph_common import _check_device, _check_empty, _features, _pair, _positive, glorot_
 from .pyg_state import PyGKey, PyGState, heads_key, linear_key
 
 FILL_REDUCTIONS = ("mean", "add", "sum", "max", "min")
@@ -131,14 +131,16 @@ class GATConv(PyGState):
         if matrix and edge_attr is not None:
             raise ValueError("GATConv: edge_attr goes with an edge_index, not with a sparse adjacency")
         sparse = isinstance(edge_index, torch.Tensor) and edge_index.layout != torch.strided
+        host = host_like(like, edge_index)  # for a meta x: the pattern is formed where the graph is, then placed
         if sparse:  # read in PyG's order, so that the attention weights come back in it
             if edge_index.ndim != 2:
                 raise ValueError(f"GATConv: a sparse adj_t must be 2-D (N_dst, N_src), got {tuple(edge_index.shape)}")
-            edges = as_edges(stored_entries(edge_index), N_src, like=like, num_targets=N_dst)
+            edges = as_edges(stored_entries(edge_index), N_src, like=host, num_targets=N_dst)
         else:
-            edges = as_edges(edge_index, N_src, like=like, adj_t=True, num_targets=N_dst)
+            edges = as_edges(edge_index, N_src, like=host, adj_t=True, num_targets=N_dst)
         attr = None
         if edge_attr is not None:
+            _check_device(edge_attr, like, "GATConv", "edge_attr")
             E = int(edges.src.shape[0])
             attr = edge_attr.reshape(-1, 1) if edge_attr.ndim == 1 else edge_attr
             if attr.ndim != 2 or int(attr.shape[0]) != E or int(attr.shape[1]) != self.edge_dim:
@@ -155,6 +157,11 @@ class GATConv(PyGState):
             loops = min(N_src, N_dst)
             nodes = torch.arange(loops, device=edges.src.device)
             if attr is not None:
+                if host is not like and isinstance(self.fill_value, str):
+                    raise ValueError(
+                        f"GATConv: x is on the meta device: fill_value={self.fill_value!r} reduces edge_attr over each "
+                        "target's edges, read where the graph's values are; pass a number or tensor as fill_value"
+                    )
                 attr = attr[keep]
                 attr = torch.cat([attr, loop_features(edges, attr, loops, self.fill_value).to(attr.dtype)])
             src, dst = torch.cat([edges.src, nodes]), torch.cat([edges.dst, nodes])
@@ -162,6 +169,8 @@ class GATConv(PyGState):
                 by_source = isinstance(edge_index, torch.Tensor) and edge_index.layout == torch.sparse_csc
                 src, dst = sorted_edges(src, dst, N_src, N_dst, by_source)
             edges = edges.with_edges(src, dst, edges.weight.new_ones(int(src.shape[0])))
+        if host is not like:
+            edges = edges.with_edges(*(t.to(like.device) for t in (edges.src, edges.dst, edges.weight)))
         return edges, attr
 
     def attention(
@@ -190,9 +199,11 @@ class GATConv(PyGState):
             if len(x) != 2:
                 raise ValueError("GATConv: a bipartite x must be a pair (x_src, x_dst)")
             x_src = _features(x[0], P, name, static=False)
+            _check_device(x_src, self.weight, name, "x[0]")
             check_input_dtype(x_src, self.weight, name, "x[0]")
             x_dst = None if x[1] is None else _features(x[1], P_dst, name, static=False)
             if x_dst is not None:
+                _check_device(x_dst, self.weight, name, "x[1]")
                 check_input_dtype(x_dst, self.weight, name, "x[1]")
         else:
             if P_dst != P:
@@ -201,6 +212,7 @@ class GATConv(PyGState):
                     f"got in_channels={self.in_channels!r}, pass a pair (x_src, x_dst)"
                 )
             x_src = x_dst = _features(x, P, name, static=False)
+            _check_device(x_src, self.weight, name)
             check_input_dtype(x_src, self.weight, name)
         if edge_attr is not None and self.edge_dim is None:
             raise ValueError(

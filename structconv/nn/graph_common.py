@@ -40,6 +40,7 @@ from ..structures.graph import (
     add_self_loops,
     as_edges,
     gcn_normalize,
+    host_like,
     is_matrix_graph,
 )
 from .pyg_state import PyGKey, PyGState, member_keys
@@ -101,10 +102,23 @@ def _flip(graph: Any, flow: str, layer: str) -> Any:
 
 
 def _read(graph: Any, x: torch.Tensor, edge_weight: torch.Tensor | None, layer: str) -> Edges:
-    """The graph as edges on ``x``'s nodes, a matrix read as PyG's ``adj_t``."""
+    """The graph as edges on ``x``'s nodes, a matrix read as PyG's ``adj_t``.
+
+    For ``x`` on the meta device the edges stay where the graph is (its values are read and
+    normalised there); :meth:`_GraphLayer._run` places the basis beside ``x``.
+    """
     if edge_weight is not None and is_matrix_graph(graph):
         raise ValueError(f"{layer}: edge_weight goes with an edge_index; a sparse adjacency carries its own weights")
-    return as_edges(graph, int(x.shape[-2]), edge_weight, like=x, adj_t=True)
+    return as_edges(graph, int(x.shape[-2]), edge_weight, like=host_like(x, graph, edge_weight), adj_t=True)
+
+
+def _check_device(x: torch.Tensor, parameter: torch.Tensor, layer: str, arg: str = "x") -> None:
+    """Raise a ``ValueError`` naming ``arg`` when ``x`` and a layer's ``parameter`` are on different devices."""
+    if x.device != parameter.device:
+        raise ValueError(
+            f"{layer}: {arg} is on device {x.device} but the layer's parameters are on {parameter.device}; "
+            f"move one of them ({arg}.to({str(parameter.device)!r}) or layer.to({str(x.device)!r}))"
+        )
 
 
 def _check_empty(graph: Any, layer: str) -> None:
@@ -152,6 +166,7 @@ class _GraphLayer(PyGState):
     def _run(self, x: Any, edge_index: Any, edge_weight: torch.Tensor | None, **extra: Any) -> torch.Tensor:
         name = type(self).__name__
         x = _features(x, self.in_channels, name)
+        _check_device(x, self.theta, name)
         check_input_dtype(x, self.theta, name)
         if isinstance(edge_index, Basis):
             if edge_weight is not None:
@@ -163,7 +178,12 @@ class _GraphLayer(PyGState):
             return y0 if self.bias is None else y0 + self.bias
         else:
             basis = self._basis(x, _flip(edge_index, self.flow, name), edge_weight, **extra)
-        y: torch.Tensor = conv(_check_basis(basis, x, name), x, self.theta)
+            if x.device.type == "meta":  # built where the graph's values are (_read): placed beside x
+                basis = basis.to(x.device)
+        # On meta, orders that read the basis' entries (a materialised polynomial, A·Θ's pairs) cannot
+        # run; A·x first reads none, and nothing is computed there anyway.
+        order = "ax" if x.device.type == "meta" else "auto"
+        y: torch.Tensor = conv(_check_basis(basis, x, name), x, self.theta, order)
         return y if self.bias is None else y + self.bias
 
     def forward(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None = None) -> torch.Tensor:

@@ -50,13 +50,21 @@ class _AvgPoolNd(NotScriptable, nn.Module):
         """The one-member averaging basis this layer uses on an input grid of sizes ``grid``."""
 
         def build() -> GridBasis:
+            # On the meta device the column scale of count_include_pad=False (a check of its
+            # values included) is formed on the host, then placed beside the input as an explicit scale.
+            meta = like.device.type == "meta"
             b = avg_pool_basis(
-                grid, self.kernel_size, self.stride, self.padding, self.count_include_pad, like=like,
-                ceil_mode=self.ceil_mode,
+                grid, self.kernel_size, self.stride, self.padding, self.count_include_pad,
+                like=torch.empty(0, dtype=like.dtype) if meta else like, ceil_mode=self.ceil_mode,
             )  # fmt: skip
+            g = b.geometry
+            if meta and self.divisor_override is None:
+                scale = b.column_scale()
+                weights = b.tap_weights().to(like.device)
+                scale = None if scale is None else scale.to(like.device)
+                return GridBasis(g.grid, g.out_grid, g.offsets, g.stride, g.boundary, weights=weights, scale=scale)
             if self.divisor_override is None:
                 return b
-            g = b.geometry
             w = torch.full((1, g.taps), 1.0 / self.divisor_override, dtype=like.dtype, device=like.device)
             return GridBasis(g.grid, g.out_grid, g.offsets, g.stride, g.boundary, weights=w)
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import REGISTRY, Array, device_of, find, is_integer_array, namespace, of, shape_str
-from ..backend.checks import check_finite
+from ..backend.checks import check_finite, check_readable
 from ..bases.sparse import MAX_ENTRIES, SparseBasis
 
 
@@ -63,6 +63,25 @@ def checked_basis(edges: Edges) -> SparseBasis:
     basis a layer builds on every call skips :class:`~structconv.SparseBasis`' own checks.
     """
     return SparseBasis._from_checked(edges._index(), edges.weight, (1, edges.num_nodes, edges.targets))
+
+
+def host_like(like: Array | None, *graph: Any) -> Array | None:
+    """``like``, or for a ``like`` on the meta device an empty stand-in of its dtype where the graph is.
+
+    Normalising a graph reads its values, which meta tensors do not hold; a meta ``like`` (a
+    layer's meta ``x``) only places the result.  So the graph is read and normalised where it is
+    (the device of the first torch array of ``graph``, else the CPU) and the caller moves the
+    basis to the meta device (:meth:`~structconv.Basis.to`).  A graph on the meta device itself
+    is left to :func:`as_edges`, which refuses it.
+    """
+    if like is None or find(like) is None or device_of(like) != "meta":
+        return like
+    backend = of(like)
+    device = next((device_of(a) for a in graph if find(a) is backend), "cpu")
+    if device == "meta":
+        return like
+    stand_in: Array = namespace(like).zeros((0,), dtype=like.dtype, device=device)
+    return stand_in
 
 
 def is_matrix_graph(graph: Any) -> bool:
@@ -117,6 +136,11 @@ def as_edges(
     _check_real(graph, "graph")
     _check_real(edge_weight, "edge_weight")
     _check_real(like, "like")
+    reading = "reading the graph (its node numbers and weights are checked)"
+    if backend is not None:
+        check_readable(graph, "graph" if is_matrix_graph(graph) else "edge_index", reading)
+    if find(edge_weight) is not None:
+        check_readable(edge_weight, "edge_weight", reading)
     if not is_matrix_graph(graph):
         if backend is None:
             raise TypeError(

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, as_index, concatenate, find, is_integer_array, namespace, of, to_numpy
+from ..backend import Array, as_index, concatenate, device_of, find, is_integer_array, namespace, of, to_numpy
 from ..bases.base import Basis
 from ..bases.polynomial import PolynomialBasis
 from ..bases.sparse import SparseBasis
-from .edge_list import Edges, as_edges, is_matrix_graph
+from .edge_list import Edges, as_edges, host_like, is_matrix_graph
 from .normalize import (
     _largest_eigenvalue,
     add_remaining_self_loops,
@@ -77,6 +77,9 @@ def gcn_basis(
     array([[0.5, 0.5],
            [0.5, 0.5]])
     """
+    host = host_like(like, graph, edge_weight)
+    if host is not like:  # a meta like: normalised where the graph's values are, then placed
+        return gcn_basis(graph, num_nodes, edge_weight, improved, add_self_loops, normalize, host).to(device_of(like))
     edges = as_edges(graph, num_nodes, edge_weight, like)
     if add_self_loops is None:
         add_self_loops = normalize
@@ -126,6 +129,10 @@ def graph_basis(
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    host = host_like(like, graph, edge_weight, edge_type)
+    if host is not like:  # a meta like: built where the graph's values are, then placed
+        args = (graph, kind, K, num_nodes, edge_weight, normalization, lambda_max, edge_type, num_relations, walks)
+        return graph_basis(*args, like=host).to(device_of(like))
     edges = as_edges(graph, num_nodes, edge_weight, like)
     if kind == "adjacency":
         return edges.to_basis()
@@ -173,6 +180,11 @@ def relational_basis(
     E = int(edges.src.shape[0])
     if tuple(edge_type.shape) != (E,) or not is_integer_array(edge_type):
         raise ValueError(f"edge_type must be an integer array of shape (E,) = ({E},), got {tuple(edge_type.shape)}")
+    if device_of(edge_type) == "meta":  # worded as backend.checks.check_readable words it
+        raise ValueError(
+            "edge_type is on the meta device: building a relational basis (the relation numbers are checked) reads "
+            "its values, which a meta tensor does not hold"
+        )
     R = int(edge_type.max()) + 1 if num_relations is None else int(num_relations)
     if E and (int(edge_type.min()) < 0 or int(edge_type.max()) >= R):
         raise ValueError(
@@ -195,6 +207,11 @@ def relational_basis(
     all_values = [values]
     weights = of(edges.weight)
     if walks:
+        if device_of(values) == "meta":
+            raise ValueError(
+                "like is on the meta device: walks (products of relations, formed with SciPy) read the edges' "
+                "values, which a meta tensor does not hold; build the basis with a real like and move it (Basis.to)"
+            )
         import scipy.sparse
 
         t_np, v_np, s_np, d_np = to_numpy(etype), to_numpy(values), to_numpy(edges.src), to_numpy(edges.dst)
@@ -217,7 +234,10 @@ def relational_basis(
         indices.append(as_index(np.stack([np.full(N, members), nodes, nodes]), edges.src))
         all_values.append(weights.asarray(np.ones(N), edges.weight))
         members += 1
-    return SparseBasis(concatenate(indices, 1), concatenate(all_values, 0), (members, N, T))
+    index, value = concatenate(indices, 1), concatenate(all_values, 0)
+    if device_of(value) == "meta":  # edges placed on meta (like a layer's x): built from checked parts
+        return SparseBasis._from_checked(index, value, (members, N, T))
+    return SparseBasis(index, value, (members, N, T))
 
 
 # Names the graph layers and older code import from here (their homes are edge_list, normalize
@@ -233,6 +253,7 @@ __all__ = [
     "gcn_basis",
     "gcn_normalize",
     "graph_basis",
+    "host_like",
     "is_matrix_graph",
     "laplacian",
     "relational_basis",

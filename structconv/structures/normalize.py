@@ -34,7 +34,17 @@ def _loops(edges: Edges, fill: float) -> Array:
     return namespace(w).full((edges.num_nodes,), fill, dtype=w.dtype, device=device_of(w))
 
 
+def _check_readable(edges: Edges, what: str) -> None:
+    """Refuse edges on the meta device: ``what`` reads their values, which meta tensors do not hold."""
+    if str(getattr(edges.weight, "device", "")) == "meta":  # an attribute, no dispatch: graph layers run this per call
+        raise ValueError(
+            f"the graph's edges are on the meta device (placed like x, or like=): {what} reads their values, which "
+            "a meta tensor does not hold; read the graph with a real like and move the basis (Basis.to)"
+        )
+
+
 def _check_non_negative(edges: Edges, what: str) -> None:
+    _check_readable(edges, what)
     if bool((edges.weight < 0).any()):
         raise ValueError(
             f"edge weights (edge_weight, or the entries of a matrix graph) must be non-negative for {what} "
@@ -51,6 +61,7 @@ def _inverse(deg: Array, power: float) -> Array:
 
 def add_remaining_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
     """Give every node exactly one self-loop: keep an existing loop's weight, else use ``fill``."""
+    _check_readable(edges, "adding the remaining self-loops")
     backend = of(edges.weight)  # resolved once: a graph layer runs this on every call
     xp = backend.namespace()
     src, dst, weight = edges.src, edges.dst, edges.weight
@@ -79,6 +90,7 @@ def add_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
 
 
 def remove_self_loops(edges: Edges) -> Edges:
+    _check_readable(edges, "removing self-loops")
     keep = edges.src != edges.dst
     return edges.with_edges(edges.src[keep], edges.dst[keep], edges.weight[keep])
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import struct
 import tarfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -244,3 +246,56 @@ def test_shared_jpeg_archive_test_split(tmp_path: Path) -> None:
     assert np.bincount(test.labels).tolist() == [1000] * 10
     means = test.images.reshape(-1, 3).mean(0) / 255
     np.testing.assert_allclose(means, [0.4942, 0.4851, 0.4504], atol=0.05)  # the official test-set means
+
+
+def _png_of_mode(mode: str, rng: np.random.Generator) -> tuple[bytes, np.ndarray]:
+    """A 32x32 PNG of ``mode`` and the RGB pixels it stands for (alpha dropped)."""
+    from PIL import Image
+
+    rgb = Image.fromarray(rng.integers(0, 4, size=(32, 32, 3), dtype=np.uint8) * 60)
+    if mode.startswith("P"):  # quantized: P with 64 colours, P;2 with 4, P;1 with 2 (Pillow packs small palettes)
+        img = rgb.quantize(colors={"P": 64, "P;2": 4, "P;1": 2}[mode])
+    elif mode == "RGBA":
+        img = rgb.copy()
+        img.putalpha(Image.fromarray(rng.integers(0, 256, size=(32, 32), dtype=np.uint8)))  # not opaque
+    else:
+        img = rgb.convert(mode)
+    buffer = io.BytesIO()
+    img.save(buffer, format="PNG")
+    with Image.open(io.BytesIO(buffer.getvalue())) as opened:
+        assert (opened.mode, opened.tile[0][3]) == (mode[0] if mode.startswith("P") else mode, mode)
+    return buffer.getvalue(), np.asarray(img.convert("RGB"))
+
+
+@pytest.mark.parametrize("mode", ["P", "P;2", "P;1", "RGBA", "LA", "1"])
+def test_palette_alpha_and_bilevel_pngs_are_read_as_their_rgb_pixels(tmp_path: Path, mode: str) -> None:
+    rng = np.random.default_rng(0)
+    made = [_png_of_mode(mode, rng) for _ in range(3)]
+    with tarfile.open(tmp_path / "cifar10-jpeg.tar.gz", "w:gz") as tar:
+        for i, (png, _) in enumerate(made):
+            _add(tar, f"cifar10/test/cat/{i}.png", png)
+    test = load_cifar10(tmp_path, "test", cache_dir=tmp_path / "cache")
+    np.testing.assert_array_equal(test.images, np.stack([pixels for _, pixels in made]))
+    assert len(np.unique(test.images.reshape(-1, 3), axis=0)) > 1  # not decoded to one colour
+
+
+@pytest.mark.parametrize(("array", "mode"), [(np.full((32, 32), 40_000, np.uint16), "I;16"), (None, "LA;16B")])
+def test_pngs_of_more_than_8_bits_are_still_refused(tmp_path: Path, array: np.ndarray | None, mode: str) -> None:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    if array is not None:
+        Image.fromarray(array).save(buffer, format="PNG")
+    else:  # 16-bit grayscale with alpha, which Pillow cannot write: IHDR colour type 4, depth 16
+
+        def chunk(kind: bytes, body: bytes) -> bytes:
+            return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+        rows = (b"\0" + b"\x12\x34\xff\xff" * 32) * 32
+        header = struct.pack(">IIBBBBB", 32, 32, 16, 4, 0, 0, 0)
+        buffer.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)))
+        buffer.write(chunk(b"IEND", b""))
+    with tarfile.open(tmp_path / "cifar10-jpeg.tar.gz", "w:gz") as tar:
+        _add(tar, "cifar10/test/cat/0.png", buffer.getvalue())
+    with pytest.raises(ValueError, match=rf"0\.png: pixels of mode .*{mode}.*refused, not converted"):
+        load_cifar10(tmp_path, "test", cache_dir=tmp_path / "cache")

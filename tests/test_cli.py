@@ -138,7 +138,7 @@ def test_a_bad_number_is_a_usage_error_naming_the_option(
     assert _fails(argv, capsys) == f"{prog}: error: {message}"
 
 
-DEVICES = "--device must be auto, cpu, cuda or cuda:N, got"
+DEVICES = "--device must be auto or a device torch knows (cpu, cuda, cuda:N, mps, xpu, ...), got"
 
 
 @pytest.mark.parametrize(
@@ -149,6 +149,10 @@ DEVICES = "--device must be auto, cpu, cuda or cuda:N, got"
         (["cifar", "eval", "run", "--device", "foo"], f"{DEVICES} 'foo'"),
         (["cifar", "bench", "--device", "CPU"], f"{DEVICES} 'CPU'; did you mean cpu?"),
         (["cifar", "demo", "--device", "cuda:x"], f"{DEVICES} 'cuda:x'; did you mean cuda?"),
+        (["cifar", "bench", "--device", "XPU"], f"{DEVICES} 'XPU'; did you mean xpu?"),
+        (["cifar", "bench", "--device", "xpus"], f"{DEVICES} 'xpus'; did you mean xpu?"),
+        (["cifar", "bench", "--device", "MPS:0"], f"{DEVICES} 'MPS:0'; did you mean mps:0?"),
+        (["cifar", "demo", "--device", "meta"], f"{DEVICES} 'meta': the meta device holds shapes, no values"),
     ],
 )
 def test_an_unknown_device_is_a_usage_error_with_the_right_spelling(
@@ -158,8 +162,28 @@ def test_an_unknown_device_is_a_usage_error_with_the_right_spelling(
 
 
 def test_the_device_spellings_torch_knows_are_accepted() -> None:
-    for device in ("auto", "cpu", "cuda", "cuda:0", "cuda:12"):
+    for device in ("auto", "cpu", "cuda", "cuda:0", "cuda:12", "mps", "mps:0", "xpu", "xpu:1"):
         assert build_parser().parse_args(["cifar", "bench", "--device", device]).device == device
+
+
+def test_without_torch_the_device_is_checked_by_its_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    from structconv.experiments.cli_common import device_name
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert [device_name(d) for d in ("auto", "cpu", "cuda:1", "mps", "xpu")] == ["auto", "cpu", "cuda:1", "mps", "xpu"]
+    with pytest.raises(argparse.ArgumentTypeError, match=r"got 'GPU:1'; did you mean cuda:1\?"):
+        device_name("GPU:1")
+
+
+@pytest.mark.parametrize("kind", ["xpu", "mps"])
+def test_a_device_type_that_is_not_here_is_a_usage_error(kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if getattr(torch, kind).is_available():
+        pytest.skip(f"this machine has {kind}")
+    assert main(["cifar", "bench", "--device", kind]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--device {kind}: {kind.upper()} is not available on this machine" in err
 
 
 def test_a_cuda_index_beyond_the_devices_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import official_archive
+import torch
+from conftest import memory_budget, official_archive
 from test_planetoid import dump, write_synthetic
 
 from structconv.cli import main
-from structconv.data import cifar
+from structconv.data import cifar, load_planetoid, unpickle
 from structconv.data.cifar import MAX_BATCH_BYTES, cache_key, load_cifar10
 from structconv.data.unpickle import numpy_reconstruct
 from structconv.experiments.cifar.checkpoint import save_checkpoint
@@ -106,6 +107,23 @@ class Reduce:
         return (self.func, self.args) if self.state is None else (self.func, self.args, self.state)
 
 
+# A few bytes that state a length (or a memo index) far beyond the stream: CPython's unpickler allocates the stated
+# size before reading, so each must be refused before unpickling.  One per family of counted opcodes.
+STATED: dict[str, tuple[bytes, str]] = {
+    "bytes8_1tb": (b"\x80\x04\x8e" + struct.pack("<Q", 2**40) + b"abc", "BINBYTES8 at byte 2 states 1,099,511,627,776"),
+    "unicode8_1tb": (b"\x80\x04\x8d" + struct.pack("<Q", 2**40) + b"abc", "BINUNICODE8 at byte 2 states 1,099,511,"),
+    "bytearray8_1tb": (b"\x80\x05\x96" + struct.pack("<Q", 2**40) + b"abc", "BYTEARRAY8 at byte 2 states 1,099,511,"),
+    "string_2gib": (b"\x80\x02T" + struct.pack("<i", 2**31 - 1) + b"abc", "BINSTRING at byte 2 states 2,147,483,647"),
+    "string_negative": (b"\x80\x02T\xff\xff\xff\xff" + b"abc", "BINSTRING at byte 2 states -1 bytes"),
+    "bytes4_4gib": (b"\x80\x03B" + struct.pack("<I", 2**32 - 1) + b"abc", "BINBYTES at byte 2 states 4,294,967,295"),
+    "unicode4_4gib": (b"\x80\x02X" + struct.pack("<I", 2**32 - 1) + b"abc", "BINUNICODE at byte 2 states 4,294,967,"),
+    "long4_2gib": (b"\x80\x02\x8b" + struct.pack("<i", 2**31 - 1) + b"abc", "LONG4 at byte 2 states 2,147,483,647"),
+    "frame_1tb": (b"\x80\x04\x95" + struct.pack("<Q", 2**40) + b"N.", "FRAME at byte 2 states 1,099,511,627,776"),
+    # The memo grows to twice a PUT's index, zero-filled: 64 GiB for this one, 4 GiB touched for 2**28.
+    "memo_index": (b"\x80\x02Nr" + struct.pack("<I", 2**32 - 1) + b".", "LONG_BINPUT at byte 3 names memo index 4,"),
+}
+
+
 # --- Planetoid --------------------------------------------------------------------------------------
 def _planetoid_cases(root: Path) -> list[tuple[str, str, list[str]]]:
     """``(id, file, expected fragments)``: each case is the synthetic Cora with one file replaced."""
@@ -144,6 +162,7 @@ def _planetoid_cases(root: Path) -> list[tuple[str, str, list[str]]]:
         "graph_id_1e30": ("graph", {0: [10**30]}, ["ind.cora.graph", f"node id {10**30} is out of range"]),
         "graph_key_1e30": ("graph", {10**30: [1]}, ["ind.cora.graph", f"node id {10**30} is out of range"]),
         "list_called": ("graph", {0: Reduce(list, (b"x" * 1000,))}, ["ind.cora.graph", "list called"]),
+        **{case: ("y", blob, ["ind.cora.y: expected a pickle of", stated]) for case, (blob, stated) in STATED.items()},
     }
     cases = []
     base = root / "base"
@@ -155,6 +174,8 @@ def _planetoid_cases(root: Path) -> list[tuple[str, str, list[str]]]:
         path = folder / f"ind.cora.{suffix}"
         if isinstance(content, str):
             path.write_text(content)
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
         else:
             dump(path, content)
         cases.append((case, str(folder), fragments))
@@ -199,6 +220,7 @@ def planetoid_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
         "graph_id_1e30",
         "graph_key_1e30",
         "list_called",
+        *STATED,
     ],
 )
 def test_planetoid_refuses_implausible_sizes_before_allocating(planetoid_outcomes: dict[str, Any], case: str) -> None:
@@ -285,6 +307,12 @@ def _cifar_cases(root: Path) -> list[tuple[str, list[Any], list[str]]]:
     path = case("label_array", official, "test", ["labels of dtype float32"])
     _gz_tar(path, [(member, _batch(np.zeros((2, 3072), np.uint8), np.ones(2, np.float32)))])
 
+    for name, (blob, stated) in STATED.items():
+        _gz_tar(
+            case(f"batch_{name}", official, "test", ["test_batch: cannot be read as a pickle", stated]),
+            [(member, blob)],
+        )
+
     image = "cifar10/test/cat/0000.png"
     bomb_png = _png(5000, 5000, 8, b"")
     _gz_tar(
@@ -340,6 +368,7 @@ def cifar_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "png_16bit",
         "image_2mib",
         "cache_header",
+        *(f"batch_{name}" for name in STATED),
     ],
 )
 def test_cifar_refuses_implausible_sizes_and_casts(cifar_outcomes: dict[str, Any], case: str) -> None:
@@ -374,6 +403,11 @@ def _state(model: str = "resnet18", **options: Any) -> dict[str, Any]:
     return {"config": saved, "epoch": 1, "history": history, "model": weights, "optimizer": {}}
 
 
+def _tiny_grid_config(**options: Any) -> dict[str, Any]:
+    small = {"width": 8, "heads": 1, "depth": 1, "ffn": 8, **options}
+    return config_for("smoke", "sa-learned", model_options=small).as_dict()
+
+
 def _checkpoint_cases(root: Path) -> list[tuple[str, str, list[str]]]:
     states = {
         "width_1e6": (_state(width=10**6), ["model_options width=1000000 is implausible", "1 to 4,096"]),
@@ -389,6 +423,16 @@ def _checkpoint_cases(root: Path) -> list[tuple[str, str, list[str]]]:
         "history_length": ({**_state(), "history": []}, ["'history' is a list of 0 rows"]),
         "epoch_str": ({**_state(), "epoch": "1"}, ["'epoch' is '1'"]),
         "config_str": ({**_state(), "config": "resnet18"}, ["'config' is 'resnet18'"]),
+        # 2.3 KB that made the meta-device build allocate 10 GiB of relative-position tables on the host.
+        "tokens_16384": (
+            {
+                "config": _tiny_grid_config(image=128, block=1),
+                "epoch": 0,
+                "history": [],
+                "model": {"w": torch.zeros(1)},
+            },
+            ["image=128 and block=1 make 16,384 tokens, more than 4,096", "10 GiB"],
+        ),
     }
     cases = []
     for case, (state, fragments) in states.items():
@@ -427,6 +471,7 @@ def checkpoint_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
         "epoch_str",
         "config_str",
         "record_size",
+        "tokens_16384",
     ],
 )
 def test_checkpoints_are_checked_before_the_model_is_built(checkpoint_outcomes: dict[str, Any], case: str) -> None:
@@ -446,15 +491,31 @@ def _one_line(capsys: pytest.CaptureFixture[str], *fragments: str) -> None:
 def test_planetoid_command_reports_a_refused_pickle_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for case in ("refused", "far"):
+    for case in ("refused", "far", "stated"):
         (tmp_path / case).mkdir()
         write_synthetic(tmp_path / case, "cora", gaps=False)
     dump(tmp_path / "refused" / "ind.cora.x", Reduce(os.system, ("true",)))
     (tmp_path / "far" / "ind.cora.test.index").write_text("520\n1000000000\n")
+    (tmp_path / "stated" / "ind.cora.y").write_bytes(STATED["bytes8_1tb"][0])
     assert main(["planetoid", "--data", str(tmp_path / "refused"), "--seeds", "1", "--epochs", "1"]) == 1
     _one_line(capsys, "structconv planetoid: ", "ind.cora.x: refused to unpickle global")
     assert main(["planetoid", "--data", str(tmp_path / "far"), "--seeds", "1", "--epochs", "1"]) == 1
     _one_line(capsys, "structconv planetoid: ", "ind.cora.test.index, line 2: node id 1000000000 is out of range")
+    with memory_budget(EXTRA_GIB):  # a MemoryError, not a success on a large host, if the stream went unchecked
+        status = main(["planetoid", "--data", str(tmp_path / "stated"), "--seeds", "1", "--epochs", "1"])
+    assert status == 1
+    _one_line(capsys, "structconv planetoid: ", "ind.cora.y: expected a pickle of", STATED["bytes8_1tb"][1])
+
+
+def test_running_out_of_memory_while_unpickling_is_a_value_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback for what the stream check does not foresee: a ``MemoryError`` names the file."""
+    write_synthetic(tmp_path, "cora", gaps=False)
+    (tmp_path / "ind.cora.y").write_bytes(STATED["bytes8_1tb"][0])
+    monkeypatch.setattr(unpickle, "check_stream", lambda data: None)
+    with memory_budget(EXTRA_GIB), pytest.raises(ValueError, match=r"ind\.cora\.y: unpickling it ran out of memory"):
+        load_planetoid(tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -363,3 +363,55 @@ def test_test_index_must_follow_allx(cora_dir):
     path.write_text("\n".join(map(str, ids)))
     with pytest.raises(ValueError, match=r"expected the test node ids to start right after the \d+ rows of"):
         load_planetoid(cora_dir)
+
+
+# --- the stream check before unpickling -------------------------------------------------------------
+STREAM_OBJECTS = [
+    None,
+    [1, -5, 2**70, -(2**100), 1.5, 1e300, "héllo\n", b"bytes\x00\n", bytearray(b"xy" * 200), (1,), {1, 2}],
+    {"a": 1, 2: [b"x"] * 3, "shared": [[0]] * 3},
+    collections.defaultdict(list, {0: list(range(300)), 1: [2**31, -(2**31)]}),
+    collections.OrderedDict(a=1),
+    np.arange(10),
+    sp.csr_matrix(np.eye(3, dtype=np.float32)),
+    "x" * 300,
+    b"y" * 70_000,  # a frame of its own at protocol 4
+]
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_the_stream_check_passes_every_protocol_and_refuses_every_prefix(protocol: int) -> None:
+    from structconv.data.unpickle import check_stream
+
+    for obj in STREAM_OBJECTS:
+        data = pickle.dumps(obj, protocol=protocol)
+        check_stream(data)
+        ends = range(len(data)) if len(data) < 5000 else [*range(0, len(data), 999), *range(len(data) - 50, len(data))]
+        for end in ends:
+            with pytest.raises(pickle.UnpicklingError, match=r"checked before unpickling"):
+                check_stream(data[:end])
+
+
+@real
+def test_the_stream_check_passes_the_real_files() -> None:
+    from structconv.data.unpickle import check_stream
+
+    for suffix in ("x", "y", "tx", "ty", "allx", "ally", "graph"):
+        check_stream((DATA / f"ind.cora.{suffix}").read_bytes())  # Python 2 pickles: memo indices from 1
+
+
+@pytest.mark.parametrize(
+    ("stream", "message"),
+    [
+        (b"\x80\x02N]r\x00\x00\x00\x00q\x03.", r"BINPUT at byte \d+ names memo index 3, but only 1 values"),
+        (b"(lp7\n.", r"PUT at byte 2 names memo index 7, but only 0 values"),
+        (b"(lp-1\n.", r"PUT at byte 2 names memo index b'-1'"),
+        (b"\x80\x02\xff.", r"unknown opcode b'\\xff' at byte 2"),
+        (b"\x80\x02cnumpy\n", r"GLOBAL at byte 2 has no end of line"),
+    ],
+)
+def test_the_stream_check_names_the_opcode(stream: bytes, message: str) -> None:
+    from structconv.data.unpickle import check_stream
+
+    with pytest.raises(pickle.UnpicklingError, match=message):
+        check_stream(stream)

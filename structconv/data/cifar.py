@@ -38,14 +38,7 @@ import numpy as np
 
 from .atomic import atomic_write
 from .limits import archive_files, read_member, read_npz
-from .unpickle import (
-    CORRUPT_PICKLE,
-    PickledArray,
-    RefusedGlobalError,
-    RefusedObjectError,
-    RestrictedUnpickler,
-    numpy_reconstruct,
-)
+from .unpickle import PickledArray, numpy_reconstruct, restricted_loads
 
 __all__ = [
     "CACHE_ENV",
@@ -78,7 +71,10 @@ MAX_IMAGE_BYTES = 1 << 20
 """The most bytes an image member of a folder archive may state; a 32x32 JPEG or PNG takes a few kB."""
 MAX_MEMBERS = 100_000
 """The most entries an archive may hold: CIFAR-10's 60,000 images and their folders, with room."""
-_IMAGE_MODES = ("RGB", "L")  # 8 bits per sample, which convert("RGB") copies without a cast
+# At most 8 bits per sample, which convert("RGB") maps exactly: grayscale and bilevel repeated across the channels,
+# a palette looked up, an alpha channel dropped (as before these checks, and as torchvision's loader does).
+_IMAGE_MODES = ("RGB", "L", "P", "RGBA", "LA", "1")
+_SUBBYTE = ("", "1", "2", "4")  # the raw modes' bit depths below 8 (P;4, L;2, ...), which Pillow widens exactly
 
 _ADMITTED = {
     ("numpy", "ndarray"): np.ndarray,
@@ -201,14 +197,7 @@ def _open_tar(archive: Path) -> tarfile.TarFile:
 
 
 def _unpickle(data: bytes, source: str) -> Any:
-    try:
-        return RestrictedUnpickler(
-            io.BytesIO(data), source, _ADMITTED, "numpy arrays", limit=len(data), encoding="bytes"
-        ).load()
-    except (RefusedGlobalError, RefusedObjectError):
-        raise
-    except CORRUPT_PICKLE as err:
-        raise ValueError(f"{source}: cannot be read as a pickle (truncated or corrupt?): {err}") from err
+    return restricted_loads(data, source, _ADMITTED, "numpy arrays", encoding="bytes")
 
 
 def _batch(raw: bytes, source: str) -> tuple[np.ndarray, np.ndarray]:
@@ -363,11 +352,15 @@ def _decode(raw: bytes, source: str) -> np.ndarray:
                     raise ValueError(f"{source}: expected a 32x32 image, but it states {img.width}x{img.height}")
                 # A 16-bit PNG opens as mode RGB and would be cut to 8 bits: its decoder's raw mode tells.
                 raw_modes = [t[3] if isinstance(t[3], str) else t[3][0] if t[3] else "" for t in img.tile]
-                if img.mode not in _IMAGE_MODES or any(m not in _IMAGE_MODES for m in raw_modes):
+                raw_ok = all(m.partition(";")[0] in _IMAGE_MODES and m.partition(";")[2] in _SUBBYTE for m in raw_modes)
+                if img.mode not in _IMAGE_MODES or not raw_ok:
                     raise ValueError(
-                        f"{source}: pixels of mode {img.mode} ({', '.join(map(str, raw_modes))}); expected 8-bit RGB "
-                        "or grayscale (refused, not converted)"
+                        f"{source}: pixels of mode {img.mode} ({', '.join(map(str, raw_modes))}); expected 8-bit RGB, "
+                        "grayscale or palette, with or without alpha (refused, not converted)"
                     )
+                palette = (img.palette.mode if img.palette is not None else None) if img.mode == "P" else "RGB"
+                if palette != "RGB":
+                    raise ValueError(f"{source}: a palette of mode {palette}; expected RGB (refused, not converted)")
                 img.load()
                 return np.asarray(img.convert("RGB"), dtype=np.uint8)
     except (UnidentifiedImageError, OSError, SyntaxError, EOFError, zlib.error, Image.DecompressionBombError) as err:

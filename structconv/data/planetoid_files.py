@@ -1,24 +1,24 @@
 """Reading the Planetoid split files: each file's object, checked, and the files against each other.
 
-:func:`read_pickle` unpickles one file with a :class:`~structconv.data.unpickle.RestrictedUnpickler`
-that resolves only :data:`ADMITTED_GLOBALS`; ``as_features``, ``as_labels`` and ``as_edges``
+:func:`read_pickle` unpickles one file with :func:`~structconv.data.unpickle.restricted_loads`,
+which resolves only :data:`ADMITTED_GLOBALS`; ``as_features``, ``as_labels`` and ``as_edges``
 check that the object is what the format says (and rebuild a CSR matrix from checked parts),
 :func:`read_test_index` reads the plain-text ``test.index``, and :func:`check_consistent` checks
 the files' row and column counts against each other.  Every failure is a ``ValueError`` naming
 the file (a refused global, a ``pickle.UnpicklingError``); :mod:`structconv.data.planetoid`
 builds the graph from what passes.
 
-No size stated in a file is trusted: an array may hold no more bytes than its file, the adjacency
-lists no more ids than the graph file has bytes, a test id must lie within twice the listed test
-ids of the last ``allx`` row, and the dense feature matrix built from them at most
-:data:`MAX_DENSE_VALUES` values; each is checked before anything of that size is allocated.
+No size stated in a file is trusted: no length or memo index in a pickle stream may exceed what the
+file holds, an array may hold no more bytes than its file, the adjacency lists no more ids than the
+graph file has bytes, a test id must lie within twice the listed test ids of the last ``allx`` row,
+and the dense feature matrix built from them at most :data:`MAX_DENSE_VALUES` values; each is
+checked before anything of that size is allocated.
 """
 
 from __future__ import annotations
 
 import collections
 import operator
-import os
 import reprlib
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -26,14 +26,7 @@ from typing import Any, Final, TypeVar
 import numpy as np
 import scipy.sparse as sp
 
-from .unpickle import (
-    CORRUPT_PICKLE,
-    PickledArray,
-    RefusedGlobalError,
-    RefusedObjectError,
-    RestrictedUnpickler,
-    numpy_reconstruct,
-)
+from .unpickle import PickledArray, RefusedObjectError, numpy_reconstruct, restricted_loads
 
 __all__ = [
     "ADMITTED_GLOBALS",
@@ -122,19 +115,14 @@ ADMITTED_GLOBALS: Final = _admitted_globals()
 def read_pickle(path: Path, expected: str) -> object:
     """Unpickle ``path``, admitting only :data:`ADMITTED_GLOBALS`; a corrupt stream is a ``ValueError``.
 
-    An array may hold no more bytes than the file has (:class:`~structconv.data.unpickle.RefusedObjectError`).
+    The stream is checked first (:func:`~structconv.data.unpickle.check_stream`: no stated length or
+    memo index beyond the file), and an array may hold no more bytes than the file has
+    (:class:`~structconv.data.unpickle.RefusedObjectError`).
     """
-    with path.open("rb") as file:
-        limit = os.fstat(file.fileno()).st_size
-        try:
-            return RestrictedUnpickler(file, str(path), ADMITTED_GLOBALS, _NEEDS, limit).load()
-        except (RefusedGlobalError, RefusedObjectError):
-            raise
-        except CORRUPT_PICKLE as exc:
-            raise ValueError(
-                f"{path}: expected a pickle of {expected}, but it cannot be read (truncated or corrupt?): "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+    # Read whole: a buffered file's read(n) allocates the n a stream states before reading.
+    data = path.read_bytes()
+    corrupt = f"expected a pickle of {expected}, but it cannot be read (truncated or corrupt?)"
+    return restricted_loads(data, str(path), ADMITTED_GLOBALS, _NEEDS, corrupt)
 
 
 # --- validation of the unpickled objects ----------------------------------------------------------

@@ -10,14 +10,22 @@ object dtype makes ``ndarray.__setstate__`` allocate before it checks the data. 
 are swapped for checked ones (:class:`PickledArray` for ``numpy.ndarray``): an array must be plain
 numeric and hold no more bytes than the stream itself (``limit``), checked before it is allocated,
 else a :class:`RefusedObjectError` names the file and the size.
+
+Before any of that, the stream itself is stepped over (:func:`check_stream`): CPython's unpickler
+allocates the length a counted opcode states (``BINBYTES8``, ``BINUNICODE8``, ``BINSTRING``,
+``LONG4``, ...) before it reads the data, and grows its memo to twice the index a ``PUT`` names, so a
+pickle of a few bytes could ask for a terabyte.  :func:`restricted_loads` checks the stream, then
+unpickles it.
 """
 
 from __future__ import annotations
 
 import importlib
+import io
 import math
 import operator
 import pickle
+import pickletools
 from typing import IO, Any
 
 import numpy as np
@@ -28,7 +36,9 @@ __all__ = [
     "RefusedGlobalError",
     "RefusedObjectError",
     "RestrictedUnpickler",
+    "check_stream",
     "numpy_reconstruct",
+    "restricted_loads",
 ]
 
 
@@ -193,11 +203,17 @@ class RestrictedUnpickler(pickle.Unpickler):
         return array
 
     def load(self) -> Any:
-        """Read the object; a refused one raises :class:`RefusedObjectError` naming the file."""
+        """Read the object; a refused one, or a ``MemoryError``, raises :class:`RefusedObjectError` naming the file."""
         try:
             return super().load()
         except RefusedObjectError as err:
             raise RefusedObjectError(f"{self._source}: {err}") from None
+        except MemoryError:
+            # The fallback for what check_stream does not foresee: for files of these formats (a few MB), a size
+            # stated in the file is a likelier cause than the host's memory.
+            raise RefusedObjectError(
+                f"{self._source}: unpickling it ran out of memory (a size stated in the file that it does not hold?)"
+            ) from None
 
 
 CORRUPT_PICKLE = (
@@ -211,3 +227,145 @@ CORRUPT_PICKLE = (
     OverflowError,
 )
 """What a truncated or corrupt pickle raises while it is read (refusals are caught before these)."""
+
+
+# How an opcode's argument is laid out, and what the check does with it (see _layouts).
+_PLAIN, _PUT, _MEMOIZE, _FRAME, _STOP, _LINES, _COUNTED = range(7)
+_CHECKED = " (checked before unpickling)"
+
+
+def _layouts() -> list[tuple[str, int, int] | None]:
+    """Per opcode byte: ``(name, kind, size)``, from the opcode table of the running Python's ``pickletools``.
+
+    ``kind`` is :data:`_LINES` (``size`` lines), :data:`_COUNTED` (a ``size``-byte length, then that
+    many bytes: signed for ``BINSTRING`` and ``LONG4``, whose negative lengths the unpickler refuses),
+    or an argument of ``size`` bytes: :data:`_PUT`, :data:`_FRAME` (checked), :data:`_MEMOIZE`,
+    :data:`_STOP` or :data:`_PLAIN` (skipped).
+    """
+    prefixed = {
+        pickletools.TAKEN_FROM_ARGUMENT1: 1,
+        pickletools.TAKEN_FROM_ARGUMENT4: -4,  # signed
+        pickletools.TAKEN_FROM_ARGUMENT4U: 4,
+        pickletools.TAKEN_FROM_ARGUMENT8U: 8,
+    }
+    special = {"BINPUT": _PUT, "LONG_BINPUT": _PUT, "MEMOIZE": _MEMOIZE, "FRAME": _FRAME, "STOP": _STOP}
+    table: list[tuple[str, int, int] | None] = [None] * 256
+    for op in pickletools.opcodes:
+        arg = op.arg
+        if arg is None or arg.n >= 0:
+            table[ord(op.code)] = (op.name, special.get(op.name, _PLAIN), 0 if arg is None else arg.n)
+        elif arg.n == pickletools.UP_TO_NEWLINE:  # GLOBAL and INST name a module and a name, one line each
+            table[ord(op.code)] = (op.name, _LINES, 2 if arg.name == "stringnl_noescape_pair" else 1)
+        else:
+            table[ord(op.code)] = (op.name, _COUNTED, prefixed[arg.n])
+    return table
+
+
+_LAYOUTS = _layouts()
+
+
+def check_stream(data: bytes) -> None:
+    """Step over the opcodes of the pickle ``data`` without building anything; raise if one states what is not there.
+
+    CPython's unpickler allocates the length a counted opcode states (``BINBYTES8``, ``BINUNICODE8``,
+    ``BYTEARRAY8``, ``BINSTRING``, ``BINBYTES``, ``BINUNICODE``, ``LONG4``, ...) before it reads the
+    bytes, reads a ``FRAME``'s stated length ahead, and sizes its memo by twice the index a ``PUT``
+    names.  Here every stated length must lie within the remaining bytes, and a memo index may exceed
+    the values memoized before it by at most one (pickle.py numbers them from 0, Python 2's cPickle
+    from 1).  The opcodes and their argument layouts are those of :mod:`pickletools`, whose ``genops``
+    would make the same walk two to three times slower, decoding every argument.
+
+    Raises
+    ------
+    pickle.UnpicklingError
+        Naming the opcode, its offset, what it states and what the stream holds (not the file: the
+        caller names it).
+    """
+    end, at, puts = len(data), 0, 0
+    while at < end:
+        layout = _LAYOUTS[data[at]]
+        if layout is None:
+            raise pickle.UnpicklingError(f"unknown opcode {data[at : at + 1]!r} at byte {at:,}{_CHECKED}")
+        name, kind, size = layout
+        start, at = at, at + 1
+        if kind == _PLAIN:  # most opcodes; one that ends past the stream ends the loop
+            at += size
+        elif kind == _LINES:
+            for _ in range(size):
+                newline = data.find(b"\n", at)
+                if newline < 0:
+                    raise pickle.UnpicklingError(f"{name} at byte {start:,} has no end of line{_CHECKED}")
+                if name == "PUT":
+                    index = data[at:newline]
+                    if not index.isdigit() or len(index) > 20:
+                        raise pickle.UnpicklingError(f"PUT at byte {start:,} names memo index {index!r:.40}{_CHECKED}")
+                    puts = _memo_put(int(index), puts, name, start)
+                at = newline + 1
+        elif kind == _COUNTED:
+            width = abs(size)
+            if at + width > end:
+                break
+            length = int.from_bytes(data[at : at + width], "little", signed=size < 0)
+            at += width
+            _within_stream(name, start, length, end - at)
+            at += length
+        elif kind == _MEMOIZE:
+            puts += 1
+        elif at + size <= end:  # a PUT, FRAME or STOP whose argument the stream holds
+            value = int.from_bytes(data[at : at + size], "little")
+            at += size
+            if kind == _PUT:
+                puts = _memo_put(value, puts, name, start)
+            elif kind == _FRAME:
+                _within_stream(name, start, value, end - at)
+            else:
+                return
+        else:
+            break
+    raise pickle.UnpicklingError(f"the stream ends before its STOP opcode{_CHECKED}")
+
+
+def _within_stream(name: str, start: int, length: int, remaining: int) -> None:
+    if not 0 <= length <= remaining:
+        raise pickle.UnpicklingError(
+            f"{name} at byte {start:,} states {length:,} bytes, but only {remaining:,} remain{_CHECKED}"
+        )
+
+
+def _memo_put(index: int, puts: int, name: str, start: int) -> int:
+    if index > puts + 1:
+        raise pickle.UnpicklingError(
+            f"{name} at byte {start:,} names memo index {index:,}, but only {puts:,} values were memoized before "
+            f"it{_CHECKED}"
+        )
+    return puts + 1
+
+
+def restricted_loads(
+    data: bytes,
+    source: str,
+    admitted: dict[tuple[str, str], Any],
+    needs: str,
+    corrupt: str = "cannot be read as a pickle (truncated or corrupt?)",
+    encoding: str = "latin1",
+) -> Any:
+    """Unpickle ``data`` with a :class:`RestrictedUnpickler` after :func:`check_stream`; every failure names ``source``.
+
+    ``admitted``, ``needs`` and ``encoding`` are those of :class:`RestrictedUnpickler`; an array may
+    hold no more bytes than ``data``.
+
+    Raises
+    ------
+    RefusedGlobalError, RefusedObjectError
+        As the unpickler raises them.
+    ValueError
+        If the stream is truncated or corrupt, or states a length or memo index it does not hold:
+        ``"{source}: {corrupt}: {what}"``.
+    """
+    try:
+        check_stream(data)
+        return RestrictedUnpickler(io.BytesIO(data), source, admitted, needs, len(data), encoding).load()
+    except (RefusedGlobalError, RefusedObjectError):
+        raise
+    except CORRUPT_PICKLE as err:
+        raise ValueError(f"{source}: {corrupt}: {type(err).__name__}: {err}") from err

@@ -9,7 +9,8 @@ with status 2, runtime failures with 1.
 This module sits in the experiments layer so that the experiments' own command lines
 (:mod:`structconv.experiments.cifar.cli`) and the top-level :mod:`structconv.cli` share it
 without the experiments importing the entry point above them.  It imports only the standard
-library: ``structconv check --backends numpy`` must run without torch.
+library (torch only inside :func:`device_name`): ``structconv check --backends numpy`` must run
+without torch.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import difflib
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
@@ -80,23 +82,46 @@ def nonnegative_float(text: str) -> float:
     return value
 
 
-_DEVICES = "auto, cpu, cuda or cuda:N"
+_DEVICES = "auto or a device torch knows (cpu, cuda, cuda:N, mps, xpu, ...)"
+_NEAR_DEVICES = ("auto", "cpu", "cuda", "mps", "xpu")  # what a misspelling is compared with
+_ALIAS = re.compile(r"(?:gpu|cuda|nvidia)[:_ ]?(\d*)")  # other names of cuda (and cuda:01), cuda:N
+
+
+def _torch_parses(text: str) -> bool:
+    """Whether ``torch.device(text)`` accepts ``text``; without torch, whether it is cpu, cuda, mps or xpu[:N]."""
+    try:
+        import torch
+    except ImportError:  # the command that wanted the device reports the missing torch
+        return re.fullmatch(r"(?:cpu|cuda|mps|xpu)(?::\d+)?", text) is not None
+    try:
+        with warnings.catch_warnings():  # torch warns for some types it still accepts (mkldnn)
+            warnings.simplefilter("ignore")
+            torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return True
 
 
 def device_name(text: str) -> str:
-    """An ``argparse`` type: a device spelled as torch spells it, ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+    """An ``argparse`` type: ``auto`` or any device ``torch.device`` parses (``cpu``, ``cuda:1``, ``mps``, ...).
 
-    A near spelling gets the right one (``gpu`` -> ``cuda``, ``GPU:1`` -> ``cuda:1``, ``CPU`` -> ``cpu``);
-    whether the device exists is the command's to check.
+    A spelling torch rejects gets the near one it would take (``gpu`` -> ``cuda``, ``GPU:1`` ->
+    ``cuda:1``, ``CPU`` -> ``cpu``, ``XPU`` -> ``xpu``); ``meta`` is refused (it computes nothing).  Whether
+    the device exists is the command's to check.
+    Imports torch (only when the option is given): ``structconv check`` runs without it.
     """
-    if text in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", text):
+    if text.partition(":")[0] == "meta":  # torch parses it, but a meta tensor holds no values to compute with
+        raise argparse.ArgumentTypeError(f"must be {_DEVICES}, got {text!r}: the meta device holds shapes, no values")
+    if text == "auto" or _torch_parses(text):
         return text
     lower = text.strip().lower()
-    alias = re.fullmatch(r"(?:gpu|cuda|nvidia)[:_ ]?(\d*)", lower)
+    alias = _ALIAS.fullmatch(lower)
     if alias:
         hint = f"cuda:{int(alias[1])}" if alias[1] else "cuda"
+    elif lower == "auto" or _torch_parses(lower):
+        hint = lower
     else:
-        close = difflib.get_close_matches(lower, ["auto", "cpu", "cuda"], n=1, cutoff=0.5)
+        close = difflib.get_close_matches(lower, _NEAR_DEVICES, n=1, cutoff=0.5)
         hint = close[0] if close else ""
     suffix = f"; did you mean {hint}?" if hint else ""
     raise argparse.ArgumentTypeError(f"must be {_DEVICES}, got {text!r}{suffix}")

@@ -318,7 +318,9 @@ def trial(entry: str, p: dict[str, Any]) -> Trial:
         if c.kind == "graph":
             extra = dict(c.extra)
             if meta_all:
-                extra = {k: v.to("meta") if k != "edge_index" else v for k, v in extra.items()}
+                # The graph's structure (edge_index, and RGCN's edge_type, whose range is checked) stays
+                # on the host, as it would in a shape-only run; features go to meta.
+                extra = {k: v if k in ("edge_index", "edge_type") else v.to("meta") for k, v in extra.items()}
             return layer, layer(inp, extra.pop("edge_index"), *extra.values())
         return layer, layer(inp)
 

@@ -8,13 +8,16 @@ leaves either the previous checkpoint or the new one, never a partial file.
 
 No size stated in a checkpoint is trusted.  Its zip records must lie within the file as stored
 (``torch.save`` never compresses them) before ``torch.load`` allocates for them; its ``config``
-may ask for no model size beyond :data:`MAX_MODEL_SIZES`, and the model it describes is built on
+may ask for no model size beyond :data:`MAX_MODEL_SIZES` and no more than :data:`MAX_TOKENS` tokens
+(building an attention model builds its relative-position tables on the host, even on ``meta``), and
+the model it describes is built on
 the ``meta`` device (shapes only, no memory) and must have exactly the parameters the checkpoint
 holds, all before any model is built for real.
 """
 
 from __future__ import annotations
 
+import inspect
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,10 +25,18 @@ from typing import Any
 import torch
 
 from ...data.atomic import atomic_write
-from .models import build_model
+from .models import SelfAttentionNet, build_model
 from .presets import TrainConfig
 
-__all__ = ["FORMAT", "MAX_MODEL_SIZES", "VERSION", "CheckpointError", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "FORMAT",
+    "MAX_MODEL_SIZES",
+    "MAX_TOKENS",
+    "VERSION",
+    "CheckpointError",
+    "load_checkpoint",
+    "save_checkpoint",
+]
 
 FORMAT = "structconv-cifar-checkpoint"
 VERSION = 1
@@ -48,6 +59,10 @@ MAX_MODEL_SIZES = {
     "image": 256,
     "block": 16,
 }
+#: The most tokens, ``(image // block) ** 2``, a checkpoint's config may ask for: sixteen times the paper's 256
+#: (32x32 images in 2x2 blocks).  Building an attention model builds its relative-position tables with NumPy,
+#: ``40 * tokens**2`` bytes (0.7 GB here), even on the ``meta`` device.
+MAX_TOKENS = 4096
 _REQUIRED = ("epoch", "history", "config", "model")
 
 
@@ -164,10 +179,25 @@ def _config(path: Path, saved: object) -> TrainConfig:
                 f"{path}: config model_options {key}={value!r:.40} is implausible; expected an integer from 1 to "
                 f"{largest:,} (refused before building the model)"
             )
+    _check_tokens(path, options)
     try:
         return TrainConfig.from_dict(dict(saved))
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{path}: 'config' is not a valid training configuration: {err}") from err
+
+
+def _check_tokens(path: Path, options: dict[str, Any]) -> None:
+    """Refuse a token grid whose relative-position tables the host would build before the model is checked."""
+    defaults = inspect.signature(SelfAttentionNet).parameters
+    image = options.get("image", defaults["image"].default)
+    block = options.get("block", defaults["block"].default)
+    tokens = (image // block) ** 2
+    if tokens > MAX_TOKENS:
+        raise CheckpointError(
+            f"{path}: config model_options image={image} and block={block} make {tokens:,} tokens, more than "
+            f"{MAX_TOKENS:,} (the paper's models have 256); the model's relative-position tables alone would take "
+            f"{40 * tokens**2 / 2**30:.3g} GiB (refused before building the model)"
+        )
 
 
 def _check_model(path: Path, config: TrainConfig, model: object) -> None:

@@ -25,6 +25,7 @@ from .names import DATA_ENV as ENV
 DEFAULT_DATA = "../shared/data"
 CIFAR10_TEST_IMAGES = 10_000  # the size of CIFAR-10's test split
 CACHE_ENV = "STRUCTCONV_CACHE"  # the same as structconv.data.cifar.CACHE_ENV (tested)
+_DEVICE_HELP = "auto or a torch device: cpu, cuda, cuda:N, mps, xpu, ..."
 
 
 class UsageError(ValueError):
@@ -36,12 +37,17 @@ def _device(name: str) -> str:
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: CUDA is not available on this machine")
-    count = torch.cuda.device_count() if name.startswith("cuda") else 0
-    if name.startswith("cuda:") and int(name[5:]) >= count:
+    kind, _, index = name.partition(":")
+    module: Any = getattr(torch, kind, None)  # torch.cuda, torch.xpu, torch.mps, ...: is one here, how many
+    if kind == "cpu" or not hasattr(module, "is_available"):
+        return name
+    if not module.is_available():
+        raise UsageError(f"--device {name}: {kind.upper()} is not available on this machine")
+    count = module.device_count() if hasattr(module, "device_count") else int(index or 0) + 1
+    if index and int(index) >= count:
         raise UsageError(
-            f"--device {name}: this machine has {count} CUDA device(s); expected cuda:0 to cuda:{count - 1}"
+            f"--device {name}: this machine has {count} {kind.upper()} device(s); expected {kind}:0 to "
+            f"{kind}:{count - 1}"
         )
     return name
 
@@ -305,9 +311,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _train_arguments(p: argparse.ArgumentParser, demo: bool = False) -> None:
     _data_arguments(p)
     p.add_argument("--out", default="runs/cifar" if not demo else "runs/cifar-demo", help="root of the run directories")
-    p.add_argument(
-        "--device", type=device_name, default="auto" if not demo else "cpu", help="auto, cpu, cuda or cuda:N"
-    )
+    p.add_argument("--device", type=device_name, default="auto" if not demo else "cpu", help=_DEVICE_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument(
@@ -384,7 +388,7 @@ def add_parser(sub: Any) -> None:
         description="Test loss and accuracy of trained checkpoints on the full CIFAR-10 test split.",
     )
     ev.add_argument("runs", nargs="+", help="run directories or checkpoint files")
-    ev.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda or cuda:N")
+    ev.add_argument("--device", type=device_name, default="auto", help=_DEVICE_HELP)
     _data_arguments(ev)
     ev.set_defaults(func=_eval)
     plot = verbs.add_parser(
@@ -399,7 +403,7 @@ def add_parser(sub: Any) -> None:
         help="training throughput, FLOPs and utilisation of every model and peer",
         description="Training throughput, FLOPs per image and utilisation of every model and its peers.",
     )
-    bench.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda or cuda:N")
+    bench.add_argument("--device", type=device_name, default="auto", help=_DEVICE_HELP)
     bench.add_argument("--batch", type=positive_int, default=100, help="images per training step")
     bench.add_argument("--steps", type=positive_int, default=5, help="training steps per timed round")
     bench.add_argument("--rounds", type=positive_int, default=5, help="timed rounds (the median is reported)")

@@ -279,3 +279,28 @@ def test_results_table_counts_test_images_from_the_config(tmp_path: Path) -> Non
     assert count_test_images({"test_subset": 1000}, []) == 1000
     assert count_test_images({"test_subset": 50_000}, []) == 10_000
     assert count_test_images({"test_subset": 1000}, [{"test_images": 999}]) == 999
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["cifar", "bench", "--only", "=1"], "--only got unknown variants ['=1']"),
+        (["cifar", "train", "--set", "key"], "--set expects key=value (e.g. lr=0.1), got 'key'"),
+        (["cifar", "train", "--option", "key"], "--option expects key=value (e.g. heads=16), got 'key'"),
+    ],
+)
+def test_a_malformed_option_is_named_with_a_usage_status(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_python_dash_m_runs_the_command_line() -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "structconv", *args], capture_output=True, text=True, timeout=120)
+
+    done = run("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"structconv {structconv.__version__}"
+    usage = run("bogus")
+    assert usage.returncode == 2

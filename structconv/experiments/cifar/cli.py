@@ -63,12 +63,14 @@ def _value(text: str) -> Any:
         return text
 
 
-def _options(pairs: list[str]) -> dict[str, Any]:
+def _options(pairs: list[str], flag: str = "--option") -> dict[str, Any]:
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(f"--option expects key=value (e.g. heads=16), got {pair!r}")
+            raise UsageError(
+                f"{flag} expects key=value (e.g. {'heads=16' if flag == '--option' else 'lr=0.1'}), got {pair!r}"
+            )
         out[key] = _value(value)
     return out
 
@@ -142,7 +144,7 @@ def _train(args: argparse.Namespace) -> int:
 
     models = _models(args.model)
     device = _device(args.device)
-    overrides: dict[str, Any] = {k: v for k, v in _options(args.set).items()}
+    overrides: dict[str, Any] = {k: v for k, v in _options(args.set, "--set").items()}
     options = _options(args.option)
     for name in ("epochs", "batch_size", "lr", "seed", "train_subset", "test_subset"):
         value = getattr(args, name)
@@ -270,10 +272,12 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .throughput import measure, table
+    from .throughput import VARIANTS, measure, table
 
     device = _device(args.device)
     only = tuple(s.strip() for s in args.only.split(",") if s.strip())
+    if unknown := [n for n in only if n not in VARIANTS]:
+        raise UsageError(f"--only got unknown variants {unknown}; expected some of {list(VARIANTS)}")
     result = measure(
         device, batch=args.batch, steps=args.steps, rounds=args.rounds, only=only,
         log=lambda s: print(s, file=sys.stderr, flush=True), peak_tflops=args.peak_tflops,

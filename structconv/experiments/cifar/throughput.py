@@ -62,6 +62,8 @@ from .reference import dense_twin
 __all__ = ["GOALS", "SA_VARIANTS", "Gemm", "Throughput", "largest_gemm", "measure", "table"]
 
 SA_VARIANTS = ("sa-quadratic", "sa-gaussian", "sa-learned", "sa-learned-content")
+#: Every variant :func:`measure` can time (its ``only`` picks among them).
+VARIANTS = (*SA_VARIANTS, "sa-quadratic paper-dense", "resnet18", "resnet18 torch")
 #: Goals of the study's GPU runs: sa-quadratic images per second (one H100/H200, batch 100, bf16),
 #: so that 300 epochs take about 21 minutes; ResNet18 of GridConv2d against nn.Conv2d; on CPUs,
 #: the paper's sa-quadratic step at batch 100 reaching half the FLOP/s of its own largest GEMM.
@@ -261,10 +263,9 @@ def measure(
     """Median training images per second of each variant and of the GEMM yardstick (see the module docstring)."""
     cuda = device.startswith("cuda")
     bf16 = precision == "bf16" or (precision == "auto" and cuda)
-    known = (*SA_VARIANTS, "sa-quadratic paper-dense", "resnet18", "resnet18 torch")
-    unknown = [n for n in only if n not in known]
+    unknown = [n for n in only if n not in VARIANTS]
     if unknown:
-        raise ValueError(f"unknown variants {unknown}; expected some of {list(known)}")
+        raise ValueError(f"only: unknown variants {unknown}; expected some of {list(VARIANTS)}")
     models = _variants(sa_options or {}, only)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, 32, 32, generator=g).to(device)

@@ -193,6 +193,11 @@ def _planetoid_cases(root: Path) -> list[tuple[str, str, list[str]]]:
     ids[ids.index(max(ids, key=int))] = "1000000"
     (folder / "ind.cora.test.index").write_text("\n".join(ids))
     cases.append(("index_1e6", str(folder), ["ind.cora.test.index", "node id 1000000 is far beyond"]))
+    # A sparse 10 GiB test.index: read whole, a MemoryError before.
+    folder = root / "index_10gib"
+    shutil.copytree(base, folder)
+    os.truncate(folder / "ind.cora.test.index", 10 * 2**30)
+    cases.append(("index_10gib", str(folder), ["ind.cora.test.index: the file has 10,737,418,240 bytes"]))
     return cases
 
 
@@ -220,12 +225,21 @@ def planetoid_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
         "graph_id_1e30",
         "graph_key_1e30",
         "list_called",
+        "index_10gib",
         *STATED,
     ],
 )
 def test_planetoid_refuses_implausible_sizes_before_allocating(planetoid_outcomes: dict[str, Any], case: str) -> None:
     outcome, fragments = planetoid_outcomes[case]
     assert_refused(outcome, *fragments)
+
+
+def test_planetoid_refuses_a_graph_keyed_by_a_tuple_nested_a_million_deep(tmp_path: Path) -> None:
+    """Hashing the key recursed in C past the stack: a crash (in a subprocess of its own, so it fails alone)."""
+    write_synthetic(tmp_path, "cora", gaps=False)
+    (tmp_path / "ind.cora.graph").write_bytes(b"\x80\x02}K\x00" + b"\x85" * 1_000_000 + b"]s.")
+    outcome = run_bounded([{"id": "deep_key", "call": "planetoid", "args": [str(tmp_path)]}])["deep_key"]
+    assert_refused(outcome, "ind.cora.graph: TUPLE1 at byte 105 builds objects nested 101 deep, more than the 100")
 
 
 # --- CIFAR-10 archives ------------------------------------------------------------------------------

@@ -208,6 +208,29 @@ def test_bad_arguments(tmp_path):
     assert load_planetoid(str(tmp_path), dtype=torch.float64).x.dtype == torch.float64
 
 
+@pytest.mark.parametrize("given", ["float32", np.float32, "float12", 32])
+def test_dtype_not_a_torch_dtype_is_a_type_error_naming_it(tmp_path: Path, given: object) -> None:
+    write_synthetic(tmp_path, "cora", gaps=False)  # "float32" raised an AttributeError before
+    with pytest.raises(TypeError, match=r"dtype must be a floating-point torch dtype such as torch.float32, got "):
+        load_planetoid(tmp_path, dtype=given)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got 'float64' \(torch.float64\?\)"):
+        load_planetoid(tmp_path, dtype="float64")  # type: ignore[arg-type]
+
+
+def test_a_test_index_over_its_cap_is_refused_before_reading(tmp_path: Path) -> None:
+    from structconv.data.planetoid_files import MAX_TEST_INDEX_BYTES
+
+    write_synthetic(tmp_path, "cora", gaps=False)
+    path = tmp_path / "ind.cora.test.index"
+    listed = path.read_bytes()
+    path.write_bytes(listed + b"\n" * (MAX_TEST_INDEX_BYTES - len(listed)))  # blank lines: still a valid file
+    assert load_planetoid(tmp_path).num_nodes == 560
+    path.write_bytes(listed + b"\n" * (MAX_TEST_INDEX_BYTES + 1 - len(listed)))
+    size = f"{MAX_TEST_INDEX_BYTES + 1:,}"
+    with pytest.raises(ValueError, match=rf"ind\.cora\.test\.index: the file has {size} bytes, more than the"):
+        load_planetoid(tmp_path)
+
+
 # --- safe loading -----------------------------------------------------------------------------------
 class Payload:
     """Pickles as a call of ``func(*args)``: what a malicious pickle does on plain ``pickle.load``."""
@@ -379,6 +402,19 @@ STREAM_OBJECTS = [
 ]
 
 
+def _nest(inner: Any, depth: int) -> Any:
+    """``inner`` inside ``depth - 1`` containers of its own kind: ``depth`` deep."""
+    wrap = {list: lambda x: [x], tuple: lambda x: (x,), dict: lambda x: {0: x}, frozenset: lambda x: frozenset([x])}
+    for _ in range(depth - 1):
+        inner = wrap[type(inner)](inner)
+    return inner
+
+
+def _twice(stored: int, outer: int) -> bytes:
+    """A tuple ``stored`` deep, memoized, then fetched twice into a pair wrapped ``outer - 1`` more times."""
+    return b"\x80\x02)" + b"\x85" * (stored - 1) + b"q\x00h\x00h\x00\x86" + b"\x85" * (outer - 1) + b"."
+
+
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
 def test_the_stream_check_passes_every_protocol_and_refuses_every_prefix(protocol: int) -> None:
     from structconv.data.unpickle import check_stream
@@ -398,6 +434,43 @@ def test_the_stream_check_passes_the_real_files() -> None:
 
     for suffix in ("x", "y", "tx", "ty", "allx", "ally", "graph"):
         check_stream((DATA / f"ind.cora.{suffix}").read_bytes())  # Python 2 pickles: memo indices from 1
+
+
+# Objects nested one deeper than check_stream admits, built by each family of opcodes, and the admitted depth.
+DEEP = 101
+NESTED: dict[str, tuple[bytes, bytes]] = {
+    "tuple_key": (b"\x80\x02}K\x00" + b"\x85" * 1_000_000 + b"]s.", b"\x80\x02}K\x00" + b"\x85" * 99 + b"]s."),
+    "lists": (pickle.dumps(_nest([], DEEP), 2), pickle.dumps(_nest([], DEEP - 1), 2)),
+    "tuples_protocol_0": (pickle.dumps(_nest((), DEEP), 0), pickle.dumps(_nest((), DEEP - 1), 0)),
+    "dicts": (pickle.dumps(_nest({}, DEEP), 4), pickle.dumps(_nest({}, DEEP - 1), 4)),
+    "frozensets": (pickle.dumps(_nest(frozenset(), DEEP), 4), pickle.dumps(_nest(frozenset(), DEEP - 1), 4)),
+    # A tuple 51 deep stored in the memo and fetched twice into one of 51 more: the memo keeps its depth.
+    "memo": (_twice(51, 50), _twice(50, 50)),
+    # Empty lists, each appended to the one before: APPEND makes the container as deep as its deepest item.
+    "appends": (b"\x80\x02]" + b"]" * DEEP + b"a" * DEEP + b".", b"\x80\x02]" + b"]" * 99 + b"a" * 99 + b"."),
+}
+
+
+@pytest.mark.parametrize("case", NESTED)
+def test_the_stream_check_refuses_objects_nested_too_deep(case: str) -> None:
+    from structconv.data.unpickle import MAX_DEPTH, RefusedObjectError, check_stream
+
+    deep, admitted = NESTED[case]
+    assert MAX_DEPTH == DEEP - 1
+    with pytest.raises(
+        RefusedObjectError, match=rf"at byte [\d,]+ builds objects nested {DEEP} deep, more than the 100"
+    ):
+        check_stream(deep)
+    check_stream(admitted)
+    pickle.loads(admitted)
+
+
+def test_a_graph_keyed_by_a_deeply_nested_tuple_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """Hashing the key recursed in C past the stack: a segfault before (run in a subprocess by test_hostile_files)."""
+    write_synthetic(tmp_path, "cora", gaps=False)
+    (tmp_path / "ind.cora.graph").write_bytes(b"\x80\x02}K\x00" + b"\x85" * 150 + b"]s.")
+    with pytest.raises(ValueError, match=r"ind\.cora\.graph: TUPLE1 at byte 105 builds objects nested 101 deep"):
+        load_planetoid(tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -105,6 +105,20 @@ class Planetoid:
 
 
 # --- the reader -----------------------------------------------------------------------------------
+def _float_dtype(dtype: object) -> torch.dtype:
+    """``dtype`` if it is a floating-point torch dtype; a name such as ``"float32"`` is refused, as torch refuses it."""
+    if not isinstance(dtype, torch.dtype):
+        hint = (
+            f" (torch.{dtype}?)"
+            if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype)
+            else ""
+        )
+        raise TypeError(f"dtype must be a floating-point torch dtype such as torch.float32, got {dtype!r}{hint}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype}")
+    return dtype
+
+
 def load_planetoid(
     root: str | os.PathLike[str],
     name: str = "cora",
@@ -133,6 +147,8 @@ def load_planetoid(
 
     Raises
     ------
+    TypeError
+        If ``dtype`` is not a ``torch.dtype`` (a name such as ``"float32"`` included).
     FileNotFoundError
         If ``root`` or one of the eight files is missing.
     pickle.UnpicklingError
@@ -168,8 +184,7 @@ def load_planetoid(
     key = name.lower()
     if key not in NAMES:
         raise ValueError(f"name={name!r} is not a Planetoid dataset this reader knows; expected one of {NAMES}")
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype}")
+    dtype = _float_dtype(dtype)
     paths = locate(Path(root), key)
 
     features = {s: as_features(read_pickle(paths[s], "a scipy.sparse CSR matrix"), paths[s]) for s in FEATURES}

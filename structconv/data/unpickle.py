@@ -11,11 +11,11 @@ are swapped for checked ones (:class:`PickledArray` for ``numpy.ndarray``): an a
 numeric and hold no more bytes than the stream itself (``limit``), checked before it is allocated,
 else a :class:`RefusedObjectError` names the file and the size.
 
-Before any of that, the stream itself is stepped over (:func:`check_stream`): CPython's unpickler
-allocates the length a counted opcode states (``BINBYTES8``, ``BINUNICODE8``, ``BINSTRING``,
-``LONG4``, ...) before it reads the data, and grows its memo to twice the index a ``PUT`` names, so a
-pickle of a few bytes could ask for a terabyte.  :func:`restricted_loads` checks the stream, then
-unpickles it.
+Before any of that, the stream itself is stepped over (:func:`check_stream`): CPython's unpickler allocates the
+length a counted opcode states (``BINBYTES8``, ``BINUNICODE8``, ``BINSTRING``, ``LONG4``, ...) before it reads the
+data, and grows its memo to twice the index a ``PUT`` names, so a pickle of a few bytes could ask for a terabyte; and
+it hashes a nested tuple key by recursing in C, so objects may nest ``MAX_DEPTH`` deep at most.
+:func:`restricted_loads` checks the stream, then unpickles it.
 """
 
 from __future__ import annotations
@@ -216,31 +216,44 @@ class RestrictedUnpickler(pickle.Unpickler):
             ) from None
 
 
-CORRUPT_PICKLE = (
-    pickle.UnpicklingError,
-    EOFError,
-    ValueError,
-    TypeError,
-    AttributeError,
-    IndexError,
-    KeyError,
-    OverflowError,
-)
-"""What a truncated or corrupt pickle raises while it is read (refusals are caught before these)."""
+CORRUPT_PICKLE = (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, LookupError, OverflowError)
+"""What a truncated or corrupt pickle raises while it is read (refusals are caught before these; LookupError:
+``IndexError`` and ``KeyError``)."""
 
 
 # How an opcode's argument is laid out, and what the check does with it (see _layouts).
-_PLAIN, _PUT, _MEMOIZE, _FRAME, _STOP, _LINES, _COUNTED = range(7)
+_PLAIN, _PUT, _MEMOIZE, _FRAME, _STOP, _LINES, _COUNTED, _GET = range(8)
+# What an opcode does to the stack of the objects being built, for their nesting depth (see _effect).
+_NONE, _ATOM, _EMPTY, _MARK, _FETCH, _POP, _DUP, _MAKE, _MAKE_MARK, _POP_MARK, _ADD, _ADD_MARK = range(12)  # ordered
 _CHECKED = " (checked before unpickling)"
 
+MAX_DEPTH = 100
+"""The deepest nesting of objects :func:`check_stream` admits; the CIFAR and Planetoid pickles nest 8 deep at most."""
 
-def _layouts() -> list[tuple[str, int, int] | None]:
-    """Per opcode byte: ``(name, kind, size)``, from the opcode table of the running Python's ``pickletools``.
+
+def _effect(op: pickletools.OpcodeInfo) -> tuple[int, int]:
+    """``(effect, count)``: how ``op`` changes the stack of depths, from its stack effect in :mod:`pickletools`."""
+    before, after = [s.name for s in op.stack_before], [s.name for s in op.stack_after]
+    # LIST, TUPLE, DICT, FROZENSET, INST and OBJ build; POP_MARK drops; APPENDS, SETITEMS and ADDITEMS add.
+    if "mark" in before:
+        return (_ADD_MARK if before.index("mark") else _MAKE_MARK if after else _POP_MARK), 0
+    named = {"MARK": _MARK, "POP": _POP, "DUP": _DUP, "APPEND": _ADD, "SETITEM": _ADD, "BUILD": _ADD}
+    named.update(GET=_FETCH, BINGET=_FETCH, LONG_BINGET=_FETCH, MEMOIZE=_NONE, READONLY_BUFFER=_NONE)
+    if op.name in named:
+        return named[op.name], len(before) - 1
+    if not before and after:
+        return (_EMPTY if op.name.startswith("EMPTY_") else _ATOM), 0
+    # TUPLE1-3, REDUCE, NEWOBJ(_EX), STACK_GLOBAL, ... make one object; PROTO, FRAME, PUT (stored apart), STOP none.
+    return (_MAKE, len(before)) if after else (_NONE, 0)
+
+
+def _layouts() -> list[tuple[str, int, int, int, int] | None]:
+    """Per opcode byte: ``(name, kind, size, effect, count)``, from the opcode table of the running ``pickletools``.
 
     ``kind`` is :data:`_LINES` (``size`` lines), :data:`_COUNTED` (a ``size``-byte length, then that
     many bytes: signed for ``BINSTRING`` and ``LONG4``, whose negative lengths the unpickler refuses),
-    or an argument of ``size`` bytes: :data:`_PUT`, :data:`_FRAME` (checked), :data:`_MEMOIZE`,
-    :data:`_STOP` or :data:`_PLAIN` (skipped).
+    or an argument of ``size`` bytes: :data:`_PUT`, :data:`_GET`, :data:`_FRAME` (checked), :data:`_MEMOIZE`,
+    :data:`_STOP` or :data:`_PLAIN` (skipped).  ``effect`` and ``count`` are :func:`_effect`'s.
     """
     prefixed = {
         pickletools.TAKEN_FROM_ARGUMENT1: 1,
@@ -248,23 +261,29 @@ def _layouts() -> list[tuple[str, int, int] | None]:
         pickletools.TAKEN_FROM_ARGUMENT4U: 4,
         pickletools.TAKEN_FROM_ARGUMENT8U: 8,
     }
-    special = {"BINPUT": _PUT, "LONG_BINPUT": _PUT, "MEMOIZE": _MEMOIZE, "FRAME": _FRAME, "STOP": _STOP}
-    table: list[tuple[str, int, int] | None] = [None] * 256
+    special = {"BINPUT": _PUT, "LONG_BINPUT": _PUT, "BINGET": _GET, "LONG_BINGET": _GET, "MEMOIZE": _MEMOIZE}
+    special.update(FRAME=_FRAME, STOP=_STOP)
+    table: list[tuple[str, int, int, int, int] | None] = [None] * 256
     for op in pickletools.opcodes:
         arg = op.arg
         if arg is None or arg.n >= 0:
-            table[ord(op.code)] = (op.name, special.get(op.name, _PLAIN), 0 if arg is None else arg.n)
+            layout = (op.name, special.get(op.name, _PLAIN), 0 if arg is None else arg.n)
         elif arg.n == pickletools.UP_TO_NEWLINE:  # GLOBAL and INST name a module and a name, one line each
-            table[ord(op.code)] = (op.name, _LINES, 2 if arg.name == "stringnl_noescape_pair" else 1)
+            layout = (op.name, _LINES, 2 if arg.name == "stringnl_noescape_pair" else 1)
         else:
-            table[ord(op.code)] = (op.name, _COUNTED, prefixed[arg.n])
+            layout = (op.name, _COUNTED, prefixed[arg.n])
+        table[ord(op.code)] = (*layout, *_effect(op))
     return table
 
 
 _LAYOUTS = _layouts()
+# Per opcode byte, for the walk's fast path: twice the length of an opcode with a fixed-size argument that pushes
+# a new object, plus its depth (BININT1: 2 * 2 + 0, EMPTY_LIST: 2 * 1 + 1); else 0.
+_PUSHES = [2 + 2 * t[2] + (t[3] == _EMPTY) if t and t[1] == _PLAIN and t[3] in (_ATOM, _EMPTY) else 0 for t in _LAYOUTS]
+_MARK_BYTE = pickle.MARK[0]
 
 
-def check_stream(data: bytes) -> None:
+def check_stream(data: bytes, max_depth: int = MAX_DEPTH) -> None:
     """Step over the opcodes of the pickle ``data`` without building anything; raise if one states what is not there.
 
     CPython's unpickler allocates the length a counted opcode states (``BINBYTES8``, ``BINUNICODE8``,
@@ -275,53 +294,108 @@ def check_stream(data: bytes) -> None:
     from 1).  The opcodes and their argument layouts are those of :mod:`pickletools`, whose ``genops``
     would make the same walk two to three times slower, decoding every argument.
 
+    It also keeps the depth of each object on the unpickler's stack and in its memo (an atom 0, a container or
+    call one more than its deepest item): CPython hashes a tuple key nested 10**6 deep by recursing in C, past its
+    stack.  A list or dict deepened through a memo alias is not followed (unhashable; its repr checks recursion).
+
     Raises
     ------
     pickle.UnpicklingError
         Naming the opcode, its offset, what it states and what the stream holds (not the file: the
         caller names it).
+    RefusedObjectError
+        If objects nest deeper than ``max_depth``: naming the depth and the opcode's offset.
     """
-    end, at, puts = len(data), 0, 0
-    while at < end:
-        layout = _LAYOUTS[data[at]]
-        if layout is None:
-            raise pickle.UnpicklingError(f"unknown opcode {data[at : at + 1]!r} at byte {at:,}{_CHECKED}")
-        name, kind, size = layout
-        start, at = at, at + 1
-        if kind == _PLAIN:  # most opcodes; one that ends past the stream ends the loop
-            at += size
-        elif kind == _LINES:
-            for _ in range(size):
-                newline = data.find(b"\n", at)
-                if newline < 0:
-                    raise pickle.UnpicklingError(f"{name} at byte {start:,} has no end of line{_CHECKED}")
-                if name == "PUT":
-                    index = data[at:newline]
-                    if not index.isdigit() or len(index) > 20:
-                        raise pickle.UnpicklingError(f"PUT at byte {start:,} names memo index {index!r:.40}{_CHECKED}")
-                    puts = _memo_put(int(index), puts, name, start)
-                at = newline + 1
-        elif kind == _COUNTED:
-            width = abs(size)
-            if at + width > end:
-                break
-            length = int.from_bytes(data[at : at + width], "little", signed=size < 0)
-            at += width
-            _within_stream(name, start, length, end - at)
-            at += length
-        elif kind == _MEMOIZE:
-            puts += 1
-        elif at + size <= end:  # a PUT, FRAME or STOP whose argument the stream holds
-            value = int.from_bytes(data[at : at + size], "little")
-            at += size
-            if kind == _PUT:
+    end, at, puts, start, name = len(data), 0, 0, 0, ""
+    stack: list[int] = []  # the depth of each object on the unpickler's stack
+    marks: list[int] = []  # the stack's length at each MARK
+    memo: dict[int, int] = {}
+    push = stack.append
+    try:
+        while at < end:
+            op = data[at]
+            pushes = _PUSHES[op]
+            if pushes:
+                at += pushes >> 1
+                push(pushes & 1)
+                continue
+            if op == _MARK_BYTE:
+                at += 1
+                marks.append(len(stack))
+                continue
+            layout = _LAYOUTS[op]
+            if layout is None:
+                raise pickle.UnpicklingError(f"unknown opcode {data[at : at + 1]!r} at byte {at:,}{_CHECKED}")
+            name, kind, size, effect, count = layout
+            start, at, value = at, at + 1, -1
+            if kind == _PLAIN:  # most opcodes; one that ends past the stream ends the loop
+                at += size
+            elif kind == _PUT and at + size <= end:  # the memo's depth is that of the object on top
+                value, at = int.from_bytes(data[at : at + size], "little"), at + size
                 puts = _memo_put(value, puts, name, start)
-            elif kind == _FRAME:
-                _within_stream(name, start, value, end - at)
+                memo[value] = stack[-1]
+            elif kind == _LINES:
+                for _ in range(size):
+                    newline = data.find(b"\n", at)
+                    if newline < 0:
+                        raise pickle.UnpicklingError(f"{name} at byte {start:,} has no end of line{_CHECKED}")
+                    if name in ("PUT", "GET"):
+                        index = data[at:newline]
+                        if not index.isdigit() or len(index) > 20:
+                            raise pickle.UnpicklingError(
+                                f"{name} at byte {start:,} names memo index {index!r:.40}{_CHECKED}"
+                            )
+                        value = int(index)
+                        if name == "PUT":
+                            puts = _memo_put(value, puts, name, start)
+                            memo[value] = stack[-1]
+                    at = newline + 1
+            elif kind == _COUNTED:
+                width = abs(size)
+                if at + width > end:
+                    break
+                length = int.from_bytes(data[at : at + width], "little", signed=size < 0)
+                at += width
+                _within_stream(name, start, length, end - at)
+                at += length
+            elif kind == _MEMOIZE:
+                memo[len(memo)] = stack[-1]
+                puts += 1
+            elif at + size <= end:  # a GET, FRAME or STOP whose argument the stream holds
+                value, at = int.from_bytes(data[at : at + size], "little"), at + size
+                if kind == _FRAME:
+                    _within_stream(name, start, value, end - at)
+                elif kind == _STOP:
+                    return
             else:
-                return
-        else:
-            break
+                break
+            if effect == _NONE:
+                pass
+            elif effect >= _MAKE:  # MAKE, MAKE_MARK, POP_MARK, ADD, ADD_MARK: pop items, build or add to a container
+                # Below 0 for too few items: wrong, but the unpickler refuses the stream at this opcode.
+                split = len(stack) - count if effect in (_MAKE, _ADD) else marks.pop()
+                depth = max(stack[split:], default=0) + 1
+                del stack[split:]
+                if effect >= _ADD:  # the container stays on the stack, as deep as its deepest item
+                    depth = max(stack[-1], depth)
+                    stack[-1] = depth
+                elif effect != _POP_MARK:
+                    push(depth)
+                if depth > max_depth:
+                    message = f"objects nested {depth:,} deep, more than the {max_depth} this reader admits"
+                    raise RefusedObjectError(f"{name} at byte {start:,} builds {message}; refused before unpickling")
+            elif effect == _ATOM:  # one with a line or a counted argument (BINUNICODE, ...)
+                push(0)
+            elif effect == _EMPTY:
+                push(1)
+            elif effect == _FETCH:
+                push(memo.get(value, 0))  # a GET of what was never stored fails in the unpickler
+            elif effect == _POP:  # pickle.py and _pickle.c pop a MARK when the stack holds nothing above it
+                (marks if marks and marks[-1] == len(stack) else stack).pop()
+            else:  # DUP
+                push(stack[-1])
+    except IndexError:
+        raise pickle.UnpicklingError(f"{name} at byte {start:,} takes more than the stack holds{_CHECKED}") from None
     raise pickle.UnpicklingError(f"the stream ends before its STOP opcode{_CHECKED}")
 
 
@@ -363,7 +437,10 @@ def restricted_loads(
         ``"{source}: {corrupt}: {what}"``.
     """
     try:
-        check_stream(data)
+        try:
+            check_stream(data)
+        except RefusedObjectError as err:
+            raise RefusedObjectError(f"{source}: {err}") from None
         return RestrictedUnpickler(io.BytesIO(data), source, admitted, needs, len(data), encoding).load()
     except (RefusedGlobalError, RefusedObjectError):
         raise

@@ -70,6 +70,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]] = {
 }
 LAYERS = sorted(snn.__all__)
 
+
 def _tensors(out: Any) -> list[torch.Tensor]:
     """The tensors of a layer's output (MultiHeadSelfAttention returns a pair, its second may be None)."""
     items = out if isinstance(out, tuple) else (out,)

@@ -16,6 +16,7 @@ drawn by Hypothesis.  The fragment is generated from :data:`CASES`::
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -119,6 +120,9 @@ def compare(ref: torch.nn.Module, ours: torch.nn.Module, x: torch.Tensor, dtype:
                 continue
             truth = exact[name]
             ours_err, torch_err = (float((t.double() - truth).abs().max()) for t in (a, b))
+            # torch's bfloat16 circular conv once returned NaN on a first call only (CI, seed 767;
+            # not reproducible after): ours is then held to the rounding bound alone.
+            torch_err = torch_err if math.isfinite(torch_err) else 0.0
             bound = 2 * torch_err + atol * (float(magnitude[name].abs().max()) or 1.0)
             assert ours_err <= bound, (
                 f"{name}, order={order}: error {ours_err:.3g} > {bound:.3g} (torch's {torch_err:.3g})"

@@ -5,9 +5,6 @@ and a parameter :math:`\Theta` (one ``P x Q`` channel map per basis member), con
 engine, :func:`conv`.
 """
 
-import sys
-
-from . import _deprecated
 from .bases.base import Basis, Cost
 from .bases.composite import ComposedBasis, ConcatBasis, SelectBasis, concat
 from .bases.convert import as_basis
@@ -63,5 +60,3 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
-
-_deprecated.install(sys.modules[__name__])

@@ -6,7 +6,7 @@ rules.  The layers, lowest first, each importing only from layers below it::
     backend → bases → {engine, structures} → theory → nn → data → experiments → cli
 
 ``engine`` and ``structures`` stand beside each other: neither imports the other.  The
-package's ``__init__`` (the public facade) and ``_deprecated`` (old paths) may import any layer.
+package's ``__init__`` (the public facade) and ``__main__`` may import any layer.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ LAYERS: dict[str, int] = {
 }
 """Layer of each top-level part of the package."""
 
-FACADE = {"structconv", "structconv.__main__", "structconv._deprecated", "structconv._layout"}
-"""Modules outside the layering: the public re-exports, ``python -m structconv``, the old paths, this report."""
+FACADE = {"structconv", "structconv.__main__", "structconv._layout"}
+"""Modules outside the layering: the public re-exports, ``python -m structconv``, this report."""
 
 MAX_LINES = 450
 """No module may be longer than this."""
@@ -38,7 +38,7 @@ MAX_LINES = 450
 MAX_BACKEND_BRANCHES = 10
 """Branches on NumPy against torch allowed outside ``backend/``."""
 
-_BRANCH_CALLS = {"is_torch", "is_numpy", "backend_of", "_torch", "is_tensor"}
+_BRANCH_CALLS = {"backend_of", "is_tensor"}
 _TORCH_ONLY = ("nn", "data", "experiments", "cli")
 
 
@@ -170,7 +170,7 @@ def upward(arrows: dict[str, set[str]], known: dict[str, Module]) -> list[tuple[
 def backend_branches(module: Module) -> list[int]:
     """Lines where ``module`` chooses between NumPy and torch.
 
-    Counted: calls of the backend predicates (``is_torch``, ``backend_of``, ...),
+    Counted: calls of the backend predicates (``backend_of``, ``torch.is_tensor``),
     ``isinstance`` against ``np.ndarray`` (or ``torch.Tensor`` in a module that serves both
     backends), and comparisons of a ``backend`` name with ``"torch"``/``"numpy"``.  A
     ``torch.Tensor`` check in a torch-only layer (nn, data, experiments, cli) validates an
@@ -190,7 +190,7 @@ def backend_branches(module: Module) -> list[int]:
                     lines.append(node.lineno)
         elif isinstance(node, ast.Compare):
             text = ast.unparse(node)
-            if "backend" in text and any(k in text for k in ("'torch'", "'numpy'", "TORCH", "NUMPY")):
+            if "backend" in text and any(k in text for k in ("'torch'", "'numpy'")):
                 lines.append(node.lineno)
     return sorted(set(lines))
 

@@ -3,8 +3,7 @@
 The top of the layering: this module imports the experiments, nothing imports it.  The
 argument-parsing conventions every subcommand shares (:class:`ArgumentParser`, the number types,
 the exit statuses) live in :mod:`structconv.experiments.cli_common`, below the experiments that
-use them, and are re-exported here under their old names.  Usage errors exit with status 2,
-runtime failures with 1.
+use them.  Usage errors exit with status 2, runtime failures with 1.
 """
 
 from __future__ import annotations
@@ -16,31 +15,9 @@ import time
 from collections.abc import Sequence
 
 from . import __version__
-from .experiments.cli_common import (
-    EXIT_RUNTIME,
-    EXIT_STATUS,
-    EXIT_USAGE,
-    ArgumentParser,
-    HelpFormatter,
-    nonnegative_float,
-    nonnegative_int,
-    positive_float,
-    positive_int,
-)
+from .experiments.cli_common import EXIT_RUNTIME, EXIT_USAGE, ArgumentParser, nonnegative_int, positive_int
 
-__all__ = [
-    "EXIT_RUNTIME",
-    "EXIT_STATUS",
-    "EXIT_USAGE",
-    "ArgumentParser",
-    "HelpFormatter",
-    "build_parser",
-    "main",
-    "nonnegative_float",
-    "nonnegative_int",
-    "positive_float",
-    "positive_int",
-]
+__all__ = ["build_parser", "main"]
 
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")  # structconv.data.planetoid.NAMES, without importing torch
 PLANETOID_MODELS = ("gcn", "cheb", "tag", "gat")  # structconv.experiments.planetoid.MODELS (tested)

@@ -51,7 +51,7 @@ def test_the_measures_can_fail() -> None:
     branchy = _layout.Module(
         "structconv.bases.b",
         _layout.Path("b.py"),
-        "def f(a):\n    if is_torch(a):\n        return 1\n    return isinstance(a, np.ndarray)\n",
+        "def f(a):\n    if backend_of(a, 'a') == 'torch':\n        return 1\n    return isinstance(a, np.ndarray)\n",
     )
     assert _layout.backend_branches(branchy) == [2, 4]
 

@@ -11,7 +11,8 @@ import pytest
 from conftest import official_archive
 
 import structconv
-from structconv.cli import EXIT_STATUS, PLANETOID_MODELS, PLANETOID_NAMES, ArgumentParser, build_parser, main
+from structconv.cli import PLANETOID_MODELS, PLANETOID_NAMES, build_parser, main
+from structconv.experiments.cli_common import EXIT_STATUS, ArgumentParser
 from structconv.theory.selfcheck import CheckResult, format_results
 
 

@@ -29,7 +29,7 @@ from structconv import _layout  # noqa: E402  (after the path: run as a script f
 PAGE = ROOT / "docs" / "architecture.rst"
 PNG = ROOT / "docs" / "_static" / "architecture.png"
 BLOCKS = ("layer table", "layout report")
-OUTSIDE = "outside"  # the facade, the old paths and the report: not a layer
+OUTSIDE = "outside"  # the facade, `python -m structconv` and the report: not a layer
 
 #: Where each layer's box stands: (row from the bottom, left edge, width), in a 0..1 wide column.
 PLACES = {

@@ -685,3 +685,12 @@ def test_builders_refuse_sizes_before_allocating(builder: Any, args: Any, kwargs
 def test_shift_matrix_refuses_offsets_that_are_not_integers(grid: Any, d: Any, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         shift_matrix(grid, d)
+
+
+def test_cpu_bfloat16_3d_shift_kernels_survive_torchs_strided_conv3d() -> None:
+    """torch's CPU bfloat16 conv3d returns wrong values for a (1, 1, 4) kernel, stride 4, on a 2x3x5 grid."""
+    x = torch.randn(3, 1, 2, 3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ref = F.avg_pool3d(x, (1, 1, 4))
+    A = avg_pool_basis((2, 3, 5), (1, 1, 4), like=x.to(torch.bfloat16))
+    y = apply_shifts(A, x.to(torch.bfloat16).flatten(2).transpose(1, 2), method="shift")[:, 0]
+    torch.testing.assert_close(y.double().transpose(1, 2).reshape(ref.shape), ref, rtol=0, atol=2e-2)

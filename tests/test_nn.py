@@ -50,7 +50,7 @@ def test_initialisation_preserves_variance_for_a_weighted_basis():
 
 def test_module_moves_carry_the_basis():
     layer = StructConv(torch.eye(3)[None], 2, 2).double()
-    assert layer.basis.dtype == torch.float64
+    assert layer.basis().dtype == torch.float64
     assert layer(torch.randn(1, 3, 2, dtype=torch.float64)).dtype == torch.float64
 
 

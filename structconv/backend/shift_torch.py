@@ -16,6 +16,7 @@ backward runs with grad mode off and records nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +25,22 @@ from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 from .stencil import Geometry
 from .torch_autocast import autocast_dtype
 
-_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+def _conv3d(x: torch.Tensor, weight: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``F.conv3d``, run in float32 for 16-bit inputs on the CPU and rounded back.
+
+    torch 2.13's CPU ``conv3d`` in bfloat16 returns wrong values (zeros, or memory never written)
+    for some small strided grids, e.g. a (1, 1, 4) kernel with stride (1, 1, 4) on a 2x3x5 grid.
+    """
+    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
+        bias = args[0] if args else kwargs.pop("bias", None)
+        rest = args[1:] if args else ()
+        y = F.conv3d(x.float(), weight.float(), None if bias is None else bias.float(), *rest, **kwargs)
+        return y.to(x.dtype)
+    return F.conv3d(x, weight, *args, **kwargs)
+
+
+_CONV: dict[int, Callable[..., torch.Tensor]] = {1: F.conv1d, 2: F.conv2d, 3: _conv3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 

@@ -44,3 +44,17 @@ def split_input(x: torch.Tensor, ndim: int, channels: int | None, layer: str) ->
     if channels is not None and int(xb.shape[1]) != channels:
         raise ValueError(f"{layer}: expected {channels} input channels (dim 1), got input of shape {tuple(x.shape)}")
     return xb, unbatched
+
+
+def grid_and_like(
+    x: torch.Tensor | tuple[int, ...], like: torch.Tensor | None, ndim: int, layer: str
+) -> tuple[tuple[int, ...], torch.Tensor]:
+    """A grid layer's ``basis`` arguments: an input ``x`` (``(B, C, *grid)`` or ``(C, *grid)``), or ``grid, like``."""
+    if isinstance(x, torch.Tensor):
+        if like is not None:
+            raise ValueError(f"{layer}: basis(x) takes the input alone; like goes with a grid, basis(grid, like)")
+        xb, _ = split_input(x, ndim, None, layer)
+        return tuple(int(s) for s in xb.shape[2:]), xb
+    if like is None:
+        raise ValueError(f"{layer}: basis(grid, like) needs like, a tensor with the basis' dtype and device")
+    return tuple(int(s) for s in x), like

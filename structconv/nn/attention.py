@@ -188,7 +188,55 @@ class MultiHeadSelfAttention(NotScriptable, nn.Module):
         bias: torch.Tensor = self.out_proj.bias + vb.sum(0)
         return bias
 
-    # --- masks -------------------------------------------------------------------------------
+    def basis(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+    ) -> AttentionBasis:
+        r"""The heads :math:`A_h` ``(N, H, S [+ e], L)``, before attention dropout (arguments as :meth:`forward`).
+
+        The layer's output is ``conv(basis, v, parameter())`` plus :meth:`output_bias` (in eval mode, where
+        every query may attend to some key), with ``v`` the value batch first, widened by
+        :func:`~structconv.nn.mha_torch.append_tokens` for ``add_bias_kv``/``add_zero_attn``.
+        """
+        return self._heads(query, key, value, key_padding_mask, need_weights, attn_mask, is_causal)[1]
+
+    def _heads(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        need_weights: bool,
+        attn_mask: torch.Tensor | None,
+        is_causal: bool,
+    ) -> tuple[bool, AttentionBasis, torch.Tensor, torch.Tensor | None]:
+        """``(batched, heads, value input, allowed)``: :meth:`basis` with what :meth:`forward` needs beside it."""
+        batched, q, k, v, key_padding_mask = checked_inputs(
+            self, query, key, value, key_padding_mask, attn_mask, is_causal
+        )
+        for name, t in (("query", q), ("key", k), ("value", v)):
+            check_input_dtype(t, self.out_proj.weight, _NAME, name)
+        B, L, S = int(q.shape[0]), int(q.shape[1]), int(k.shape[1])
+        causal = is_causal and key_padding_mask is None and not need_weights
+        n_heads, e, device = self.num_heads, self._extras, self.out_proj.weight.device
+        allowed, additive = torch_masks(B, L, S, q.dtype, key_padding_mask, attn_mask, causal, n_heads, e, device)
+
+        self_attention = k is q and v is q and not self._extras
+        x_key = append_tokens(k, self._extras)
+        x_value = x_key if v is k else append_tokens(v, self._extras)
+        mech: Mechanism = self.mechanism()
+        if additive is not None:
+            mech = mech + ScoreBias(additive.transpose(-1, -2).expand(-1, self.num_heads, -1, -1))
+        mask = None if allowed is None else allowed.transpose(-1, -2)  # ours: [key, query]
+        heads = attention_basis(x_key, None if self_attention else q, mechanism=mech, mask=mask)
+        return batched, heads, x_value, allowed
+
     # --- forward -------------------------------------------------------------------------------
     def forward(
         self,
@@ -230,26 +278,10 @@ class MultiHeadSelfAttention(NotScriptable, nn.Module):
             (``(N, num_heads, L, S)`` if not averaged; no ``N`` for unbatched input), or
             ``None`` when ``need_weights=False``.  ``S`` counts the appended tokens.
         """
-        batched, q, k, v, key_padding_mask = checked_inputs(
-            self, query, key, value, key_padding_mask, attn_mask, is_causal
+        batched, heads, x_value, allowed = self._heads(
+            query, key, value, key_padding_mask, need_weights, attn_mask, is_causal
         )
-        for name, t in (("query", q), ("key", k), ("value", v)):
-            check_input_dtype(t, self.out_proj.weight, _NAME, name)
-        B, L, S = int(q.shape[0]), int(q.shape[1]), int(k.shape[1])
-        causal = is_causal and key_padding_mask is None and not need_weights
-        n_heads, e, device = self.num_heads, self._extras, self.out_proj.weight.device
-        allowed, additive = torch_masks(B, L, S, q.dtype, key_padding_mask, attn_mask, causal, n_heads, e, device)
-
-        self_attention = k is q and v is q and not self._extras
-        x_key = append_tokens(k, self._extras)
-        x_value = x_key if v is k else append_tokens(v, self._extras)
-        mech: Mechanism = self.mechanism()
-        if additive is not None:
-            mech = mech + ScoreBias(additive.transpose(-1, -2).expand(-1, self.num_heads, -1, -1))
-        mask = None if allowed is None else allowed.transpose(-1, -2)  # ours: [key, query]
-        basis: AttentionBasis | DenseBasis = attention_basis(
-            x_key, None if self_attention else q, mechanism=mech, mask=mask
-        )
+        basis: AttentionBasis | DenseBasis = heads
         theta = self.parameter()
         drop = self.training and self.dropout > 0.0
         weights = None  # torch's layout (B, H, L, S + e)

@@ -9,7 +9,7 @@ import torch
 
 from ..bases.base import Basis
 from ..structures.graph import PolynomialBasis, _largest_eigenvalue, laplacian
-from .graph_common import _GraphLayer, _positive, _read
+from .graph_common import _features, _GraphLayer, _positive, _read
 
 
 class ChebConv(_GraphLayer):
@@ -61,6 +61,22 @@ class ChebConv(_GraphLayer):
         if isinstance(edge_index, Basis) and (batch is not None or lambda_max is not None):
             raise ValueError("ChebConv: batch and lambda_max go with an edge_index, not with a prebuilt basis")
         return self._run(x, edge_index, edge_weight, batch=batch, lambda_max=lambda_max)
+
+    def basis(
+        self,
+        x: torch.Tensor,
+        edge_index: Any,
+        edge_weight: torch.Tensor | None = None,
+        batch: torch.Tensor | None = None,
+        lambda_max: torch.Tensor | float | None = None,
+    ) -> Basis:
+        """The Chebyshev basis :math:`T_k(\\hat L)`, :math:`k < K`, on ``edge_index`` (arguments as :meth:`forward`)."""
+        if isinstance(edge_index, Basis):
+            if batch is not None or lambda_max is not None:
+                raise ValueError("ChebConv: batch and lambda_max go with an edge_index, not with a prebuilt basis")
+            return super().basis(x, edge_index, edge_weight)
+        x = _features(x, self.in_channels, "ChebConv")
+        return self._built(x, edge_index, edge_weight, batch=batch, lambda_max=lambda_max)
 
     def _basis(
         self,

@@ -185,6 +185,24 @@ class GATConv(PyGState):
         alpha = F.dropout(_segment_softmax(logits, dst, N_dst), self.dropout, self.training)
         return EdgeBasis(src, dst, alpha, (int(h.shape[0]), N_dst)), h
 
+    def basis(
+        self,
+        x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
+        edge_index: Any,
+        edge_attr: torch.Tensor | None = None,
+        size: tuple[int, int] | None = None,
+    ) -> EdgeBasis:
+        """The attention basis (``H`` members, ``(N_src, N_dst)``) on ``x`` (arguments as :meth:`forward`).
+
+        The layer's output is ``conv(basis, x_src, parameter())``, plus ``x_dst @ res`` with ``residual`` and
+        the bias; attention dropout is applied in training, as in :meth:`forward`.
+        """
+        return self.attention(x, edge_index, edge_attr, size)[0]
+
+    def parameter(self) -> LowRank:
+        r""":math:`\Theta_h = W_h E_h^\top` as a :class:`~structconv.LowRank` (:meth:`value_and_placement`)."""
+        return self.value_and_placement()
+
     def _attention(
         self,
         x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
@@ -304,7 +322,7 @@ class GATConv(PyGState):
         return y, (torch.stack([src, dst]), alpha)
 
     def value_and_placement(self) -> LowRank:
-        """:math:`\\Theta_h = W_h E_h^\top` as a :class:`~structconv.LowRank` parameter, for :func:`structconv.conv`."""
+        r""":math:`\Theta_h = W_h E_h^\top` as a :class:`~structconv.LowRank` parameter, for :func:`structconv.conv`."""
         H, D = self.heads, self.out_channels
         value = self.weight.view(self.weight.shape[0], H, D).permute(1, 0, 2)
         return LowRank(value, self._placement(self.weight).out)

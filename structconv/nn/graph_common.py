@@ -163,27 +163,45 @@ class _GraphLayer(PyGState):
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         raise NotImplementedError
 
+    def parameter(self) -> torch.Tensor:
+        r""":math:`\Theta`, the parameter ``theta`` of shape ``(K, P, Q)``."""
+        return self.theta
+
+    def basis(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None = None) -> Basis:
+        """The graph basis the layer contracts with ``x`` (``(N, P)`` or ``(B, N, P)``) on ``edge_index``.
+
+        A prebuilt :class:`~structconv.Basis` is returned as it is (checked against ``x``'s nodes).
+        """
+        name = type(self).__name__
+        x = _features(x, self.in_channels, name)
+        if isinstance(edge_index, Basis):
+            if edge_weight is not None:
+                raise ValueError(f"{name}: edge_weight goes with an edge_index, not with a prebuilt basis")
+            return _check_basis(edge_index, x, name)
+        return self._built(x, edge_index, edge_weight)
+
+    def _built(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None, **extra: Any) -> Basis:
+        """:meth:`basis` for a graph (not a prebuilt basis), ``x`` already read; ``extra`` goes to :meth:`_basis`."""
+        name = type(self).__name__
+        basis = self._basis(x, _flip(edge_index, self.flow, name), edge_weight, **extra)
+        if x.device.type == "meta":  # built where the graph's values are (_read): placed beside x
+            basis = basis.to(x.device)
+        return _check_basis(basis, x, name)
+
     def _run(self, x: Any, edge_index: Any, edge_weight: torch.Tensor | None, **extra: Any) -> torch.Tensor:
         name = type(self).__name__
         x = _features(x, self.in_channels, name)
         _check_device(x, self.theta, name)
         check_input_dtype(x, self.theta, name)
-        if isinstance(edge_index, Basis):
-            if edge_weight is not None:
-                raise ValueError(f"{name}: edge_weight goes with an edge_index, not with a prebuilt basis")
-            basis = edge_index
-        elif int(x.shape[-2]) == 0:  # a graph without nodes: an empty output
+        if not isinstance(edge_index, Basis) and int(x.shape[-2]) == 0:  # a graph without nodes: an empty output
             _check_empty(edge_index, name)
             y0: torch.Tensor = x @ self.theta.sum(0)
             return y0 if self.bias is None else y0 + self.bias
-        else:
-            basis = self._basis(x, _flip(edge_index, self.flow, name), edge_weight, **extra)
-            if x.device.type == "meta":  # built where the graph's values are (_read): placed beside x
-                basis = basis.to(x.device)
+        basis = self.basis(x, edge_index, edge_weight, **extra)
         # On meta, orders that read the basis' entries (a materialised polynomial, A·Θ's pairs) cannot
         # run; A·x first reads none, and nothing is computed there anyway.
         order = "ax" if x.device.type == "meta" else "auto"
-        y: torch.Tensor = conv(_check_basis(basis, x, name), x, self.theta, order)
+        y: torch.Tensor = conv(basis, x, self.parameter(), order)
         return y if self.bias is None else y + self.bias
 
     def forward(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None = None) -> torch.Tensor:

@@ -34,7 +34,7 @@ from ..backend.torch_autocast import autocast_dtype
 from ..bases.grid import GridBasis, Size, _ints
 from ..engine.contract import conv, explain
 from ..structures.grid import Padding, _padding, grid_basis
-from ._grid_common import BasisCache, split_input
+from ._grid_common import BasisCache, grid_and_like, split_input
 from ._module import NotScriptable
 
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "zero", "replicate": "zero"}
@@ -156,8 +156,18 @@ class _GridConvNd(NotScriptable, nn.Module):
         eye = torch.eye(G, dtype=w.dtype, device=w.device)
         return torch.einsum("goik,gh->kgiho", blocks, eye).reshape(K, G * Pg, Q)
 
-    def basis(self, grid: tuple[int, ...], like: torch.Tensor) -> GridBasis:
-        """The shift basis this layer uses on an input grid of sizes ``grid``."""
+    def parameter(self) -> torch.Tensor:
+        r""":math:`\Theta` ``(K, P, Q)`` for the layer contract: :meth:`theta`."""
+        return self.theta()
+
+    def basis(self, x: torch.Tensor | tuple[int, ...], like: torch.Tensor | None = None) -> GridBasis:
+        """The shift basis this layer uses on the input ``x`` (or on a grid of sizes ``x``, placed like ``like``).
+
+        The layer's output is ``conv(basis, x.flatten(2).transpose(1, 2), parameter())`` in ``(B, M, Q)`` layout,
+        plus the bias; for ``padding_mode`` ``"reflect"``/``"replicate"`` the basis is on the grid of ``x``
+        framed by ``F.pad`` (see the module notes), and ``x`` is framed first.
+        """
+        grid, like = grid_and_like(x, like, self._ndim, type(self).__name__)
         return self._entry(grid, like).basis
 
     def _entry(self, grid: tuple[int, ...], like: torch.Tensor) -> _Entry:

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..bases.grid import GridBasis, Size, _ints
 from ..structures.grid import Padding, apply_shifts, avg_pool_basis
-from ._grid_common import BasisCache, split_input
+from ._grid_common import BasisCache, grid_and_like, split_input
 from ._module import NotScriptable
 
 
@@ -46,8 +46,13 @@ class _AvgPoolNd(NotScriptable, nn.Module):
         self.method = method
         self._bases: BasisCache[GridBasis] = BasisCache()
 
-    def basis(self, grid: tuple[int, ...], like: torch.Tensor) -> GridBasis:
-        """The one-member averaging basis this layer uses on an input grid of sizes ``grid``."""
+    def basis(self, x: torch.Tensor | tuple[int, ...], like: torch.Tensor | None = None) -> GridBasis:
+        """The one-member averaging basis on the input ``x`` (or on a grid of sizes ``x``, like ``like``).
+
+        Pooling has no :math:`\\Theta` (it is :math:`I` per channel): the layer's output is
+        ``apply_shifts(basis, x.flatten(2).transpose(1, 2))`` in ``(B, 1, M, C)`` layout (one member).
+        """
+        grid, like = grid_and_like(x, like, self._ndim, type(self).__name__)
 
         def build() -> GridBasis:
             # On the meta device the column scale of count_include_pad=False (a check of its

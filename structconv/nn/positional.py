@@ -249,7 +249,7 @@ class PositionalAttention(NotScriptable, nn.Module):
         heads = self.basis(flat)
         basis = self.dropped(heads, int(flat.shape[0]))
         # Heads dropped out per image are stored for the x-Theta-first order's batched GEMM, which
-        # reads them in place (see structconv.engine.contract._instance_gemms); otherwise the engine plans.
+        # reads them in place (see structconv.backend.torch._instance_gemms); otherwise the engine plans.
         per_image = basis is not heads and basis.batch is not None and self.head_dim is None
         y: torch.Tensor = conv(basis, flat, self.parameter(), order="xtheta" if per_image else "auto")
         if self.bias is not None:

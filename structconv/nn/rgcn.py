@@ -12,7 +12,7 @@ from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..bases.factor import Separable
 from ..engine.contract import conv
-from ..structures.graph import as_edges, is_matrix_graph, relational_basis
+from ..structures.graph import Edges, as_edges, is_matrix_graph, relational_basis
 from ._module import NotScriptable, check_parameter_memory
 from .graph_common import _features, _pair, _positive, glorot_
 
@@ -143,8 +143,10 @@ class RGCNConv(NotScriptable, nn.Module):
             raise ValueError(f"RGCNConv: node indices in {what} must lie in [0, {channels}), got {x.min()}..{x.max()}")
         return F.one_hot(x.long(), channels).to(dtype=like.dtype), True
 
-    def forward(self, x: Any, edge_index: Any, edge_type: torch.Tensor | None = None) -> torch.Tensor:
-        """Apply the layer to ``x`` on ``edge_index`` with one relation (``edge_type``) per edge."""
+    def _read(
+        self, x: Any, edge_index: Any, edge_type: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, bool, bool, Edges]:
+        """``(h_src, h_dst, featureless, square, edges)``: ``forward``'s arguments checked and read."""
         name = "RGCNConv"
         P, P_dst = _pair(self.in_channels, name)
         bipartite = isinstance(x, tuple | list)
@@ -168,6 +170,32 @@ class RGCNConv(NotScriptable, nn.Module):
         N_src, N_dst = int(h_src.shape[0]), int(h_dst.shape[0])
         square = x_dst is None
         edges = as_edges(edge_index, N_src, like=h_src, num_targets=None if square else N_dst)
+        return h_src, h_dst, featureless, square, edges
+
+    def basis(self, x: Any, edge_index: Any, edge_type: torch.Tensor | None = None) -> Basis:
+        """The relational basis (one member per relation, then the root's identity) on ``edge_index``.
+
+        Arguments as :meth:`forward`.  For a square graph the layer's output is
+        ``conv(basis, h, parameter())`` plus the bias, with ``h`` the node features (one-hot for a
+        featureless ``x``); for a bipartite ``x`` the basis has no root member, and the output is
+        ``conv(basis, h_src, parameter(root=False)) + x_dst @ root`` plus the bias.  ``aggr="max"``
+        is not linear in ``x`` and has no basis.
+        """
+        if self.aggr == "max":
+            raise ValueError("RGCNConv: aggr='max' is not linear in x, so it has no basis; use 'mean', 'sum' or 'add'")
+        _, _, _, square, edges = self._read(x, edge_index, edge_type)
+        return self._relational(edges, edge_type, square)
+
+    def _relational(self, edges: Edges, edge_type: Any, square: bool) -> Basis:
+        """The members of :meth:`basis`: the root's identity last only for a square graph."""
+        return relational_basis(
+            edges, edge_type, self.num_relations, root=square and self.root is not None, aggr=self.aggr
+        )
+
+    def forward(self, x: Any, edge_index: Any, edge_type: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply the layer to ``x`` on ``edge_index`` with one relation (``edge_type``) per edge."""
+        h_src, h_dst, featureless, square, edges = self._read(x, edge_index, edge_type)
+        N_dst = int(h_dst.shape[0])
         R, Q = self.num_relations, self.out_channels
         y: torch.Tensor
         if self.aggr == "max":
@@ -185,13 +213,9 @@ class RGCNConv(NotScriptable, nn.Module):
                     y = y + _segment_max(h_src.index_select(0, src), dst, N_dst) @ theta[r]
             if self.root is not None:
                 y = y + h_dst @ self.root
-        elif square:
-            basis = relational_basis(edges, edge_type, R, root=self.root is not None, aggr=self.aggr)
-            y = conv(basis, h_src, self.parameter())
         else:
-            basis = relational_basis(edges, edge_type, R, aggr=self.aggr)
-            y = conv(basis, h_src, self.parameter(root=False))
-            if self.root is not None:
+            y = conv(self._relational(edges, edge_type, square), h_src, self.parameter(root=square))
+            if not square and self.root is not None:
                 y = y + h_dst @ self.root
         return y if self.bias is None else y + self.bias
 

@@ -19,6 +19,8 @@ from ._module import NotScriptable
 class StructConv(NotScriptable, nn.Module):
     r"""Convolution :math:`y_b = \sum_k A_k^\top x_b \Theta_k + \beta` over a fixed basis.
 
+    Basis: the one given, :meth:`basis` (K = its members).  Θ: ``theta`` (K, P, Q), :meth:`parameter`.
+
     Parameters
     ----------
     basis
@@ -72,7 +74,7 @@ class StructConv(NotScriptable, nn.Module):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         factory = {"device": device if device is not None else basis.device, "dtype": dtype or basis.dtype}
-        self.basis = basis.to(device=factory["device"], dtype=factory["dtype"])
+        self._fixed_basis = basis.to(device=factory["device"], dtype=factory["dtype"])
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.order = order
@@ -80,9 +82,17 @@ class StructConv(NotScriptable, nn.Module):
         self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
         self.reset_parameters()
 
+    def basis(self, x: torch.Tensor | None = None) -> Basis:
+        """The fixed basis ``(K, M, N)`` (the same for every ``x``; ``x`` is accepted for the layer contract)."""
+        return self._fixed_basis
+
+    def parameter(self) -> torch.Tensor:
+        r""":math:`\Theta`, the parameter ``theta`` of shape ``(K, P, Q)``."""
+        return self.theta
+
     def fan_in(self) -> float:
         """The effective fan-in :math:`P\\,e` used by :meth:`reset_parameters`."""
-        return self.in_channels * max(self.basis.energy(), 1e-12)
+        return self.in_channels * max(self._fixed_basis.energy(), 1e-12)
 
     def reset_parameters(self) -> None:
         """Draw :math:`\\Theta` and the bias from :math:`\\mathcal U(\\pm 1/\\sqrt{F})`."""
@@ -93,16 +103,21 @@ class StructConv(NotScriptable, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer to ``x`` of shape ``(B, M, P)`` or ``(M, P)``."""
-        y: torch.Tensor = conv(self.basis, x, self.theta, order=self.order)
+        y: torch.Tensor = conv(self.basis(x), x, self.parameter(), order=self.order)
         return y if self.bias is None else y + self.bias
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> StructConv:
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
-        self.basis = self.basis.to(device=self.theta.device, dtype=self.theta.dtype)
+        self._fixed_basis = self._fixed_basis.to(device=self.theta.device, dtype=self.theta.dtype)
         return self
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "basis" in state:  # a layer pickled when the basis was the attribute ``basis``
+            state["_fixed_basis"] = state.pop("basis")
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
+
     def extra_repr(self) -> str:
-        b = self.basis
+        b = self._fixed_basis
         return (
             f"basis={b.representation}(K={b.K}, M={b.M}, N={b.N}), in_channels={self.in_channels}, "
             f"out_channels={self.out_channels}, bias={self.bias is not None}, order={self.order!r}"

@@ -58,8 +58,7 @@ class ChebConv(_GraphLayer):
         lambda_max: torch.Tensor | float | None = None,
     ) -> torch.Tensor:
         """Apply the layer; ``batch`` (``(N,)`` graph of each node) goes with a per-graph ``lambda_max``."""
-        if isinstance(edge_index, Basis) and (batch is not None or lambda_max is not None):
-            raise ValueError("ChebConv: batch and lambda_max go with an edge_index, not with a prebuilt basis")
+        _check_prebuilt(edge_index, batch, lambda_max)
         return self._run(x, edge_index, edge_weight, batch=batch, lambda_max=lambda_max)
 
     def basis(
@@ -71,9 +70,8 @@ class ChebConv(_GraphLayer):
         lambda_max: torch.Tensor | float | None = None,
     ) -> Basis:
         """The Chebyshev basis :math:`T_k(\\hat L)`, :math:`k < K`, on ``edge_index`` (arguments as :meth:`forward`)."""
+        _check_prebuilt(edge_index, batch, lambda_max)
         if isinstance(edge_index, Basis):
-            if batch is not None or lambda_max is not None:
-                raise ValueError("ChebConv: batch and lambda_max go with an edge_index, not with a prebuilt basis")
             return super().basis(x, edge_index, edge_weight)
         x = _features(x, self.in_channels, "ChebConv")
         return self._built(x, edge_index, edge_weight, batch=batch, lambda_max=lambda_max)
@@ -115,3 +113,9 @@ class ChebConv(_GraphLayer):
         scaled = scaled - (lap.src == lap.dst).to(scaled.dtype)
         edges = lap.with_edges(lap.src, lap.dst, scaled)
         return PolynomialBasis(edges.to_basis(), range(self.K), "chebyshev")
+
+
+def _check_prebuilt(edge_index: Any, batch: torch.Tensor | None, lambda_max: Any) -> None:
+    """A prebuilt basis has its own scaling: ``batch`` and ``lambda_max`` belong to an ``edge_index``."""
+    if isinstance(edge_index, Basis) and (batch is not None or lambda_max is not None):
+        raise ValueError("ChebConv: batch and lambda_max go with an edge_index, not with a prebuilt basis")

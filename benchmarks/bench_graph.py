@@ -15,6 +15,7 @@ time and peak memory of one GCNConv forward + backward from 125k to 1M edges.
 
     python -m benchmarks.bench_graph                 # all (a few minutes)
     python -m benchmarks.bench_graph --skip-scaling  # Cora only
+    python -m benchmarks.bench_graph --only GAT --repeats 5  # GAT on Cora and at 1M edges, nothing else
 """
 
 from __future__ import annotations
@@ -54,16 +55,20 @@ def copy_weights(ours: Any, ref: Any, kind: str) -> None:
         ours.bias.copy_(ref.bias)
 
 
-def layers(P: int, Q: int = 16, head: int = 8) -> dict[str, tuple[Any, Any, Any]]:
-    """Each layer ``P -> Q`` channels (GAT: 8 heads of ``head``): ours, PyG's, PyG's cached (or None)."""
+def layers(P: int, Q: int = 16, head: int = 8, only: str = "") -> dict[str, tuple[Any, Any, Any]]:
+    """Each layer ``P -> Q`` channels (GAT: 8 heads of ``head``): ours, PyG's, PyG's cached (or None).
+
+    ``only``: the layers whose name starts with it (all for ``""``).
+    """
     import torch_geometric.nn as pyg
 
-    return {
+    made = {
         "GCNConv": (GCNConv(P, Q), pyg.GCNConv(P, Q), pyg.GCNConv(P, Q, cached=True)),
         "TAGConv(K=3)": (TAGConv(P, Q, K=3), pyg.TAGConv(P, Q, K=3), None),
         "ChebConv(K=3)": (ChebConv(P, Q, K=3), pyg.ChebConv(P, Q, K=3), None),
         f"GATConv(8x{head})": (GATConv(P, head, heads=8), pyg.GATConv(P, head, heads=8), None),
     }
+    return {name: trio for name, trio in made.items() if name.startswith(only)}
 
 
 def prebuilt(name: str, x: torch.Tensor, edge_index: torch.Tensor) -> Any:
@@ -85,9 +90,9 @@ def fwd_bwd(layer: Any, x: torch.Tensor, graph: Any) -> Any:
     return run
 
 
-def cora_layers(x: torch.Tensor, edge_index: torch.Tensor, repeats: int) -> list[Row]:
+def cora_layers(x: torch.Tensor, edge_index: torch.Tensor, repeats: int, only: str = "") -> list[Row]:
     rows = []
-    items = list(layers(int(x.shape[1])).items())
+    items = list(layers(int(x.shape[1]), only=only).items())
     for i, (name, (ours, ref, ref_cached)) in enumerate(items, start=1):
         progress(i, len(items), name)
         kind = name[:3].lower() if not name.startswith("Cheb") else "cheb"
@@ -170,13 +175,13 @@ print(statistics.median(times[1:]), max(peaks[1:]))
 """
 
 
-def layers_at_scale(repeats: int, N: int = 100_000, E: int = 1_000_000) -> list[Row]:
+def layers_at_scale(repeats: int, N: int = 100_000, E: int = 1_000_000, only: str = "") -> list[Row]:
     """Each layer against PyG on a random graph (``N`` nodes, ``E`` edges, 32 -> 32 channels)."""
     g = torch.Generator().manual_seed(E)
     edge_index = torch.randint(0, N, (2, E), generator=g)
     x = torch.randn(N, 32, generator=g)
     rows = []
-    items = list(layers(32, 32, head=4).items())
+    items = list(layers(32, 32, head=4, only=only).items())
     for i, (name, (ours, ref, _)) in enumerate(items, start=1):
         progress(i, len(items), f"{name} N={N} E={E}")
         kind = name[:3].lower() if not name.startswith("Cheb") else "cheb"
@@ -224,15 +229,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--train-repeats", type=int, default=3)
     parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument(
+        "--only", default="", help="run only the layers whose name starts with this (e.g. GAT), on Cora and at 1M edges"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     torch.set_grad_enabled(True)
     cora = load_planetoid(args.data, "cora")
-    report = Report("graph_cpu")
-    report.rows += cora_layers(cora.x, cora.edge_index, args.repeats)
-    report.rows.append(training(cora.x, cora.edge_index, cora.y, cora.train_mask, args.train_repeats))
+    report = Report(f"graph_cpu_{args.only.lower()}" if args.only else "graph_cpu")  # a part beside the whole
+    report.rows += cora_layers(cora.x, cora.edge_index, args.repeats, args.only)
+    if not args.only:  # the GCN training and GCN scaling runs belong to the whole benchmark
+        report.rows.append(training(cora.x, cora.edge_index, cora.y, cora.train_mask, args.train_repeats))
     if not args.skip_scaling:
-        report.rows += layers_at_scale(args.repeats)
+        report.rows += layers_at_scale(args.repeats, only=args.only)
+    if not args.skip_scaling and not args.only:
         report.rows += scaling()
     text = table(report.rows)
     js, txt = report.write(args.out, text)

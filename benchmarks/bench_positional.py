@@ -1,6 +1,6 @@
 r"""Position-only attention through structconv against every peer that computes the same function.
 
-The layer is ``structconv.nn.PositionalAttention((s, s), 400, 9, encoding=..., head_dim=...)``
+The layer is ``structconv.nn.PositionalAttention((s, s), 400, 9, heads=..., head_dim=...)``
 (float32, CPU, the layer's default ``threshold``) on grids of 16x16, 32x32 and 64x64 tokens
 (batch 4, 2 and 1), for the paper's head width D_h = D_out (``head_dim=None``: Theta is
 (H, E, E), each head averages the raw input, then one linear map) and D_h = 44 (``head_dim=44``:
@@ -106,7 +106,7 @@ _NATTEN_SITES = "/tmp/natten_venv/lib/python3*/site-packages"
 
 def _side(layer: PositionalAttention) -> int:
     rows, cols = layer.grid
-    if rows != cols or layer.content or layer.boundary != "zero":
+    if rows != cols or layer.content is not None or layer.boundary != "zero":
         raise ValueError("the peers cover square grids, position-only heads and the 'zero' boundary")
     return rows
 
@@ -120,9 +120,10 @@ def grid_offsets(side: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 def axis_tables(layer: PositionalAttention) -> list[torch.Tensor]:
     """Learned encoding: per axis, the score of every head at every offset, (H, 2s - 1), offset -(s-1) first."""
-    widths = [int(t.shape[1]) for t in layer.tables]
-    parts = torch.split(layer.weight, widths, dim=1)
-    return [w @ t.T for w, t in zip(parts, layer.tables, strict=True)]
+    tables = layer.heads.tables
+    widths = [int(t.shape[1]) for t in tables]
+    parts = torch.split(layer.heads.weight, widths, dim=1)
+    return [w @ t.T for w, t in zip(parts, tables, strict=True)]
 
 
 def position_scores(layer: PositionalAttention, like: torch.Tensor) -> torch.Tensor:
@@ -135,15 +136,15 @@ def position_scores(layer: PositionalAttention, like: torch.Tensor) -> torch.Ten
     """
     side = _side(layer)
     dr, dc = grid_offsets(side, like)
-    if layer.encoding == "learned":
+    if layer.heads.name == "learned":
         t_row, t_col = axis_tables(layer)
         return t_row[:, (dr + side - 1).long()] + t_col[:, (dc + side - 1).long()]
-    if layer.encoding == "quadratic":
-        alpha, centres = layer.alpha(), layer.centres
+    if layer.heads.name == "quadratic":
+        alpha, centres = layer.heads.alpha(), layer.heads.centres
         r = torch.stack([dr * dr + dc * dc, dr, dc], -1)
         v = -alpha[:, None] * torch.cat([torch.ones_like(alpha)[:, None], -2 * centres], 1)
     else:
-        S, centres = layer.inv_sqrt_cov, layer.centres
+        S, centres = layer.heads.inv_sqrt_cov, layer.heads.centres
         P = S.transpose(1, 2) @ S  # the precision S^T S
         Pc = (P @ centres[:, :, None])[..., 0]
         r = torch.stack([dr * dr, dr * dc, dc * dc, dr, dc], -1)
@@ -162,7 +163,7 @@ def positional_qk(layer: PositionalAttention, like: torch.Tensor) -> tuple[torch
     side = _side(layer)
     idx = torch.arange(side * side, device=like.device)
     r, c = idx // side, idx % side
-    if layer.encoding == "learned":
+    if layer.heads.name == "learned":
         t_row, t_col = axis_tables(layer)
         coord = torch.arange(side, device=like.device)
         seen_row = t_row[:, coord[None, :] - r[:, None] + side - 1]  # (H, N, s): the row offsets query n sees
@@ -171,14 +172,14 @@ def positional_qk(layer: PositionalAttention, like: torch.Tensor) -> tuple[torch
         k = torch.cat([F.one_hot(r, side), F.one_hot(c, side)], -1).to(q.dtype)
         return q, k.expand(q.shape[0], -1, -1)
     pos = torch.stack([r, c], -1).to(like.dtype) - (side - 1) / 2
-    if layer.encoding == "quadratic":
-        scale = (2 * layer.alpha()).sqrt()
+    if layer.heads.name == "quadratic":
+        scale = (2 * layer.heads.alpha()).sqrt()
         S = scale[:, None, None] * torch.eye(2, dtype=like.dtype, device=like.device)
     else:
-        S = layer.inv_sqrt_cov
+        S = layer.heads.inv_sqrt_cov
     S = S.to(like.dtype)
     u = torch.einsum("hij,mj->hmi", S, pos)
-    w = torch.einsum("hij,hnj->hni", S, pos[None] + layer.centres[:, None, :].to(like.dtype))
+    w = torch.einsum("hij,hnj->hni", S, pos[None] + layer.heads.centres[:, None, :].to(like.dtype))
     q = torch.cat([w, torch.ones_like(w[..., :1])], -1)
     k = torch.cat([u, -0.5 * (u * u).sum(-1, keepdim=True)], -1)
     return q, k
@@ -289,19 +290,20 @@ def flex_peer(layer: PositionalAttention, x: torch.Tensor, compiled: bool = True
     ``compiled=False`` runs Flex's eager reference (it materialises the scores: for checks only).
     """
     side = _side(layer)
-    if layer.encoding == "learned":
+    encoding = layer.heads.name
+    if encoding == "learned":
         params = tuple(axis_tables(layer))
-    elif layer.encoding == "quadratic":
-        params = (layer.alpha(), layer.centres)
+    elif encoding == "quadratic":
+        params = (layer.heads.alpha(), layer.heads.centres)
     else:
-        params = (layer.inv_sqrt_cov, layer.centres)
+        params = (layer.heads.inv_sqrt_cov, layer.heads.centres)
     params = tuple(p.to(x.dtype) for p in params)
     v = head_values(layer, x).contiguous()
     if not compiled:
-        return output_map(layer, _flex_attend(v, params, side, layer.encoding))
+        return output_map(layer, _flex_attend(v, params, side, encoding))
     if not _FLEX_COMPILED:
         _FLEX_COMPILED.append(torch.compile(_flex_attend, dynamic=False))
-    return output_map(layer, _FLEX_COMPILED[0](v, params, side, layer.encoding))
+    return output_map(layer, _FLEX_COMPILED[0](v, params, side, encoding))
 
 
 @dataclass(frozen=True)
@@ -549,7 +551,7 @@ def measure_row(
     torch._dynamo.reset()  # each row compiles its own shapes; old graphs only cost memory
     torch.manual_seed(0)
     E, H, M = WIDTH, HEADS, side * side
-    layer = PositionalAttention((side, side), E, H, encoding=encoding, head_dim=head_dim, attention_dropout=dropout)
+    layer = PositionalAttention((side, side), E, H, heads=encoding, head_dim=head_dim, attention_dropout=dropout)
     layer.train(dropout > 0)
     x = torch.randn(B, M, E, requires_grad=backward)
     image = torch.randn(B, E, side, side, requires_grad=backward)

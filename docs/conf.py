@@ -16,6 +16,7 @@ autodoc_typehints = "none"
 napoleon_numpy_docstring = True
 napoleon_google_docstring = False
 napoleon_use_rtype = False
+napoleon_custom_sections = ["Shapes"]  # the layers state input and output shapes, as PyG does
 exclude_patterns = ["_build", "peers/*"]  # fragments, included by peers.rst
 html_theme = "alabaster"
 nitpicky = False

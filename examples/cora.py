@@ -19,6 +19,13 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/planetoid"
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Train and report.
+
+    Parameters
+    ----------
+    argv
+        The command-line arguments (default: ``sys.argv[1:]``).
+    """
     parser = argparse.ArgumentParser(description="Train a two-layer GCN on Cora.")
     parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA, help="directory of the ind.cora.* files")
     parser.add_argument("--epochs", type=int, default=200, help="training epochs (default 200, the paper's)")

@@ -7,12 +7,14 @@ engine, :func:`conv`.
 
 from .bases.base import Basis, Cost
 from .bases.composite import ComposedBasis, ConcatBasis, SelectBasis, concat
+from .bases.conv_weight import ConvWeight
 from .bases.convert import as_basis
 from .bases.dense import DenseBasis
 from .bases.edges import EdgeBasis
 from .bases.factor import LowRank, Separable
 from .bases.grid import GridBasis
 from .bases.sparse import SparseBasis
+from .engine.compiled import Contraction, contraction
 from .engine.contract import Candidate, Plan, conv, explain
 from .structures.attention import AttentionBasis, BiAffine, Mechanism, attention_basis, masked_softmax
 from .structures.graph import PolynomialBasis, gcn_basis, graph_basis
@@ -27,6 +29,8 @@ __all__ = [
     "Candidate",
     "ComposedBasis",
     "ConcatBasis",
+    "Contraction",
+    "ConvWeight",
     "Cost",
     "DenseBasis",
     "EdgeBasis",
@@ -49,6 +53,7 @@ __all__ = [
     "combine",
     "compose",
     "concat",
+    "contraction",
     "conv",
     "decompose",
     "explain",

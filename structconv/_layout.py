@@ -6,7 +6,8 @@ rules.  The layers, lowest first, each importing only from layers below it::
     backend → bases → {engine, structures} → theory → nn → data → experiments → cli
 
 ``engine`` and ``structures`` stand beside each other: neither imports the other.  The
-package's ``__init__`` (the public facade) and ``__main__`` may import any layer.
+package's ``__init__`` (the public facade), ``__main__`` and the conformance kit
+``structconv.testing`` may import any layer; no layer may import them.
 """
 
 from __future__ import annotations
@@ -29,11 +30,25 @@ LAYERS: dict[str, int] = {
 }
 """Layer of each top-level part of the package."""
 
-FACADE = {"structconv", "structconv.__main__", "structconv._layout"}
-"""Modules outside the layering: the public re-exports, ``python -m structconv``, this report."""
+KIT = {
+    "structconv.testing",
+    "structconv.testing._values",
+    "structconv.testing.basis",
+    "structconv.testing.layer",
+    "structconv.testing.peer",
+}
+"""The conformance kit (:mod:`structconv.testing`): above every layer (it checks the layers of
+``nn`` against the engine), and imported by none of them."""
 
-MAX_LINES = 450
-"""No module may be longer than this."""
+FACADE = {"structconv", "structconv.__main__", "structconv._layout", *KIT}
+"""Modules outside the layering: the public re-exports, ``python -m structconv``, this report, the kit."""
+
+MAX_LINES = 800
+"""No module may be longer than this.
+
+A module holds one concept; the bound catches a module that has started to hold two, not a
+concept that needs the room (450 lines once forced splits by length that followed no concept).
+"""
 
 MAX_BACKEND_BRANCHES = 10
 """Branches on NumPy against torch allowed outside ``backend/``."""

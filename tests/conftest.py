@@ -18,6 +18,8 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from structconv.testing import dense_reference
+
 # CI draws the same cases every run (a red build is then the change's, not the draw's); the
 # "thorough" profile searches afresh, with the example database, for new failures.
 settings.register_profile(
@@ -45,9 +47,8 @@ def problems(draw: Any, batched: bool | None = None, max_size: int = 6) -> dict[
     return {"A": A, "x": rng.normal(size=(B, M, P)), "theta": rng.normal(size=(K, P, Q)), "rng": rng}
 
 
-def reference(A: np.ndarray, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """The naive dense einsum every path must equal."""
-    return np.einsum("bkmn,bmp,kpq->bnq" if A.ndim == 4 else "kmn,bmp,kpq->bnq", A, x, theta)
+#: The naive dense einsum every path must equal (:func:`structconv.testing.dense_reference`).
+reference = dense_reference
 
 
 def to_backend(a: np.ndarray, backend: str) -> Any:

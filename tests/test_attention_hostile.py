@@ -28,7 +28,7 @@ from structconv.bases import attention as attention_module
 from structconv.bases.attention import fused_width
 from structconv.engine.contract import PLANS
 from structconv.engine.orders import names
-from structconv.nn import MultiHeadSelfAttention, PositionalAttention
+from structconv.nn import ContentHeads, MultiHeadSelfAttention, PositionalAttention
 
 FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION.value)
 
@@ -366,14 +366,15 @@ def test_multi_head_self_attention_names_an_input_of_another_dtype(need_weights:
     [
         {},
         {"content": True},
-        {"encoding": "learned"},
-        {"encoding": "gaussian", "head_dim": 2},
-        {"content": True, "encoding": "learned"},
+        {"heads": "learned"},
+        {"heads": "gaussian", "head_dim": 2},
+        {"content": True, "heads": "learned"},
     ],
 )
 def test_positional_attention_names_an_input_of_another_dtype(options: dict[str, Any]) -> None:
     torch.manual_seed(0)
-    layer = PositionalAttention((3, 3), 4, 2, **options)
+    rest = {k: v for k, v in options.items() if k != "content"}
+    layer = PositionalAttention((3, 3), 4, 2, content=ContentHeads() if options.get("content") else None, **rest)
     x = torch.randn(2, 9, 4)
     with pytest.raises(TypeError, match=r"PositionalAttention: x has dtype torch.float64 but the layer's parameters"):
         layer(x.double())

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from structconv import ConcatBasis, DenseBasis, SparseBasis, as_basis, concat, conv
+from structconv.testing import check_basis
 
 
 @given(problem=problems())
@@ -27,6 +28,8 @@ def test_transpose_swaps_input_and_output_entries(problem):
     for basis in (DenseBasis(A), SparseBasis.from_dense(A), ConcatBasis([SparseBasis.from_dense(A)])):
         np.testing.assert_array_equal(as_numpy(basis.T.to_dense()), np.swapaxes(A, -1, -2))
         np.testing.assert_array_equal(as_numpy(basis.T.T.to_dense()), A)
+        # and the transposed value contracts as its dense form, in every order
+        check_basis(basis.T, dense=np.swapaxes(A, -1, -2), gradients=False, seed=int(problem["rng"].integers(2**31)))
 
 
 @given(problem=problems(), data=st.data())
@@ -38,6 +41,8 @@ def test_select_restricts_members_in_order(problem, data):
     for basis in (DenseBasis(A), SparseBasis.from_dense(A), ConcatBasis([DenseBasis(A)])):
         np.testing.assert_array_equal(as_numpy(basis.select(members).to_dense()), expected)
         np.testing.assert_array_equal(as_numpy(basis[members].to_dense()), expected)
+        # Every order of the selection, repeated members included (a member may be selected twice).
+        check_basis(basis.select(members), dense=expected, gradients=False)
 
 
 def test_getitem_accepts_int_slice_and_negative_and_rejects_out_of_range():
@@ -60,6 +65,7 @@ def test_concat_keeps_representation_and_stacks_members():
     assert isinstance(mixed, ConcatBasis)
     for b in (sp, mixed, concat([mixed, DenseBasis(A1)])[:5]):
         np.testing.assert_array_equal(b.to_dense(), expected)
+        check_basis(b, dense=expected)  # every order of the concatenation
 
 
 def test_sparse_duplicates_are_summed_and_constructors_agree():

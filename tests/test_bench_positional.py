@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from benchmarks import bench_positional as bp
-from structconv.nn import PositionalAttention
+from structconv.nn import LearnedHeads, PositionalAttention
 
 D64 = torch.float64
 SIDE, WIDTH, HEADS, BATCH, SMALL = 4, 8, 2, 3, 3
@@ -28,17 +28,16 @@ def _layer(encoding: str, head_dim: int | None, dropout: float = 0.0) -> Positio
         (SIDE, SIDE),
         WIDTH,
         HEADS,
-        encoding=encoding,
+        heads=LearnedHeads(positional_dim=6) if encoding == "learned" else encoding,
         head_dim=head_dim,
         threshold=None,  # the exact softmax: the comparison is then to float64 rounding
-        positional_dim=6 if encoding == "learned" else None,
         attention_dropout=dropout,
     ).to(D64)
     with torch.no_grad():  # parameters away from their initial symmetry, widths on a useful scale
         if encoding == "quadratic":
-            layer.set_alpha(torch.tensor([0.3, 1.7], dtype=D64))
+            layer.heads.set_alpha(torch.tensor([0.3, 1.7], dtype=D64))
         if encoding == "gaussian":
-            layer.inv_sqrt_cov.add_(0.4 * torch.randn_like(layer.inv_sqrt_cov))
+            layer.heads.inv_sqrt_cov.add_(0.4 * torch.randn_like(layer.heads.inv_sqrt_cov))
         if layer.bias is not None:
             layer.bias.normal_()
     return layer

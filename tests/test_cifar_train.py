@@ -83,8 +83,10 @@ def test_centre_crop_without_flip_is_the_identity_and_normalisation_matches_the_
 
 def test_batches_split_each_global_batch_across_ranks() -> None:
     data = _fake(40, 0)
-    whole = Batches.from_arrays(data.images, data.labels, 8, True, "cpu")
-    shards = [Batches.from_arrays(data.images, data.labels, 8, True, "cpu", rank=r, world=2) for r in range(2)]
+    whole = Batches.from_arrays(data.images, data.labels, 8, train=True, device="cpu")
+    shards = [
+        Batches.from_arrays(data.images, data.labels, 8, train=True, device="cpu", rank=r, world=2) for r in range(2)
+    ]
     assert len(whole) == 5 and all(len(s) == 5 for s in shards)
     for (x, y), (x0, y0), (x1, y1) in zip(whole.epoch(3, 1), shards[0].epoch(3, 1), shards[1].epoch(3, 1), strict=True):
         assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32
@@ -92,10 +94,10 @@ def test_batches_split_each_global_batch_across_ranks() -> None:
     epochs = [torch.cat([y for _, y in whole.epoch(3, e)]) for e in (1, 2)]
     assert not torch.equal(epochs[0], epochs[1])  # a new order every epoch
     assert torch.equal(torch.cat([y for _, y in whole.epoch(3, 1)]), epochs[0])  # and the same one again
-    test = Batches.from_arrays(data.images, data.labels, 16, False, "cpu", rank=1, world=2)
+    test = Batches.from_arrays(data.images, data.labels, 16, train=False, device="cpu", rank=1, world=2)
     assert sum(len(y) for _, y in test.epoch(0, 0)) == 20  # every test image, in its rank's half
     with pytest.raises(ValueError, match=r"batch_size=7 must be a positive multiple of the number of processes \(2\)"):
-        Batches.from_arrays(data.images, data.labels, 7, True, "cpu", world=2)
+        Batches.from_arrays(data.images, data.labels, 7, train=True, device="cpu", world=2)
 
 
 # --- models ---------------------------------------------------------------------------------------
@@ -147,12 +149,12 @@ def test_attention_model_equals_the_paper_dense_computation_with_gradients() -> 
 def test_paper_dense_draws_the_layers_dropout_masks_and_gradients(shared: bool | None, head_dim: int | None) -> None:
     """From the same random state the peer draws the layer's masks (one per step unless ``dropout_shared`` is False)."""
     from structconv.experiments.cifar.reference import paper_dense
-    from structconv.nn import PositionalAttention
+    from structconv.nn import PositionalAttention, QuadraticHeads
 
     torch.manual_seed(0)
     layer = PositionalAttention(
-        (4, 5), 6, 3, attention_dropout=0.3, threshold=None, head_dim=head_dim, dropout_shared=shared,
-        width="spread", width_noise=0.1,
+        (4, 5), 6, 3, heads=QuadraticHeads(width="spread", width_noise=0.1), attention_dropout=0.3, threshold=None,
+        head_dim=head_dim, dropout_shared=shared,
     ).double()  # fmt: skip
     x = torch.randn(3, 20, 6, dtype=torch.float64)
     torch.manual_seed(1)
@@ -215,7 +217,7 @@ def test_centres_and_widths_are_exempt_from_weight_decay() -> None:
     model = build_model("sa-quadratic", **TINY["sa-quadratic"])
     exempt = {id(p) for p in no_decay_parameters(model)}
     layers = model.attention_layers() if isinstance(model, SelfAttentionNet) else []
-    assert exempt == {id(p) for layer in layers for p in (layer.centres, layer.spread)}
+    assert exempt == {id(p) for layer in layers for p in (layer.heads.centres, layer.heads.spread)}
     groups = _optimizer(model, config_for("paper", "sa-quadratic")).param_groups
     assert [g["weight_decay"] for g in groups] == [1e-4, 0.0]
     assert {id(p) for p in groups[1]["params"]} == exempt
@@ -308,18 +310,18 @@ def test_parameter_counts_are_the_paper_codes(name: str) -> None:
 def test_attention_initialisation_is_the_paper_codes() -> None:
     torch.manual_seed(0)
     layers = [b.attention for b in build_model("sa-quadratic", heads=400, depth=2, width=8, ffn=8).blocks]
-    centres = torch.cat([layer.centres.detach() for layer in layers])
-    spreads = torch.cat([layer.spread.detach() for layer in layers])
+    centres = torch.cat([layer.heads.centres.detach() for layer in layers])
+    spreads = torch.cat([layer.heads.spread.detach() for layer in layers])
     assert centres.std().item() == pytest.approx(2.0, rel=0.08)  # N(0, 2^2), a standard deviation of 2
     assert spreads.mean().item() == pytest.approx(1.0, abs=2e-3) and spreads.std().item() < 0.02
-    torch.testing.assert_close(layers[0].alpha(), 0.5 * layers[0].spread.detach() ** 2)
+    torch.testing.assert_close(layers[0].heads.alpha(), 0.5 * layers[0].heads.spread.detach() ** 2)
     gauss = build_model("sa-gaussian", depth=1, width=8, ffn=8, heads=200).blocks[0].attention
-    S = gauss.inv_sqrt_cov.detach()
+    S = gauss.heads.inv_sqrt_cov.detach()
     torch.testing.assert_close(S.mean(0), torch.eye(2), atol=3e-3, rtol=0)
     content = build_model("sa-learned-content", depth=1).blocks[0].attention
-    assert content.key.shape == content.query.shape == (9, 400, 400)  # full width per head
-    assert content.key_bias.shape == (9, 400) and not content.relative_terms
-    assert [t.shape for t in content.tables] == [(31, 400), (31, 400)]
+    assert content.content.key.shape == content.content.query.shape == (9, 400, 400)  # full width per head
+    assert content.content.key_bias.shape == (9, 400) and not content.heads.relative_terms
+    assert [t.shape for t in content.heads.tables] == [(31, 400), (31, 400)]
     block = build_model("sa-quadratic", depth=1).blocks[0]
     assert block.norm1.eps == block.norm2.eps == 1e-12
     assert block.projection is not None and block.projection.weight.shape == (400, 400)

@@ -155,8 +155,8 @@ def test_shift_helpers_errors():
     A = avg_pool_basis((4, 4), 2)
     with pytest.raises(ValueError, match=r"x has 9 entries \(dim 1\) but the basis grid \(4, 4\) has M=16"):
         apply_shifts(A, np.ones((1, 9, 2)))
-    with pytest.raises(ValueError, match=r"method='native' needs a torch basis"):
-        apply_shifts(A, np.ones((1, 16, 2)), "native")
+    with pytest.raises(ValueError, match=r"order='native' needs a torch basis"):
+        apply_shifts(A, np.ones((1, 16, 2)), order="native")
     with pytest.raises(TypeError, match=r"basis must be a GridBasis"):
         apply_shifts(DenseBasis(np.ones((1, 16, 4))), np.ones((1, 16, 2)))
     with pytest.raises(ValueError, match=r"a NumPy basis lives on the CPU"):

@@ -58,7 +58,7 @@ def test_gcn_basis_is_the_renormalised_adjacency(g: dict[str, Any], improved: bo
         A[n, n] = last.get(n, 2.0 if improved else 1.0)
     deg = A.sum(0)  # in-degree: messages gathered at the target (column)
     expected = inv_power(deg, 0.5)[:, None] * A * inv_power(deg, 0.5)[None]
-    ours = gcn_basis(g["index"], g["N"], g["weight"], improved=improved).to_dense()[0]
+    ours = gcn_basis(g["index"], g["N"], edge_weight=g["weight"], improved=improved).to_dense()[0]
     np.testing.assert_allclose(ours, expected, atol=1e-12)
     assert np.isfinite(ours).all()
     del diag, had_loop
@@ -160,7 +160,7 @@ def test_polynomial_basis_every_order_equals_the_dense_einsum(
 def test_graph_inputs_agree() -> None:
     index = np.array([[0, 1, 1, 2, 2], [1, 0, 2, 1, 1]])  # a repeated edge 2 -> 1
     weight = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
-    ref = gcn_basis(index, 4, weight).to_dense()
+    ref = gcn_basis(index, 4, edge_weight=weight).to_dense()
     adjacency = np.zeros((4, 4))
     np.add.at(adjacency, tuple(index), weight)
     assert adjacency[2, 1] == 9.0
@@ -168,7 +168,9 @@ def test_graph_inputs_agree() -> None:
     np.testing.assert_allclose(gcn_basis(scipy.sparse.csr_matrix(adjacency)).to_dense(), ref)
     sparse_t = torch.from_numpy(adjacency).to_sparse()
     np.testing.assert_allclose(gcn_basis(sparse_t).to_dense().numpy(), ref)
-    np.testing.assert_allclose(gcn_basis(torch.from_numpy(index), 4, torch.from_numpy(weight)).to_dense().numpy(), ref)
+    np.testing.assert_allclose(
+        gcn_basis(torch.from_numpy(index), 4, edge_weight=torch.from_numpy(weight)).to_dense().numpy(), ref
+    )
 
 
 # --- layers against PyG ------------------------------------------------------------------------------

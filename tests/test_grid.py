@@ -116,7 +116,15 @@ def tensors(c: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def build(c: dict[str, Any], boundary: str, like: Any) -> GridBasis:
-    return grid_basis(c["grid"], c["kernel"], c["stride"], c["dilation"], c["padding"], boundary=boundary, like=like)
+    return grid_basis(
+        c["grid"],
+        c["kernel"],
+        stride=c["stride"],
+        padding=c["padding"],
+        dilation=c["dilation"],
+        boundary=boundary,
+        like=like,
+    )
 
 
 @pytest.mark.parametrize("boundary", ["zero", "periodic"])
@@ -186,14 +194,18 @@ def test_average_pooling_equals_torch(d: int, seed: int, count_include_pad: bool
     grid = tuple(data.draw(st.integers(k, k + 5)) for k in kernel)
     x = torch.from_numpy(np.random.default_rng(seed).normal(size=(2, 3, *grid)))
     ref = POOL[d](x, kernel, stride, padding, ceil_mode=ceil_mode, count_include_pad=count_include_pad)
-    A = avg_pool_basis(grid, kernel, stride, padding, count_include_pad, like=x, ceil_mode=ceil_mode)
+    A = avg_pool_basis(
+        grid, kernel, stride=stride, padding=padding, ceil_mode=ceil_mode, count_include_pad=count_include_pad, like=x
+    )
     for method in ("native", "shift"):
-        y = apply_shifts(A, to_bmp(x), method)[:, 0]
+        y = apply_shifts(A, to_bmp(x), order=method)[:, 0]
         torch.testing.assert_close(from_bnq(y, ref.shape), ref, msg=method)
     # Through the engine with Θ = I it is the same (and so is the NumPy basis).
     eye = torch.eye(3, dtype=torch.float64)[None]
     torch.testing.assert_close(from_bnq(conv(A, to_bmp(x), eye), ref.shape), ref)
-    An = avg_pool_basis(grid, kernel, stride, padding, count_include_pad, ceil_mode=ceil_mode)
+    An = avg_pool_basis(
+        grid, kernel, stride=stride, padding=padding, ceil_mode=ceil_mode, count_include_pad=count_include_pad
+    )
     yn = apply_shifts(An, to_bmp(x).numpy().copy())[:, 0]
     np.testing.assert_allclose(from_bnq(yn, ref.shape).numpy(), ref.numpy(), atol=1e-12)
 
@@ -222,9 +234,9 @@ def test_periodic_shift_matrices_compose_by_adding_shifts(d: int, data: Any) -> 
     grid = tuple(data.draw(st.integers(1, 5)) for _ in range(d))
     s1 = tuple(data.draw(st.integers(-5, 5)) for _ in range(d))
     s2 = tuple(data.draw(st.integers(-5, 5)) for _ in range(d))
-    A1 = shift_matrix(grid, s1, "periodic").to_dense()[0]
-    A2 = shift_matrix(grid, s2, "periodic").to_dense()[0]
-    A12 = shift_matrix(grid, tuple(a + b for a, b in zip(s1, s2, strict=True)), "periodic").to_dense()[0]
+    A1 = shift_matrix(grid, s1, boundary="periodic").to_dense()[0]
+    A2 = shift_matrix(grid, s2, boundary="periodic").to_dense()[0]
+    A12 = shift_matrix(grid, tuple(a + b for a, b in zip(s1, s2, strict=True)), boundary="periodic").to_dense()[0]
     np.testing.assert_array_equal(A1 @ A2, A12)
 
 
@@ -448,7 +460,7 @@ def test_windows_wholly_outside_the_grid_read_zeros(shift: int) -> None:
         torch.testing.assert_close(conv(A, x, theta, order=order), _einsum_reference(A, x, theta))
     B = grid_basis(4, 3, dilation=5, padding=5, like=x)[2]
     torch.testing.assert_close(conv(B, x, theta), _einsum_reference(B, x, theta))
-    torch.testing.assert_close(apply_shifts(B, x), apply_shifts(B, x, "shift"))
+    torch.testing.assert_close(apply_shifts(B, x), apply_shifts(B, x, order="shift"))
 
 
 def test_repeated_taps_add_up_on_every_path() -> None:
@@ -457,7 +469,7 @@ def test_repeated_taps_add_up_on_every_path() -> None:
     A = grid_basis((4, 4), 3, padding=1, like=x)[[4, 4]]
     for order in (*ORDERS, "auto"):
         torch.testing.assert_close(conv(A, x, theta, order=order), _einsum_reference(A, x, theta))
-    torch.testing.assert_close(apply_shifts(A, x), apply_shifts(A, x, "shift"))
+    torch.testing.assert_close(apply_shifts(A, x), apply_shifts(A, x, order="shift"))
 
 
 def test_equal_learnable_tap_weights_get_their_own_gradients() -> None:
@@ -467,7 +479,7 @@ def test_equal_learnable_tap_weights_get_their_own_gradients() -> None:
     for method in ("auto", "shift"):
         w = torch.full((1, 9), 0.5, dtype=torch.float64, requires_grad=True)
         A = GridBasis(base.grid, base.out_grid, base.offsets, weights=w)
-        apply_shifts(A, x, method).pow(2).sum().backward()
+        apply_shifts(A, x, order=method).pow(2).sum().backward()
         grads.append(w.grad)
     torch.testing.assert_close(grads[0], grads[1])
 
@@ -504,8 +516,7 @@ def test_layers_follow_changed_settings_and_numpy_integers() -> None:
 def test_layers_direct_native_route_equals_the_engine_and_torch(
     d: int, kernel: int, stride: int, dilation: int, padding: Any, circular: bool, batch: int, seed: int
 ) -> None:
-    """The layer runs the engine's native plan directly; it must equal ``conv`` and torch's layer, with gradients."""
-    import structconv.nn.grid as layer_module
+    """The layer runs the planner's order through its compiled contraction; it equals ``conv`` and torch's layer."""
     from structconv import nn as snn
 
     if padding == "same":
@@ -518,16 +529,10 @@ def test_layers_direct_native_route_equals_the_engine_and_torch(
     layer.load_state_dict(ref.state_dict())
     size = dilation * (kernel - 1) + 3
     x = torch.randn(max(batch, 1), 2, *([size] * d), dtype=torch.float64, requires_grad=True)
-    engine_calls = []
-    real_conv = layer_module.conv
-    layer_module.conv = lambda *a, **k: engine_calls.append(1) or real_conv(*a, **k)  # type: ignore[assignment]
-    try:
-        y = layer(x)
-    finally:
-        layer_module.conv = real_conv  # type: ignore[assignment]
+    y = layer(x)
     basis = layer.basis(tuple(x.shape[2:]), x)
-    chosen = explain(basis, to_bmp(x), to_theta(layer.weight)).chosen
-    assert (not engine_calls) == (chosen == "native"), "the layer must run the engine's plan"
+    (compiled,) = (run[2] for run in layer._runs.values())
+    assert compiled.order == explain(basis, to_bmp(x), layer.parameter()).chosen, "the layer must run the engine's plan"
     expected = ref(x)
     torch.testing.assert_close(y, expected)
     gy = torch.randn_like(y)
@@ -540,11 +545,8 @@ def test_layers_direct_native_route_equals_the_engine_and_torch(
     torch.testing.assert_close(y, via_engine)
 
 
-def test_layer_direct_route_under_autocast_and_dtype_errors(monkeypatch: Any) -> None:
-    import structconv.nn.grid as layer_module
+def test_layer_native_order_under_autocast_and_dtype_errors() -> None:
     from structconv.nn import GridConv2d
-
-    monkeypatch.setattr(layer_module, "conv", None)  # a 3x3 box kernel never reaches the generic route
 
     torch.manual_seed(0)
     ref = torch.nn.Conv2d(4, 5, 3, padding=1)
@@ -555,7 +557,8 @@ def test_layer_direct_route_under_autocast_and_dtype_errors(monkeypatch: Any) ->
         y, expected = layer(x), ref(x)
     assert y.dtype == expected.dtype == torch.bfloat16
     torch.testing.assert_close(y, expected)
-    monkeypatch.undo()
+    (compiled,) = (run[2] for run in layer._runs.values())
+    assert compiled.order == "native"  # a 3x3 box kernel: the planner's native order, in the autocast dtype
     with pytest.raises(TypeError, match="dtype"):
         layer(x.double())
 
@@ -611,7 +614,7 @@ def test_explicit_column_scale() -> None:
     dense = torch.as_tensor(A.to_dense())
     torch.testing.assert_close(torch.as_tensor(S.to_dense()), dense * c)
     for method in ("native", "shift"):
-        torch.testing.assert_close(apply_shifts(S, x, method)[:, 0], torch.einsum("mn,bmc->bnc", dense[0] * c, x))
+        torch.testing.assert_close(apply_shifts(S, x, order=method)[:, 0], torch.einsum("mn,bmc->bnc", dense[0] * c, x))
     assert S.to(dtype=torch.float32).scale.dtype == torch.float32 and S[[0]].scale is c
     assert not S.placement_free and S.nbytes() == A.nbytes() + c.numel() * 8
     with pytest.raises(ValueError, match=r"scale must be a torch array of shape \(20,\)"):
@@ -692,5 +695,5 @@ def test_cpu_bfloat16_3d_shift_kernels_survive_torchs_strided_conv3d() -> None:
     x = torch.randn(3, 1, 2, 3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     ref = F.avg_pool3d(x, (1, 1, 4))
     A = avg_pool_basis((2, 3, 5), (1, 1, 4), like=x.to(torch.bfloat16))
-    y = apply_shifts(A, x.to(torch.bfloat16).flatten(2).transpose(1, 2), method="shift")[:, 0]
+    y = apply_shifts(A, x.to(torch.bfloat16).flatten(2).transpose(1, 2), order="shift")[:, 0]
     torch.testing.assert_close(y.double().transpose(1, 2).reshape(ref.shape), ref, rtol=0, atol=2e-2)

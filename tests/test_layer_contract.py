@@ -1,9 +1,10 @@
 """The layer contract: every layer of ``structconv.nn`` is ``conv(layer.basis(x, ...), x, layer.parameter())``.
 
-Each case builds a layer (float64, eval mode, so that no dropout is drawn), calls it, and calls
-:func:`structconv.conv` on the layer's own :meth:`basis` and :meth:`parameter`, then adds what the
-formula leaves out (the bias) and puts the result in the layer's layout.  Outputs and the
-gradients with respect to the input and every parameter must agree.  Where a layer's ``forward``
+Each case builds a layer (float64, eval mode, so that no dropout is drawn) and hands it, with its
+inputs, to :func:`structconv.testing.check_layer`: the layer's output, and the gradients with
+respect to the input and every parameter, must equal :func:`structconv.conv` on the layer's own
+:meth:`basis` and :meth:`parameter` plus what the formula leaves out (the bias), in the layer's
+layout (the per-layer contracts of :mod:`structconv.testing.layer`).  Where a layer's ``forward``
 reaches its output by another route (GAT's fused aggregation, the grid's native kernel,
 MultiHeadSelfAttention's bias handling), this ties two computations; where ``forward`` already
 calls ``conv(self.basis(...), x, self.parameter())``, it pins the layout and what is added.
@@ -23,61 +24,14 @@ from torch import nn
 
 import structconv as sc
 from structconv import nn as snn
-from structconv.structures.grid import apply_shifts
+from structconv.nn.positional_base import Encoding
+from structconv.testing import check_layer, contract_for
 
 D64 = torch.float64
 _EDGE_INDEX = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 3], [1, 2, 3, 4, 0, 2, 5, 0]])
 _EDGE_TYPE = torch.tensor([0, 1, 0, 1, 0, 1, 1, 0])
 
 Inputs = tuple[Any, ...]
-#: (the layer, its inputs) -> the output through the contract, in the layer's layout
-Contract = Callable[[Any, Inputs], torch.Tensor]
-
-
-def _plus_bias(layer: nn.Module, y: torch.Tensor) -> torch.Tensor:
-    bias = getattr(layer, "bias", None)
-    return y if bias is None else y + bias
-
-
-def _grid_flat(x: torch.Tensor) -> torch.Tensor:
-    """``(B, C, *grid)`` as the engine's ``(B, M, C)``."""
-    return x.flatten(2).transpose(1, 2)
-
-
-def _grid_back(y: torch.Tensor, basis: Any) -> torch.Tensor:
-    """The engine's ``(B, M_out, Q)`` as ``(B, Q, *out_grid)``."""
-    return y.transpose(1, 2).reshape(int(y.shape[0]), int(y.shape[2]), *basis.out_grid)
-
-
-def _pool(layer: Any, args: Inputs) -> torch.Tensor:
-    (x,) = args
-    basis = layer.basis(x)
-    return _grid_back(apply_shifts(basis, _grid_flat(x), layer.method)[:, 0], basis)  # no Θ: A^T x alone
-
-
-def _grid(layer: Any, args: Inputs) -> torch.Tensor:
-    (x,) = args
-    basis = layer.basis(x)
-    y = _grid_back(sc.conv(basis, _grid_flat(x), layer.parameter()), basis)
-    return y if layer.bias is None else y + layer.bias.reshape(-1, *([1] * (x.ndim - 2)))
-
-
-def _nodes(layer: Any, args: Inputs) -> torch.Tensor:
-    """Graph layers and StructConv: ``x`` is already ``(N, P)`` or ``(B, N, P)``."""
-    return _plus_bias(layer, sc.conv(layer.basis(*args), args[0], layer.parameter()))
-
-
-def _mha(layer: Any, args: Inputs) -> torch.Tensor:
-    value = args[2]  # batch first; no appended tokens in these cases
-    y = sc.conv(layer.basis(*args), value, layer.parameter())
-    bias = layer.output_bias()
-    return y if bias is None else y + bias
-
-
-def _positional(layer: Any, args: Inputs) -> torch.Tensor:
-    (x,) = args
-    flat = x.reshape(int(x.shape[0]), -1, layer.embed_dim)
-    return _plus_bias(layer, sc.conv(layer.basis(flat), flat, layer.parameter())).reshape(x.shape)
 
 
 def _graph() -> Inputs:
@@ -95,83 +49,90 @@ def _fixed_basis() -> sc.Basis:
     return sc.SparseBasis.from_dense(dense * (torch.rand(2, 6, 6, generator=generator) < 0.5))
 
 
-#: name -> (build the layer, make its inputs, the contract); the name before "[" is the class in ``structconv.nn``.
-CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs], Contract]] = {
-    "AvgPool1d": (lambda: snn.AvgPool1d(2), lambda: (torch.randn(2, 3, 8, dtype=D64),), _pool),
-    "AvgPool2d": (lambda: snn.AvgPool2d(3, 2, 1), lambda: (torch.randn(2, 3, 7, 6, dtype=D64),), _pool),
-    "AvgPool3d": (lambda: snn.AvgPool3d(2), lambda: (torch.randn(1, 2, 4, 4, 4, dtype=D64),), _pool),
-    "GridConv1d": (lambda: snn.GridConv1d(3, 4, 3, padding=1), lambda: (torch.randn(2, 3, 8, dtype=D64),), _grid),
-    "GridConv2d": (lambda: snn.GridConv2d(3, 4, 3, padding=1), lambda: (torch.randn(2, 3, 6, 5, dtype=D64),), _grid),
+#: name -> (build the layer, make its inputs); the name before "[" is the class in ``structconv.nn``.
+CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]] = {
+    "AvgPool1d": (lambda: snn.AvgPool1d(2), lambda: (torch.randn(2, 3, 8, dtype=D64),)),
+    "AvgPool2d": (lambda: snn.AvgPool2d(3, stride=2, padding=1), lambda: (torch.randn(2, 3, 7, 6, dtype=D64),)),
+    "AvgPool3d": (lambda: snn.AvgPool3d(2), lambda: (torch.randn(1, 2, 4, 4, 4, dtype=D64),)),
+    "GridConv1d": (lambda: snn.GridConv1d(3, 4, 3, padding=1), lambda: (torch.randn(2, 3, 8, dtype=D64),)),
+    "GridConv2d": (lambda: snn.GridConv2d(3, 4, 3, padding=1), lambda: (torch.randn(2, 3, 6, 5, dtype=D64),)),
     "GridConv2d[groups]": (
         lambda: snn.GridConv2d(4, 6, 3, stride=2, groups=2, padding_mode="circular", padding=1),
         lambda: (torch.randn(2, 4, 6, 6, dtype=D64),),
-        _grid,
     ),
-    "GridConv3d": (lambda: snn.GridConv3d(2, 3, 3, padding=1), lambda: (torch.randn(1, 2, 4, 4, 4, dtype=D64),), _grid),
-    "ChebConv": (lambda: snn.ChebConv(3, 4, K=3), _graph, _nodes),
-    "GATConv": (lambda: snn.GATConv(3, 2, heads=2), _graph, _nodes),
-    "GATConv[mean]": (lambda: snn.GATConv(3, 2, heads=3, concat=False), _graph, _nodes),
-    "GCNConv": (lambda: snn.GCNConv(3, 4), _graph, _nodes),
-    "SGConv": (lambda: snn.SGConv(3, 4, K=2), _graph, _nodes),
-    "TAGConv": (lambda: snn.TAGConv(3, 4, K=2), _graph, _nodes),
-    "RGCNConv": (lambda: snn.RGCNConv(3, 4, num_relations=2), lambda: (*_graph(), _EDGE_TYPE), _nodes),
+    "GridConv3d": (lambda: snn.GridConv3d(2, 3, 3, padding=1), lambda: (torch.randn(1, 2, 4, 4, 4, dtype=D64),)),
+    "ChebConv": (lambda: snn.ChebConv(3, 4, K=3), _graph),
+    "GATConv": (lambda: snn.GATConv(3, 2, heads=2), _graph),
+    "GATConv[mean]": (lambda: snn.GATConv(3, 2, heads=3, concat=False), _graph),
+    "GCNConv": (lambda: snn.GCNConv(3, 4), _graph),
+    "SGConv": (lambda: snn.SGConv(3, 4, K=2), _graph),
+    "TAGConv": (lambda: snn.TAGConv(3, 4, K=2), _graph),
+    "RGCNConv": (lambda: snn.RGCNConv(3, 4, num_relations=2), lambda: (*_graph(), _EDGE_TYPE)),
     "RGCNConv[bases]": (
         lambda: snn.RGCNConv(3, 4, num_relations=2, num_bases=2),
         lambda: (*_graph(), _EDGE_TYPE),
-        _nodes,
     ),
-    "MultiHeadSelfAttention": (lambda: snn.MultiHeadSelfAttention(4, 2, batch_first=True), _tokens, _mha),
+    "MultiHeadSelfAttention": (lambda: snn.MultiHeadSelfAttention(4, 2, batch_first=True), _tokens),
     "MultiHeadSelfAttention[cross]": (
         lambda: snn.MultiHeadSelfAttention(4, 2, batch_first=True, kdim=3, vdim=5),
         lambda: (torch.randn(2, 4, 4, dtype=D64), torch.randn(2, 6, 3, dtype=D64), torch.randn(2, 6, 5, dtype=D64)),
-        _mha,
     ),
     "PositionalAttention": (
         lambda: snn.PositionalAttention((3, 3), 4, 2),
         lambda: (torch.randn(2, 3, 3, 4, dtype=D64),),
-        _positional,
     ),
     "PositionalAttention[content]": (
-        lambda: snn.PositionalAttention((3, 3), 4, 2, content=True, head_dim=2),
+        lambda: snn.PositionalAttention((3, 3), 4, 2, content=snn.ContentHeads(), head_dim=2),
         lambda: (torch.randn(2, 9, 4, dtype=D64),),
-        _positional,
     ),
-    "StructConv": (lambda: snn.StructConv(_fixed_basis(), 3, 4), lambda: (torch.randn(2, 6, 3, dtype=D64),), _nodes),
+    "PositionalAttention[gaussian]": (
+        lambda: snn.PositionalAttention((3, 3), 4, 2, heads=snn.GaussianHeads()),
+        lambda: (torch.randn(2, 3, 3, 4, dtype=D64),),
+    ),
+    "PositionalAttention[learned]": (
+        lambda: snn.PositionalAttention((3, 3), 4, 2, heads=snn.LearnedHeads(), content=snn.ContentHeads(bias=True)),
+        lambda: (torch.randn(2, 9, 4, dtype=D64),),
+    ),
+    "StructConv": (lambda: snn.StructConv(_fixed_basis(), 3, 4), lambda: (torch.randn(2, 6, 3, dtype=D64),)),
 }
 
 
+#: The layers of ``structconv.nn``: its other names are PositionalAttention's encodings (configuration).
+LAYERS = sorted(n for n in snn.__all__ if not issubclass(getattr(snn, n), Encoding))
+
+
 def test_every_layer_has_a_case() -> None:
-    assert {n.split("[")[0] for n in CASES} == set(snn.__all__)
+    assert {n.split("[")[0] for n in CASES} == set(LAYERS)
 
 
-def _output(out: Any) -> torch.Tensor:
-    """The output tensor (MultiHeadSelfAttention returns ``(output, weights)``)."""
-    y: torch.Tensor = out[0] if isinstance(out, tuple) else out
-    return y
-
-
-def _gradients(y: torch.Tensor, leaves: list[torch.Tensor], weight: torch.Tensor) -> list[torch.Tensor]:
-    grads = torch.autograd.grad((y * weight).sum(), leaves, allow_unused=True)
-    return [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves, strict=True)]
+def test_every_encoding_configures_a_case() -> None:
+    """Each encoding of ``structconv.nn.__all__`` is bound by some PositionalAttention case (heads or content)."""
+    encodings = {n: getattr(snn, n) for n in snn.__all__ if n not in LAYERS}
+    used = set()
+    for build, _ in CASES.values():
+        layer = build()
+        parts = (getattr(layer, "heads", None), getattr(layer, "content", None))
+        used |= {n for n, klass in encodings.items() if any(isinstance(part, klass) for part in parts)}
+    assert used == set(encodings)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_layer_is_conv_of_its_basis_and_parameter(name: str) -> None:
-    build, inputs, contract = CASES[name]
+    build, inputs = CASES[name]
     torch.manual_seed(0)
     layer = build().double().eval()
-    args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in inputs())
-    inputs_ = {id(a): a for a in args if isinstance(a, torch.Tensor) and a.requires_grad}  # x may be q, k and v
-    leaves = [*inputs_.values(), *layer.parameters()]
-    assert leaves
+    args = inputs()
+    assert any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args) or list(layer.parameters())
+    check_layer(layer, *args, rtol=1e-10, atol=1e-12)
 
-    y = _output(layer(*args))
-    expected = contract(layer, args)
-    torch.testing.assert_close(y, expected, rtol=1e-10, atol=1e-12)
 
-    weight = torch.randn_like(y)
-    for got, want in zip(_gradients(y, leaves, weight), _gradients(expected, leaves, weight), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+@pytest.mark.parametrize("name", LAYERS)
+def test_every_layer_has_its_own_contract(name: str) -> None:
+    """No layer of the package falls back to the generic contract by accident: each is in CONTRACTS."""
+    from structconv.testing import CONTRACTS
+
+    assert getattr(snn, name) in CONTRACTS
+    assert contract_for(CASES[name][0]()) is CONTRACTS[getattr(snn, name)]
 
 
 def test_pooling_has_no_parameter() -> None:

@@ -202,7 +202,7 @@ def test_avg_pool_with_divisor_override_on_meta() -> None:
 
 def test_apply_shifts_of_a_meta_input() -> None:
     """The native kernel compares the tap weights to pick avg_pool; on meta it takes the depthwise convolution."""
-    _on_meta(apply_shifts(grid_basis((4,), (1,)), _meta(2, 4, 3), method="native"), (2, 1, 4, 3))
+    _on_meta(apply_shifts(grid_basis((4,), (1,)), _meta(2, 4, 3), order="native"), (2, 1, 4, 3))
     basis = grid_basis((4,), (3,))
     _on_meta(apply_shifts(basis, _meta(2, 4, 3)), tuple(apply_shifts(basis, torch.ones(2, 4, 3)).shape))
 

@@ -136,7 +136,9 @@ def test_relative_attention_has_the_four_terms_of_eq5(seed: int, boundary: str) 
     rel_key = torch.randn(H, sum(widths), D, generator=g, dtype=D64)
     u, v = torch.randn(H, D, generator=g, dtype=D64), torch.randn(H, D, generator=g, dtype=D64)
     x = torch.randn(2, 12, P, generator=g, dtype=D64)
-    mech = RelativeAttention(grid, tables, key, query, rel_key, u, v, boundary, scale=0.5)
+    mech = RelativeAttention(
+        grid, tables, key=key, query=query, rel_key=rel_key, u=u, v=v, boundary=boundary, scale=0.5
+    )
     k, q = torch.einsum("bmp,hpd->bhmd", x, key), torch.einsum("bnp,hpd->bhnd", x, query)
     r_hat = torch.einsum("mnc,hcd->hmnd", _embedding(grid, boundary, tables), rel_key)
     ref = (
@@ -237,7 +239,7 @@ def test_relative_attention_and_combined_mechanisms_gradcheck() -> None:
     theta = torch.randn(H, P, 2, generator=g, dtype=D64)
 
     def f(x: torch.Tensor, key: torch.Tensor, query: torch.Tensor, rel: torch.Tensor, u: Any, v: Any) -> Any:
-        mech = RelativeAttention(grid, tables, key, query, rel, u, v, scale=0.7)
+        mech = RelativeAttention(grid, tables, key=key, query=query, rel_key=rel, u=u, v=v, scale=0.7)
         return conv(attention_basis(x, mechanism=mech), x, theta)
 
     assert torch.autograd.gradcheck(f, (x, *parts, u, v))
@@ -303,18 +305,25 @@ def test_positional_errors() -> None:
 
 
 # --- the layer ---------------------------------------------------------------------------------------
-VARIANTS = [("quadratic", False), ("gaussian", False), ("learned", False), ("learned", True), ("quadratic", True)]
+VARIANTS = [
+    (snn.QuadraticHeads(alpha=0.7), False),
+    (snn.GaussianHeads(alpha=0.7), False),
+    (snn.LearnedHeads(positional_dim=6), False),
+    (snn.LearnedHeads(positional_dim=6, relative_terms=True), True),
+    (snn.QuadraticHeads(alpha=0.7), True),
+]
 
 
-@pytest.mark.parametrize(("encoding", "content"), VARIANTS)
+@pytest.mark.parametrize(("heads", "content"), VARIANTS, ids=repr)
 @pytest.mark.parametrize("head_dim", [None, 3])
-def test_positional_layer_equals_the_dense_computation(encoding: str, content: bool, head_dim: int | None) -> None:
-    from structconv.nn import PositionalAttention
+def test_positional_layer_equals_the_dense_computation(
+    heads: snn.PositionalHeads, content: bool, head_dim: int | None
+) -> None:
+    from structconv.nn import ContentHeads, PositionalAttention
 
     torch.manual_seed(0)
     layer = PositionalAttention(
-        (4, 5), 8, 3, encoding=encoding, content=content, head_dim=head_dim, positional_dim=6, alpha=0.7,
-        threshold=1e-12,
+        (4, 5), 8, 3, heads=heads, content=ContentHeads() if content else None, head_dim=head_dim, threshold=1e-12,
     ).double()  # fmt: skip
     x = torch.randn(2, 4, 5, 8, dtype=D64, requires_grad=True)
     y = layer(x)
@@ -333,18 +342,19 @@ def test_positional_layer_equals_the_dense_computation(encoding: str, content: b
 
 
 def test_positional_layer_errors() -> None:
-    from structconv.nn import PositionalAttention
+    from structconv.nn import PositionalAttention, QuadraticHeads
 
-    with pytest.raises(ValueError, match=r"encoding must be one of"):
-        PositionalAttention((4, 4), 8, 2, encoding="sinusoidal")
-    with pytest.raises(ValueError, match=r"alpha must be positive"):
-        PositionalAttention((4, 4), 8, 2, alpha=0.0)
+    with pytest.raises(ValueError, match=r"PositionalAttention: heads must be one of \('quadratic'"):
+        PositionalAttention((4, 4), 8, 2, heads="sinusoidal")
+    with pytest.raises(ValueError, match=r"QuadraticHeads: alpha must be finite and positive"):
+        PositionalAttention((4, 4), 8, 2, heads=QuadraticHeads(alpha=0.0))
     with pytest.raises(ValueError, match=r"num_heads must be a positive integer"):
         PositionalAttention((4, 4), 8, 0)
     layer = PositionalAttention((4, 4), 8, 2)
     with pytest.raises(ValueError, match=r"x must have shape \(B, 16, 8\) or \(B, 4, 4, 8\)"):
         layer(torch.randn(2, 15, 8))
-    assert {id(p) for p in layer.positional_parameters()} == {id(layer.centres), id(layer.log_alpha)}
+    assert isinstance(layer.heads, QuadraticHeads)
+    assert {id(p) for p in layer.positional_parameters()} == {id(layer.heads.centres), id(layer.heads.log_alpha)}
 
 
 # --- the converse: attention heads back to a convolution ------------------------------------------------
@@ -432,14 +442,15 @@ def test_kronecker_basis_hooks_equal_its_dense_form(seed: int, shape: list[int])
 @pytest.mark.parametrize(
     "options",
     [
-        {"encoding": "quadratic"},
-        {"encoding": "quadratic", "width": "spread", "threshold": 1e-3},
-        {"encoding": "gaussian", "content": True},
-        {"encoding": "learned"},
-        {"encoding": "learned", "content": True},
-        {"encoding": "learned", "content": True, "relative_terms": False, "content_bias": True},
-        {"encoding": "quadratic", "head_dim": 3},
+        {"heads": "quadratic"},
+        {"heads": snn.QuadraticHeads(width="spread"), "threshold": 1e-3},
+        {"heads": "gaussian", "content": snn.ContentHeads()},
+        {"heads": "learned"},
+        {"heads": snn.LearnedHeads(relative_terms=True), "content": snn.ContentHeads()},
+        {"heads": "learned", "content": snn.ContentHeads(bias=True)},
+        {"heads": "quadratic", "head_dim": 3},
     ],
+    ids=repr,
 )
 def test_positional_attention_in_low_precision_follows_float64(dtype: torch.dtype, options: dict[str, Any]) -> None:
     """Every positional path in float32 and bfloat16 (weights and under autocast) against float64: finite, close."""

@@ -38,7 +38,13 @@ def _backend(name: str) -> Backend:
 
 
 def find(a: object) -> Backend | None:
-    """The backend owning ``a``, or ``None``; a library not yet imported owns nothing."""
+    """The backend owning ``a``, or ``None``; a library not yet imported owns nothing.
+
+    Parameters
+    ----------
+    a
+        Anything.
+    """
     if isinstance(a, np.ndarray):
         return _backend("numpy")
     for name, (library, _) in REGISTRY.items():
@@ -50,7 +56,15 @@ def find(a: object) -> Backend | None:
 
 
 def of(a: object, arg: str = "array") -> Backend:
-    """The backend owning ``a``; a ``TypeError`` naming ``arg`` if none does."""
+    """The backend owning ``a``; a ``TypeError`` naming ``arg`` if none does.
+
+    Parameters
+    ----------
+    a
+        The argument as given.
+    arg
+        Its name, as the message shows it.
+    """
     backend = find(a)
     if backend is None:
         raise TypeError(f"{arg} must be a numpy.ndarray or a torch.Tensor, got {type(a).__name__}")
@@ -58,89 +72,210 @@ def of(a: object, arg: str = "array") -> Backend:
 
 
 def namespace(*arrays: Array) -> Any:
-    """The array API namespace of ``arrays`` (``array_api_compat``'s numpy or torch wrapper)."""
+    """The array API namespace of ``arrays`` (``array_api_compat``'s numpy or torch wrapper).
+
+    Parameters
+    ----------
+    *arrays
+        Arrays of one backend; the first decides.
+    """
     return of(arrays[0]).namespace()
 
 
 def native(a: Array) -> Any:
-    """The array library itself (``numpy`` or ``torch``) of ``a``."""
+    """The array library itself (``numpy`` or ``torch``) of ``a``.
+
+    Parameters
+    ----------
+    a
+        An array of a supported backend.
+    """
     return of(a).native()
 
 
 def backend_of(a: object, arg: str) -> str:
-    """Name the backend of ``a`` or raise a ``TypeError`` naming the argument."""
+    """Name the backend of ``a`` or raise a ``TypeError`` naming the argument.
+
+    Parameters
+    ----------
+    a, arg
+        As for :func:`of`.
+    """
     return of(a, arg).name
 
 
 def device_of(a: Array) -> str:
-    """The device of ``a`` as a string (always ``"cpu"`` for NumPy)."""
+    """The device of ``a`` as a string (always ``"cpu"`` for NumPy).
+
+    Parameters
+    ----------
+    a
+        An array of a supported backend.
+    """
     return of(a).device(a)
 
 
 def dtype_name(a: Array) -> str:
-    """A backend-neutral dtype name such as ``"float64"``."""
+    """A backend-neutral dtype name such as ``"float64"``.
+
+    Parameters
+    ----------
+    a
+        An array of a supported backend.
+    """
     return of(a).dtype_name(a)
 
 
 def is_floating(a: Array) -> bool:
-    """Whether ``a`` holds real floating-point numbers."""
+    """Whether ``a`` holds real floating-point numbers.
+
+    Parameters
+    ----------
+    a
+        An array of a supported backend.
+    """
     return of(a).is_floating(a)
 
 
 def is_integer_array(a: object) -> bool:
-    """Whether ``a`` is an array of integers (not booleans)."""
+    """Whether ``a`` is an array of integers (not booleans).
+
+    Parameters
+    ----------
+    a
+        Anything (``False`` for what is not an array).
+    """
     backend = find(a)
     return backend is not None and backend.is_integer(a)
 
 
 def all_finite(a: Array) -> bool:
-    """Whether every entry of ``a`` is finite."""
+    """Whether every entry of ``a`` is finite.
+
+    Parameters
+    ----------
+    a
+        An array of a supported backend.
+    """
     return of(a).all_finite(a)
 
 
 def to_numpy(a: Array) -> np.ndarray:
-    """A NumPy copy of ``a`` (detached from autograd)."""
+    """A NumPy copy of ``a`` (detached from autograd).
+
+    Parameters
+    ----------
+    a
+        An array of a supported backend.
+    """
     return of(a).to_numpy(a)
 
 
 def as_index(a: Any, like: Array) -> Array:
-    """Integer indices as int64 on the backend (and device) of ``like``."""
+    """Integer indices as int64 on the backend (and device) of ``like``.
+
+    Parameters
+    ----------
+    a
+        Integers: an array of any backend, or what ``numpy.asarray`` reads.
+    like
+        An array of the backend and device wanted.
+    """
     return of(like).asarray(a, like, "int64")
 
 
 def zeros(shape: tuple[int, ...], like: Array) -> Array:
-    """Zeros of ``shape`` with the backend, dtype and device of ``like``."""
+    """Zeros of ``shape`` with the backend, dtype and device of ``like``.
+
+    Parameters
+    ----------
+    shape
+        The shape.
+    like
+        An array of the backend, dtype and device wanted.
+    """
     return of(like).zeros(shape, like)
 
 
 def concatenate(arrays: list[Array], axis: int) -> Array:
-    """Concatenate along ``axis`` on whichever backend the arrays live."""
+    """Concatenate along ``axis`` on whichever backend the arrays live.
+
+    Parameters
+    ----------
+    arrays
+        At least one array, all of one backend.
+    axis
+        The axis joined along.
+    """
     return namespace(arrays[0]).concat(arrays, axis=axis)
 
 
 def x_theta(x: Array, theta: Array) -> Array:
-    r""":math:`S_{bkmq} = \sum_p x_{bmp}\Theta_{kpq}` as one GEMM ``(B·M, P) @ (P, K·Q)``, returned as a view."""
+    r""":math:`S_{bkmq} = \sum_p x_{bmp}\Theta_{kpq}` as one GEMM ``(B·M, P) @ (P, K·Q)``, returned as a view.
+
+    Parameters
+    ----------
+    x
+        ``(B, M, P)``.
+    theta
+        :math:`\Theta`, ``(K, P, Q)``.
+
+    Returns
+    -------
+    Array
+        ``(B, K, M, Q)``, a view of the GEMM's output.
+    """
     return of(theta).x_theta(x, theta)
 
 
 def sparse_matrix(rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> Any:
-    """A sparse matrix ``S`` (``S @ dense``) from coordinates; repeated coordinates add up."""
+    """A sparse matrix ``S`` (``S @ dense``) from coordinates; repeated coordinates add up.
+
+    Parameters
+    ----------
+    rows, cols
+        int64 ``(nnz,)`` coordinates.
+    values
+        ``(nnz,)`` entries, whose backend builds the matrix.
+    shape
+        ``(rows, columns)``.
+    """
     return of(values).sparse_matrix(rows, cols, values, shape)
 
 
 def autocast_dtype(a: Array) -> Any:
-    """The dtype autocast runs matrix products in on ``a``'s device, or ``None`` outside autocast."""
+    """The dtype autocast runs matrix products in on ``a``'s device, or ``None`` outside autocast.
+
+    Parameters
+    ----------
+    a
+        Anything (``None`` for what is not an array).
+    """
     backend = find(a)  # before the argument checks: anything else is not autocast's business
     return None if backend is None else backend.autocast_dtype(a)
 
 
 def autocast_to(a: Array, dtype: Any) -> Array:
-    """``a`` in ``dtype`` if it is a floating tensor autocast would convert (float64 is left alone)."""
+    """``a`` in ``dtype`` if it is a floating tensor autocast would convert (float64 is left alone).
+
+    Parameters
+    ----------
+    a
+        An array of a supported backend.
+    dtype
+        The autocast dtype (:func:`autocast_dtype`), or ``None`` for no conversion.
+    """
     return of(a).autocast_to(a, dtype)
 
 
 def shape_str(shape: tuple[int, ...]) -> str:
-    """Format a shape the way error messages show it."""
+    """Format a shape the way error messages show it: ``(2, 3)``.
+
+    Parameters
+    ----------
+    shape
+        Sizes (Python, NumPy or torch integers).
+    """
     return str(tuple(int(s) for s in shape))
 
 
@@ -168,6 +303,15 @@ def einsum(eq: str, *operands: Array, path: tuple[tuple[int, ...], ...] | None =
     contracts through ``tensordot``, which autocast does not cover.  Two operands leave no order
     to plan and run as the backend's own einsum (which ``torch.compile`` traces; opt_einsum's
     thread-local sharing state breaks its graph).
+
+    Parameters
+    ----------
+    eq
+        The einsum equation, e.g. ``"kmn,bmp->bknp"``.
+    *operands
+        Arrays of one backend.
+    path
+        A contraction path (pairs of operand positions), or ``None`` for opt_einsum's optimal one.
     """
     backend = of(operands[0])
     dtype = backend.autocast_dtype(operands[0])

@@ -7,13 +7,31 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from . import Array, all_finite, backend_of, device_of, dtype_name, is_floating, of, shape_str
 
 
 def check_array(a: object, arg: str, ranks: tuple[int, ...], names: tuple[str, ...]) -> str:
-    """Check that ``a`` is a non-empty floating array of one of ``ranks``; return its backend.
+    """Check that ``a`` is a non-empty, dense, floating array of one of ``ranks``; return its backend's name.
 
-    ``names`` spells the expected shape, e.g. ``("(K, M, N)", "(B, K, M, N)")``.
+    Parameters
+    ----------
+    a
+        The argument as given.
+    arg
+        Its name, as the messages show it.
+    ranks
+        The numbers of dimensions accepted.
+    names
+        The expected shapes spelt out, one per rank, e.g. ``("(K, M, N)", "(B, K, M, N)")``.
+
+    Raises
+    ------
+    TypeError
+        If ``a`` is not an array, is sparse, or does not hold floating-point numbers.
+    ValueError
+        If it has another rank or an empty dimension.
     """
     backend = backend_of(a, arg)
     arr: Any = a
@@ -30,10 +48,61 @@ def check_array(a: object, arg: str, ranks: tuple[int, ...], names: tuple[str, .
     return backend
 
 
+def positive_int(value: object, name: str, *, where: str | None = None) -> int:
+    r"""``value`` as an ``int`` if it is a positive integer; else a ``ValueError`` naming ``name``.
+
+    The one rule for counts and sizes (channels, heads, nodes): a Python or NumPy integer
+    :math:`\ge 1`.  A ``bool`` is refused although Python counts it as an integer (``True``
+    channels is a slip, not a size), and so is a float, even an integral one (``2.0``).
+
+    Parameters
+    ----------
+    value
+        The argument as given.
+    name
+        The argument's name, as the message shows it (``"in_channels"``).
+    where
+        What the argument was given to (a layer's name, ``"GCNConv"``), put in front of the
+        message; ``None`` for no prefix.
+
+    Returns
+    -------
+    int
+        ``value`` as a Python ``int``.
+
+    Raises
+    ------
+    ValueError
+        If ``value`` is not an integer (a ``bool`` included) or is below 1.
+
+    Examples
+    --------
+    >>> positive_int(3, "heads")
+    3
+    >>> positive_int(True, "out_channels", where="GCNConv")
+    Traceback (most recent call last):
+    ...
+    ValueError: GCNConv: out_channels must be a positive integer, got True
+    """
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
+        prefix = "" if where is None else f"{where}: "
+        raise ValueError(f"{prefix}{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def check_readable(a: Array, arg: str, what: str) -> None:
     """Raise a ``ValueError`` naming ``arg`` if ``a`` is on the ``meta`` device, where ``what`` cannot read its values.
 
     A device attribute, never a value read: free on an accelerator.
+
+    Parameters
+    ----------
+    a
+        An array.
+    arg
+        Its name, as the message shows it.
+    what
+        What would read its values, as the message says it.
 
     Examples
     --------
@@ -48,14 +117,28 @@ def check_readable(a: Array, arg: str, what: str) -> None:
 
 
 def check_finite(a: Array, arg: str) -> None:
-    """Raise if ``a`` holds NaN or infinite values (or, on the ``meta`` device, no values at all)."""
+    """Raise a ``ValueError`` if ``a`` holds NaN or infinite values (or, on the ``meta`` device, no values at all).
+
+    Parameters
+    ----------
+    a
+        An array (read back: a host synchronisation on an accelerator).
+    arg
+        Its name, as the message shows it.
+    """
     check_readable(a, arg, "the check for NaN and infinity")
     if not all_finite(a):
         raise ValueError(f"{arg} contains non-finite values (NaN or inf)")
 
 
 def check_same_placement(named: dict[str, Array]) -> None:
-    """Raise if the arrays mix backends, dtypes or devices (nothing is converted silently)."""
+    """Raise if the arrays mix backends, dtypes or devices (nothing is converted silently).
+
+    Parameters
+    ----------
+    named
+        The arrays by argument name; the first is the reference the messages compare with.
+    """
     items = list(named.items())
     first_name, first = items[0]
     first_backend = backend_of(first, first_name)
@@ -75,6 +158,15 @@ def check_same_placement(named: dict[str, Array]) -> None:
 
 def check_backend(name: str, expected: str, what: str) -> None:
     """Raise a ``TypeError`` if ``what`` lives on backend ``name`` rather than ``expected``.
+
+    Parameters
+    ----------
+    name
+        The backend found (``"numpy"``).
+    expected
+        The backend wanted.
+    what
+        What was checked, as the message names it.
 
     Examples
     --------

@@ -109,11 +109,6 @@ class NumpyBackend(Backend):
         return None
 
     # --- structures: grid (shift kernels) ------------------------------------------------------
-    def placed(self, a: Array, device: Any = None, dtype: Any = None) -> Array:
-        if device not in (None, "cpu"):
-            raise ValueError(f"device={device!r}: a NumPy basis lives on the CPU; build it with a torch `like`")
-        return a if dtype is None else a.astype(dtype)
-
     def frame(self, xg: Array, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> Array:
         if not any(lo) and not any(hi):
             return xg
@@ -161,9 +156,12 @@ class NumpyBackend(Backend):
         index = np.stack(np.nonzero(a)).astype(np.int64)
         return index, a[tuple(index)], tuple(int(s) for s in a.shape)
 
-    def move(self, a: Array, device: Any = None, dtype: Any = None, what: str = "array") -> Array:
+    def move(self, a: Array, device: Any = None, dtype: Any = None, *, what: str = "array") -> Array:
         if device not in (None, "cpu"):
-            raise ValueError(f"device={device!r}: a NumPy {what} lives on the CPU; convert it to torch first")
+            raise ValueError(
+                f"device={device!r}: a NumPy {what} lives on the CPU; convert it to torch first (a grid basis: "
+                "build it with a torch like=)"
+            )
         return a if dtype is None else a.astype(dtype)
 
     def take(self, a: Array, index: Array, axis: int) -> Array:

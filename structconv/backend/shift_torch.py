@@ -45,7 +45,13 @@ _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
 def frame(xg: torch.Tensor, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> torch.Tensor:
-    """Pad the grid axes ``1..d`` of ``xg`` (``(B, *grid, C)``) with zeros or, if periodic, wrapped entries."""
+    """Pad the grid axes ``1..d`` of ``xg`` (``(B, *grid, C)``) with zeros or, if periodic, wrapped entries.
+
+    Parameters
+    ----------
+    xg, lo, hi, boundary
+        As for :meth:`structconv.backend.interface.Backend.frame`.
+    """
     d = len(lo)
     if not any(lo) and not any(hi):
         return xg
@@ -90,7 +96,13 @@ class ShiftGemm(torch.autograd.Function):
 
 
 def shift_gemm(buf: torch.Tensor, thetas: torch.Tensor, shifts: tuple[int, ...], rows: int) -> torch.Tensor:
-    """:class:`ShiftGemm` with autocast honoured (its in-place ``addmm_`` is not autocast by torch)."""
+    """:class:`ShiftGemm` with autocast honoured (its in-place ``addmm_`` is not autocast by torch).
+
+    Parameters
+    ----------
+    buf, thetas, shifts, rows
+        As for :meth:`structconv.backend.interface.Backend.shift_gemm`.
+    """
     dtype = autocast_dtype(buf.device.type)
     if dtype is not None:
         buf, thetas = buf.to(dtype), thetas.to(dtype)
@@ -118,7 +130,13 @@ class ShiftAdd(torch.autograd.Function):
 
 
 def gemm_shift(buf: torch.Tensor, thetas: torch.Tensor, shifts: tuple[int, ...], rows: int) -> torch.Tensor:
-    r"""One GEMM :math:`S = X\,[\Theta_1\cdots\Theta_J]`, then :class:`ShiftAdd` (the fused x·Θ order)."""
+    r"""One GEMM :math:`S = X\,[\Theta_1\cdots\Theta_J]`, then :class:`ShiftAdd` (the fused x·Θ order).
+
+    Parameters
+    ----------
+    buf, thetas, shifts, rows
+        As for :meth:`structconv.backend.interface.Backend.shift_gemm`.
+    """
     J, P, Q = (int(v) for v in thetas.shape)
     s = (buf @ thetas.permute(1, 0, 2).reshape(P, J * Q)).reshape(-1, J, Q)
     y: torch.Tensor = ShiftAdd.apply(s, shifts, rows)  # type: ignore[no-untyped-call]
@@ -131,6 +149,13 @@ def window_image(x: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, tuple[in
     The window starts at the box origin of output 0 and spans what the last output reads; the
     part outside the grid is zero padding (passed to the native call when symmetric) or wrapped
     entries.  Its arithmetic is :attr:`Geometry.window`, done once per basis.
+
+    Parameters
+    ----------
+    x
+        ``(B, C, *grid)``.
+    geo
+        The basis' geometry.
     """
     w = geo.window
     if w.wrap is not None:
@@ -148,7 +173,15 @@ def window_image(x: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, tuple[in
 
 
 def native_weight(thetas: torch.Tensor, geo: Geometry) -> torch.Tensor:
-    """One ``(P, Q)`` map per tap -> a torch kernel ``(Q, P, *box)`` (taps scattered into their box)."""
+    """One ``(P, Q)`` map per tap -> a torch kernel ``(Q, P, *box)`` (taps scattered into their box).
+
+    Parameters
+    ----------
+    thetas
+        ``(J, P, Q)``.
+    geo
+        The basis' geometry (its box: :attr:`Geometry.box`).
+    """
     _, P, Q = (int(s) for s in thetas.shape)
     _, _, size, index = geo.box
     if geo.is_full_box:
@@ -163,7 +196,18 @@ def conv_image(
 ) -> torch.Tensor:
     r"""The native call on torch's layout: ``(B, P, *grid)`` and a ``(Q, P/G, *box)`` kernel -> ``(B, Q, *out_grid)``.
 
-    ``groups`` (:math:`G`) is ``F.conv{d}d``'s: the kernel of a block-diagonal :math:`\Theta` stored by blocks.
+    Parameters
+    ----------
+    x
+        ``(B, P, *grid)``.
+    weight
+        ``(Q, P/G, *box)``, the kernel over the basis' box (:attr:`Geometry.box`).
+    geo
+        The basis' geometry.
+    bias
+        ``(Q,)``, added by the same call, or ``None``.
+    groups
+        :math:`G`, ``F.conv{d}d``'s: the kernel of a block-diagonal :math:`\Theta` stored by blocks.
     """
     window, padding = window_image(x, geo)
     return _CONV[geo.ndim](window, weight, bias, geo.stride, padding, geo.box[1], groups)
@@ -174,6 +218,15 @@ def native_conv(x: torch.Tensor, thetas: torch.Tensor, geo: Geometry) -> torch.T
 
     ``thetas`` holds one ``(P, Q)`` map per tap; they are scattered into the smallest dilated
     box that holds every tap (a plain torch kernel when the taps fill it).
+
+    Parameters
+    ----------
+    x
+        ``(B, M, P)``.
+    thetas
+        ``(J, P, Q)``.
+    geo
+        The basis' geometry.
     """
     B, _, C = (int(s) for s in x.shape)
     Q = int(thetas.shape[2])
@@ -187,6 +240,15 @@ def native_depthwise(x: torch.Tensor, weights: torch.Tensor, geo: Geometry) -> t
     ``weights`` (``(K, J)``) are the tap weights of each member.  One member with equal weights
     on a plain box is ``F.avg_pool{1,2,3}d`` (times the weight sum); otherwise a depthwise
     ``F.conv{1,2,3}d`` with ``groups = C``.
+
+    Parameters
+    ----------
+    x
+        ``(B, M, C)``.
+    weights
+        ``(K, J)``.
+    geo
+        The basis' geometry.
     """
     B, _, C = (int(s) for s in x.shape)
     K = int(weights.shape[0])

@@ -22,8 +22,16 @@ import numpy as np
 class Window:
     """The input window of a native call: a crop, or wrapped indices, then padding.
 
-    ``padding`` is the symmetric zero padding the native call applies itself; ``frame_lo`` and
-    ``frame_hi`` the asymmetric zero padding applied before it (all zeros when none).
+    Attributes
+    ----------
+    crop
+        Per grid axis, the slice of the grid read, or ``None`` to read it whole.
+    wrap
+        Per grid axis, the (wrapped) indices read on a periodic grid, or ``None``.
+    padding
+        The symmetric zero padding the native call applies itself.
+    frame_lo, frame_hi
+        The asymmetric zero padding applied before the call (all zeros when none).
     """
 
     crop: tuple[slice, ...] | None
@@ -35,12 +43,25 @@ class Window:
 
 @dataclass(frozen=True, eq=False)
 class Geometry:
-    """Input grid, output grid, stride, tap offsets and boundary of a shift basis."""
+    r"""Input grid, output grid, stride, tap offsets and boundary of a shift basis.
+
+    Parameters
+    ----------
+    grid, out_grid
+        The input and output grid sizes.
+    stride
+        :math:`s`, per grid axis.
+    offsets
+        :math:`o_j`, int64 ``(J, d)``: tap :math:`j` at output :math:`n` reads input
+        :math:`s\odot n + o_j`.
+    boundary
+        ``"zero"`` or ``"periodic"``.
+    """
 
     grid: tuple[int, ...]
     out_grid: tuple[int, ...]
     stride: tuple[int, ...]
-    offsets: np.ndarray  # (J, d) int64, input offset of each tap relative to stride * n
+    offsets: np.ndarray
     boundary: str
 
     @property

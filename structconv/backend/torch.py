@@ -6,6 +6,8 @@ Imported only once a torch tensor is seen, so the NumPy path never imports torch
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import array_api_compat.torch as xp_torch
@@ -14,7 +16,7 @@ import torch
 
 from . import shift_torch
 from .interface import Array, Backend
-from .torch_autocast import autocast_dtype, autocast_off
+from .torch_autocast import AUTOCAST_DEVICES, autocast_dtype, autocast_off
 
 
 class TorchBackend(Backend):
@@ -70,6 +72,10 @@ class TorchBackend(Backend):
 
     def autocast_dtype(self, a: Array) -> Any:
         return autocast_dtype(a.device.type)
+
+    def autocast_probe(self, a: Array) -> Callable[[], Any] | None:
+        kind = a.device.type
+        return partial(autocast_dtype, kind) if kind in AUTOCAST_DEVICES else None
 
     def autocast_to(self, a: Array, dtype: Any) -> Array:
         if dtype is None or not a.is_floating_point() or a.dtype in (dtype, torch.float64):
@@ -180,7 +186,7 @@ class TorchBackend(Backend):
         index = a.nonzero().T
         return index, a[tuple(index)], tuple(int(s) for s in a.shape)
 
-    def move(self, a: Array, device: Any = None, dtype: Any = None, what: str = "array") -> Array:
+    def move(self, a: Array, device: Any = None, dtype: Any = None, *, what: str = "array") -> Array:
         return a.to(device=device, dtype=dtype)
 
     def take(self, a: Array, index: Array, axis: int) -> Array:
@@ -236,9 +242,6 @@ class TorchBackend(Backend):
         return y.addmm_(a, b)
 
     # --- structures: grid (shift kernels) ------------------------------------------------------
-    def placed(self, a: Array, device: Any = None, dtype: Any = None) -> Array:
-        return a.to(device=device, dtype=dtype)
-
     def frame(self, xg: Array, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> Array:
         return shift_torch.frame(xg, lo, hi, boundary)
 
@@ -256,6 +259,9 @@ class TorchBackend(Backend):
 
     def native_depthwise(self, x: Array, weights: Array, geo: Any) -> Array:
         return shift_torch.native_depthwise(x, weights, geo)
+
+    def native_image(self, x: Array, weight: Array, geo: Any, bias: Array | None, groups: int) -> Array:
+        return shift_torch.conv_image(x, weight, geo, bias, groups)
 
 
 class SparseMatrix:

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from numbers import Real
+from dataclasses import KW_ONLY, dataclass
 from types import MappingProxyType
 from typing import Any
 
-from ..backend import Array, autocast_dtype, concatenate, device_of, dtype_name, namespace, of, x_theta, zeros
+from ..backend import Array, concatenate, device_of, dtype_name, namespace, of, x_theta, zeros
 from .base import NO_ORDERS, Basis, Cost, OwnOrder
 from .dense import DenseBasis
+from .scores import allowed_mask, finite_real, normalise
+from .scores import masked_softmax as masked_softmax  # read from here by structures.positional
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,10 +39,13 @@ class Projections:
         :math:`b^k`, :math:`b^q`, ``(K, D)`` each, or ``None``.
     scale
         :math:`s`, e.g. :math:`1/\sqrt D`, a finite real number.
+
+    Everything after ``query`` is a keyword.
     """
 
     key: Array
     query: Array
+    _: KW_ONLY
     key_bias: Array | None = None
     query_bias: Array | None = None
     scale: float = 1.0
@@ -59,80 +63,18 @@ class Projections:
         return keys, queries
 
     def scores(self, x: Array, z: Array) -> Array:
-        """The scores ``(B, K, M, N)``: keys against queries, scaled."""
+        """The scores ``(B, K, M, N)``: keys against queries, scaled.
+
+        Parameters
+        ----------
+        x
+            The main input, ``(B, M, P)``: the keys.
+        z
+            The auxiliary input, ``(B, N, P')``: the queries.
+        """
         keys, queries = self(x, z)
         product = keys @ queries.swapaxes(-1, -2)
         return product * self.scale if self.scale != 1.0 else product
-
-
-def finite_real(value: object, arg: str, meaning: str) -> float:
-    """``value`` as a ``float`` if it is a finite real number (not a bool); else an error naming ``arg``.
-
-    A NumPy scalar becomes a Python ``float``, which never promotes an array's dtype.
-    """
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{arg} must be a real number ({meaning}), got {type(value).__name__} {value!r}")
-    if not math.isfinite(float(value)):
-        raise ValueError(f"{arg} must be finite ({meaning}), got {value!r}")
-    return float(value)
-
-
-def check_placement(named: dict[str, Array]) -> None:
-    """Raise naming the array on another backend, device or dtype than ``named["x"]`` (nothing converts silently).
-
-    Under autocast on ``x``'s device the products convert their operands' dtypes (as ``torch.matmul``
-    does), so only the backend and device must agree there.
-    """
-    x, loose = named["x"], autocast_dtype(named["x"]) is not None
-    for name, a in named.items():
-        if of(a).name != of(x).name:
-            raise TypeError(f"{name} is a {of(a).name} array but x is a {of(x).name} array; do not mix backends")
-        if device_of(a) != device_of(x):
-            raise ValueError(f"{name} is on device {device_of(a)} but x is on {device_of(x)}")
-        if not loose and dtype_name(a) != dtype_name(x):
-            raise TypeError(f"{name} has dtype {dtype_name(a)} but x has dtype {dtype_name(x)}; convert explicitly")
-
-
-def allowed_mask(mask: Array) -> Array:
-    """A boolean mask (``True`` = allowed) from a boolean or additive ``{-inf, 0}`` mask."""
-    if str(mask.dtype).endswith("bool"):
-        return mask
-    lib = namespace(mask)
-    finite = lib.isfinite(mask)
-    if bool(lib.isnan(mask).any()) or bool((mask[finite] != 0).any()) or bool((mask[~finite] > 0).any()):
-        raise ValueError("mask must be boolean (True = allowed) or hold only -inf and 0")
-    return finite
-
-
-def masked_softmax(scores: Array, mask: Array | None = None) -> Array:
-    """:func:`structconv.masked_softmax` (documented there) without its argument checks, for arrays known good."""
-    backend = of(scores)
-    # NumPy and torch spell every call below alike (a hot path: no array API wrappers).
-    lib = backend.native()
-    if mask is not None:
-        scores = lib.where(allowed_mask(mask), scores, -float("inf"))
-    peak = backend.detach(lib.amax(scores, axis=-2, keepdims=True))
-    peak = lib.where(lib.isfinite(peak), peak, 0.0)  # an empty column: exp(-inf) = 0 below
-    exp = lib.exp(scores - peak)
-    total = exp.sum(-2, keepdims=True)
-    # A non-empty column sums to at least 1 (its peak gives exp(0)); an empty one sums to 0 and is
-    # divided by 1 instead (a clamp to a tiny value underflows to 0 in float32 and below, and
-    # 1/tiny overflows in the backward).
-    weights = exp / lib.where(total > 0, total, 1.0)
-    # Subnormal weights are flushed to zero: as operands they make CPU GEMMs about ten times
-    # slower (a 16x16-token Gaussian head held 7 % of them), and each is below the dtype's
-    # smallest normal number.  NaN is kept (the comparison is false for it).
-    return lib.where(weights < float(lib.finfo(weights.dtype).tiny), 0.0, weights)
-
-
-def normalise(scores: Array, mask: Array | None, leaky_relu: float | None, normalize: bool) -> Array:
-    """LeakyReLU, log-domain mask and column-wise softmax of raw scores."""
-    lib = of(scores).native()
-    if leaky_relu is not None:
-        scores = lib.where(scores >= 0, scores, scores * leaky_relu)
-    if normalize:
-        return masked_softmax(scores, mask)
-    return scores if mask is None else lib.where(allowed_mask(mask), scores, 0.0)
 
 
 #: The dtypes torch's fused attention kernels take, by device type (``None``: any other device).
@@ -156,6 +98,15 @@ def fused_width(device: str, dtype: str, width: int) -> int | None:
       every width a multiple of 8 (16-bit) or 4 (float32, sm80 and later), masks allowed
       (last dimension contiguous).  No kernel takes float64.
     * Any other device: none is known to apply.
+
+    Parameters
+    ----------
+    device
+        The device, as :func:`~structconv.backend.device_of` spells it (``"cpu"``, ``"cuda:0"``).
+    dtype
+        The dtype's name (``"float32"``).
+    width
+        The widest of the keys, queries and values.
 
     Examples
     --------
@@ -195,6 +146,18 @@ class AttentionBasis(Basis):
     where no fused kernel takes the dtype on the device (float64 on CUDA), the order's cost
     counts the scores torch's math kernel stores.  Both paths compute the same
     :math:`\sum_k A_k^\top x\Theta_k`.  Build it with :func:`~structconv.attention_basis`.
+
+    Parameters
+    ----------
+    x
+        The main input, ``(B, M, P)``.
+    z
+        The auxiliary input, ``(B, N, P')`` (``x`` for self-attention).
+    scores
+        The raw scores ``(B or 1, K, M, N)``, or the :class:`Projections` that give them.
+    mask, leaky_relu, normalize
+        As for :func:`~structconv.attention_basis`, which checks every argument (this
+        constructor checks none).
     """
 
     __slots__ = ("_depth", "_heads", "_leaky_relu", "_mask", "_normalize", "_projections", "_scores", "_x", "_z")
@@ -205,6 +168,7 @@ class AttentionBasis(Basis):
         x: Array,
         z: Array,
         scores: Array | Projections,
+        *,
         mask: Array | None = None,
         leaky_relu: float | None = None,
         normalize: bool = True,
@@ -264,10 +228,13 @@ class AttentionBasis(Basis):
             scores = lib.broadcast_to(scores, self.shape)
         # Under autocast the scores may be 16-bit: normalise in float32, store in the inputs' dtype.
         if scores.dtype.itemsize >= 4:
-            return DenseBasis.of_weights(normalise(scores, self.mask, self.leaky_relu, self.normalize))
+            return DenseBasis.of_weights(self._normalised(scores))
         xp = namespace(scores)
-        weights = normalise(xp.astype(scores, xp.float32), self.mask, self.leaky_relu, self.normalize)
+        weights = self._normalised(xp.astype(scores, xp.float32))
         return DenseBasis.of_weights(xp.astype(weights, self._x.dtype))
+
+    def _normalised(self, scores: Array) -> Array:
+        return normalise(scores, self.mask, leaky_relu=self.leaky_relu, normalize=self.normalize)
 
     def to_dense(self) -> Array:
         return self.weights().to_dense()
@@ -279,15 +246,25 @@ class AttentionBasis(Basis):
         return self.weights().select(members)
 
     def to(self, device: Any = None, dtype: Any = None) -> Basis:
-        """A dtype change stays lazy (the inputs and projections are converted); a device change materialises."""
+        """A dtype change stays lazy (the inputs and projections are converted); a device change materialises.
+
+        Parameters
+        ----------
+        device, dtype
+            As for :meth:`structconv.Basis.to`.
+        """
         if device is None and self._projections is not None:
             p, lib = self._projections, namespace(self._x)
 
             def cast(a: Any) -> Any:  # the projections too: the products refuse mixed dtypes
                 return a if dtype is None or a is None else lib.astype(a, dtype)
 
-            w = Projections(cast(p.key), cast(p.query), cast(p.key_bias), cast(p.query_bias), p.scale)
-            return AttentionBasis(cast(self._x), cast(self._z), w, self._mask, self._leaky_relu, self._normalize)
+            w = Projections(
+                cast(p.key), cast(p.query), key_bias=cast(p.key_bias), query_bias=cast(p.query_bias), scale=p.scale
+            )
+            return AttentionBasis(
+                cast(self._x), cast(self._z), w, mask=self._mask, leaky_relu=self._leaky_relu, normalize=self._normalize
+            )
         return self.weights().to(device, dtype)
 
     def plan_key(self) -> tuple[Any, ...]:
@@ -312,8 +289,8 @@ class AttentionBasis(Basis):
     def apply_each(self, x: Array) -> Array:
         return self.weights().apply_each(x)
 
-    def apply_members(self, s: Array, reduce: bool) -> Array:
-        return self.weights().apply_members(s, reduce)
+    def apply_members(self, s: Array, *, reduce: bool) -> Array:
+        return self.weights().apply_members(s, reduce=reduce)
 
     def apply_combined(self, x: Array, theta: Array) -> Array:
         return self.weights().apply_combined(x, theta)
@@ -322,7 +299,7 @@ class AttentionBasis(Basis):
         B, K, M, N = self.shape
         return self._score_cost(batch) + Cost(2.0 * B * K * M * N * channels, float(batch * K * N * channels))
 
-    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
+    def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
         B, K, M, N = self.shape
         out = batch * N * channels * (1 if reduce else K)
         return self._score_cost(batch) + Cost(2.0 * B * K * M * N * channels, float(out))
@@ -349,7 +326,8 @@ class AttentionBasis(Basis):
         if width is None or width == self._depth:
             return mech
         kb, qb = (None if b is None else _padded(b, width) for b in (mech.key_bias, mech.query_bias))
-        return Projections(_padded(mech.key, width), _padded(mech.query, width), kb, qb, mech.scale)
+        key, query = _padded(mech.key, width), _padded(mech.query, width)
+        return Projections(key, query, key_bias=kb, query_bias=qb, scale=mech.scale)
 
     def _sdpa(self, mech: Projections, values: Array) -> Array:
         r"""Per-head outputs :math:`A_k^\top v_k`, ``(B, K, N, R)``, through the backend's fused kernel."""

@@ -27,12 +27,20 @@ from ..backend import Array, einsum, shape_str
 
 @dataclass(frozen=True)
 class Cost:
-    """An estimate of the work of one step.
+    """An estimate of the work of one step; costs add up (``a + b``).
 
-    ``flops`` are done by dense kernels (GEMM, einsum), ``irregular`` flops by sparse or gather
-    kernels, which run several times slower per flop, and ``memory`` counts elements written to
-    intermediates.  The engine weighs the three (:data:`structconv.engine.plan.SPARSE_FLOP_WEIGHT`,
+    The engine weighs the three counts (:data:`structconv.engine.plan.SPARSE_FLOP_WEIGHT`,
     :data:`structconv.engine.plan.MEMORY_WEIGHT`).
+
+    Parameters
+    ----------
+    flops
+        Floating-point operations done by dense kernels (GEMM, einsum).
+    memory
+        Elements written to intermediates.
+    irregular
+        Floating-point operations done by sparse or gather kernels, which run several times
+        slower per operation.
     """
 
     flops: float = 0.0
@@ -63,12 +71,20 @@ class OwnOrder:
         ``run_factored(basis, x, value, out) -> Array`` for :math:`\Theta_k = V_k O_k^\top`
         (``value`` ``(K, P, D)``, ``out`` ``(K, Q, D)``) kept as its two factors, or ``None``:
         the order then sees a :class:`~structconv.LowRank` parameter formed in full.
+    run_image
+        ``run_image(basis, x, weight, groups, bias) -> Array``, or ``None``: the order on the
+        entries' own layout (:attr:`Basis.entry_shapes`), ``x`` ``(B, P, *in_shape)`` to ``y``
+        ``(B, Q, *out_shape)``, for a :class:`~structconv.ConvWeight` parameter taken as it is
+        stored and an optional ``(Q,)`` bias added by the same call.  A compiled contraction in
+        the ``"channels_first"`` layout (:func:`structconv.contraction`) calls it with no
+        reshaping; elsewhere the engine frames ``x`` and ``y`` around it.
     """
 
     cost: Callable[..., Cost]
     run: Callable[..., Array]
     cost_factored: Callable[..., Cost] | None = None
     run_factored: Callable[..., Array] | None = None
+    run_image: Callable[..., Array] | None = None
 
 
 #: The default of :meth:`Basis.own_orders`: none.
@@ -177,11 +193,25 @@ class Basis(ABC):
 
     @abstractmethod
     def select(self, members: Sequence[int]) -> Basis:
-        """Restrict the basis to the given members, in the given order."""
+        """Restrict the basis to the given members, in the given order (``basis[members]`` checks them first).
+
+        Parameters
+        ----------
+        members
+            Member indices in ``[0, K)``, at least one; a member may repeat.
+        """
 
     @abstractmethod
     def to(self, device: Any = None, dtype: Any = None) -> Basis:
-        """Move the basis to another device and/or dtype."""
+        """Move the basis to another device and/or dtype, as ``torch.Tensor.to`` moves a tensor.
+
+        Parameters
+        ----------
+        device
+            The device (torch only; a NumPy basis lives on the CPU), or ``None`` to keep it.
+        dtype
+            The floating dtype of the weights, or ``None`` to keep it.
+        """
 
     def __getitem__(self, index: int | slice | Sequence[int]) -> Basis:
         if isinstance(index, int):
@@ -207,7 +237,13 @@ class Basis(ABC):
         return total / (self.N * (self.batch or 1))
 
     def placed_like(self, x: Array) -> Basis:
-        """The basis to apply to ``x``: itself, or, for a basis that holds no arrays, one placed like ``x``."""
+        """The basis to apply to ``x``: itself, or, for a basis that holds no arrays, one placed like ``x``.
+
+        Parameters
+        ----------
+        x
+            The input the basis is about to be applied to.
+        """
         return self
 
     def plan_key(self) -> tuple[Any, ...]:
@@ -223,14 +259,35 @@ class Basis(ABC):
     # --- engine hooks -------------------------------------------------------------------
     @abstractmethod
     def apply_each(self, x: Array) -> Array:
-        r"""Apply every member to ``x``: ``(B, M, C) -> (B, K, N, C)``, :math:`A_k^\top x_b`."""
+        r"""Apply every member to ``x``: :math:`R_{bknc} = \sum_m A_{(b)kmn} x_{bmc}`.
+
+        Parameters
+        ----------
+        x
+            ``(B, M, C)``.
+
+        Returns
+        -------
+        Array
+            ``(B, K, N, C)``: :math:`A_k^\top x_b` for every member.
+        """
 
     @abstractmethod
-    def apply_members(self, s: Array, reduce: bool) -> Array:
-        r"""Apply member :math:`k` to slice :math:`k` of ``s`` of shape ``(B, K, M, C)``.
+    def apply_members(self, s: Array, *, reduce: bool) -> Array:
+        r"""Apply member :math:`k` to slice :math:`k` of ``s``: :math:`A_k^\top s_{bk}`.
 
-        Returns :math:`\sum_k A_k^\top s_{bk}` of shape ``(B, N, C)`` when ``reduce`` is true,
-        otherwise the ``(B, K, N, C)`` stack of :math:`A_k^\top s_{bk}`.
+        Parameters
+        ----------
+        s
+            ``(B, K, M, C)``, one slice per member.
+        reduce
+            Sum over the members (the engine's x·Θ-first order) or keep them apart.
+
+        Returns
+        -------
+        Array
+            :math:`\sum_k A_k^\top s_{bk}` of shape ``(B, N, C)`` when ``reduce`` is true,
+            otherwise the ``(B, K, N, C)`` stack of :math:`A_k^\top s_{bk}`.
         """
 
     def apply_combined(self, x: Array, theta: Array) -> Array:
@@ -238,6 +295,18 @@ class Basis(ABC):
 
         The default materialises the dense basis; representations override it when they can
         do better.
+
+        Parameters
+        ----------
+        x
+            ``(B, M, P)``.
+        theta
+            :math:`\Theta`, ``(K, P, Q)``.
+
+        Returns
+        -------
+        Array
+            :math:`y_{bnq} = \sum_{m,p} x_{bmp}\Phi_{mnpq}`, ``(B, N, Q)``.
         """
         dense = self.to_dense()
         if self.batch is None:
@@ -248,13 +317,38 @@ class Basis(ABC):
 
     @abstractmethod
     def cost_each(self, batch: int, channels: int) -> Cost:
-        """Cost of :meth:`apply_each` on ``batch`` instances of ``channels`` channels."""
+        """Cost of :meth:`apply_each` on ``batch`` instances of ``channels`` channels.
+
+        Parameters
+        ----------
+        batch
+            :math:`B`, the instances of ``x``.
+        channels
+            :math:`C`, the channels of ``x``.
+        """
 
     @abstractmethod
-    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
-        """Cost of :meth:`apply_members`."""
+    def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
+        """Cost of :meth:`apply_members`.
+
+        Parameters
+        ----------
+        batch, channels
+            :math:`B` and :math:`C` of ``s``.
+        reduce
+            As for :meth:`apply_members`.
+        """
 
     # --- whole orders (optional) ---------------------------------------------------------
+    @property
+    def entry_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The input and output entries laid out as arrays, ``(in_shape, out_shape)``: ``((M,), (N,))`` here.
+
+        A grid basis gives its grids; the ``"channels_first"`` layout of
+        :func:`structconv.contraction` reads ``x`` as ``(B, P, *in_shape)``.
+        """
+        return (self.M,), (self.N,)
+
     def own_orders(self) -> Mapping[str, OwnOrder]:
         r"""The orders this representation runs its own way, by name (:class:`OwnOrder`).
 
@@ -266,7 +360,15 @@ class Basis(ABC):
         return NO_ORDERS
 
     def cost_combined(self, batch: int, p: int, q: int) -> Cost:
-        """Cost of :meth:`apply_combined` (dense fallback)."""
+        """Cost of :meth:`apply_combined` (here the dense fallback's).
+
+        Parameters
+        ----------
+        batch
+            :math:`B`, the instances of ``x``.
+        p, q
+            :math:`P` and :math:`Q`, the channels of ``x`` and ``y``.
+        """
         b = self.batch or 1
         k, m, n = self.K, self.M, self.N
         return Cost(

@@ -66,6 +66,11 @@ class ConcatBasis(_Derived):
     """Members of several bases side by side: ``K = sum(K_i)``.
 
     Use :func:`concat`, which keeps dense and sparse bases in their own representation.
+
+    Parameters
+    ----------
+    parts
+        At least one basis; all share the batch, ``M``, ``N``, backend, dtype and device.
     """
 
     __slots__ = ("parts",)
@@ -108,8 +113,8 @@ class ConcatBasis(_Derived):
     def apply_each(self, x: Array) -> Array:
         return concatenate([p.apply_each(x) for p in self.parts], axis=1)
 
-    def apply_members(self, s: Array, reduce: bool) -> Array:
-        outs = [p.apply_members(si, reduce) for p, si in zip(self.parts, self._split(s), strict=True)]
+    def apply_members(self, s: Array, *, reduce: bool) -> Array:
+        outs = [p.apply_members(si, reduce=reduce) for p, si in zip(self.parts, self._split(s), strict=True)]
         if reduce:
             total = outs[0]
             for o in outs[1:]:
@@ -129,15 +134,23 @@ class ConcatBasis(_Derived):
     def cost_each(self, batch: int, channels: int) -> Cost:
         return _sum(p.cost_each(batch, channels) for p in self.parts)
 
-    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
-        return _sum(p.cost_members(batch, channels, reduce) for p in self.parts)
+    def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
+        return _sum(p.cost_members(batch, channels, reduce=reduce) for p in self.parts)
 
     def cost_combined(self, batch: int, p: int, q: int) -> Cost:
         return _sum(b.cost_combined(batch, p, q) for b in self.parts)
 
 
 class SelectBasis(_Derived):
-    """Members ``members`` of ``parent``, for representations that cannot select natively."""
+    """Members ``members`` of ``parent``, for representations that cannot select natively.
+
+    Parameters
+    ----------
+    parent
+        The basis selected from.
+    members
+        Member indices in ``[0, K)``, at least one, in the order wanted.
+    """
 
     __slots__ = ("members", "parent")
     representation = "select"
@@ -174,9 +187,9 @@ class SelectBasis(_Derived):
     def apply_each(self, x: Array) -> Array:
         return self.parent.apply_each(x)[:, list(self.members)]
 
-    def apply_members(self, s: Array, reduce: bool) -> Array:
+    def apply_members(self, s: Array, *, reduce: bool) -> Array:
         if len(set(self.members)) != len(self.members):
-            raise NotImplementedError("apply_members on a selection with repeated members")
+            return self._apply_repeated(s, reduce=reduce)
         # The parent's members that are not selected read a slice of zeros: the slices of s and
         # one zero slice, gathered in the parent's order (no array is written in place).
         slot = {k: i for i, k in enumerate(self.members)}
@@ -185,11 +198,38 @@ class SelectBasis(_Derived):
         out = self.parent.apply_members(full, reduce=reduce)
         return out if reduce else out[:, list(self.members)]
 
+    def _apply_repeated(self, s: Array, *, reduce: bool) -> Array:
+        """A selection that repeats members, as rounds that each select a member once.
+
+        Round :math:`r` holds the :math:`r`-th occurrence of every member; each round is a
+        selection without repeats, and the rounds' results are summed or put back in place.
+        """
+        rounds: list[list[int]] = []
+        seen: dict[int, int] = {}
+        for i, k in enumerate(self.members):
+            r = seen.get(k, 0)
+            seen[k] = r + 1
+            if r == len(rounds):
+                rounds.append([])
+            rounds[r].append(i)
+        parts = [
+            SelectBasis(self.parent, [self.members[i] for i in rnd]).apply_members(s[:, rnd], reduce=reduce)
+            for rnd in rounds
+        ]
+        if reduce:
+            total = parts[0]
+            for part in parts[1:]:
+                total = total + part
+            return total
+        position = [i for rnd in rounds for i in rnd]
+        back = sorted(range(len(position)), key=position.__getitem__)  # where each selected member landed
+        return concatenate(parts, axis=1)[:, back]
+
     def cost_each(self, batch: int, channels: int) -> Cost:
         return self.parent.cost_each(batch, channels)
 
-    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
-        return self.parent.cost_members(batch, channels, reduce)
+    def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
+        return self.parent.cost_members(batch, channels, reduce=reduce)
 
 
 class ComposedBasis(_Derived):
@@ -199,6 +239,13 @@ class ComposedBasis(_Derived):
     that of the two factors and the :math:`K'K''` products are never formed.  Only bases shared
     by the whole batch (no batch axis) are composed lazily; :func:`structconv.compose` builds
     per-instance compositions explicitly.
+
+    Parameters
+    ----------
+    first
+        :math:`\mathbf A'`, ``(K', M', N')``, applied first.
+    second
+        :math:`\mathbf A''`, ``(K'', N', N'')``, placed like ``first``.
     """
 
     __slots__ = ("first", "second")
@@ -240,7 +287,7 @@ class ComposedBasis(_Derived):
         r1 = self.first.apply_each(x).reshape(B * k1, self.first.N, C)
         return self.second.apply_each(r1).reshape(B, k1 * k2, self.N, C)
 
-    def apply_members(self, s: Array, reduce: bool) -> Array:
+    def apply_members(self, s: Array, *, reduce: bool) -> Array:
         B, _, M, C = s.shape
         k1, k2 = self.first.K, self.second.K
         n1 = self.first.N
@@ -255,12 +302,12 @@ class ComposedBasis(_Derived):
     def cost_each(self, batch: int, channels: int) -> Cost:
         return self.first.cost_each(batch, channels) + self.second.cost_each(batch * self.first.K, channels)
 
-    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
+    def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
         k1, k2 = self.first.K, self.second.K
         shuffle = Cost(0.0, float(batch * k1 * k2 * (self.M + self.first.N) * channels))
         return (
-            self.first.cost_members(batch * k2, channels, False)
-            + self.second.cost_members(batch * k1, channels, reduce)
+            self.first.cost_members(batch * k2, channels, reduce=False)
+            + self.second.cost_members(batch * k1, channels, reduce=reduce)
             + shuffle
         )
 
@@ -288,6 +335,17 @@ def concat(bases: Sequence[Basis | Array]) -> Basis:
 
     Dense bases stay dense, sparse bases stay sparse, mixed representations give a
     :class:`ConcatBasis`.
+
+    Parameters
+    ----------
+    bases
+        At least one basis (or array, read by :func:`~structconv.as_basis`); all share the batch,
+        ``M``, ``N``, backend, dtype and device.
+
+    Returns
+    -------
+    Basis
+        ``K = sum(K_i)`` members, those of ``bases[0]`` first.
 
     Examples
     --------

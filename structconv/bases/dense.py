@@ -46,6 +46,11 @@ class DenseBasis(Basis):
 
         The finiteness check reads every entry back, which on a GPU stalls the host once per
         layer and step; a softmax whose scores are finite is finite by construction.
+
+        Parameters
+        ----------
+        array
+            Finite floating weights ``(K, M, N)`` or ``(B, K, M, N)``.
         """
         basis = cls.__new__(cls)
         basis._array = array
@@ -101,7 +106,7 @@ class DenseBasis(Basis):
     def apply_each(self, x: Array) -> Array:
         return einsum(self._equation("bmc->bknc"), self._array, x)
 
-    def apply_members(self, s: Array, reduce: bool) -> Array:
+    def apply_members(self, s: Array, *, reduce: bool) -> Array:
         out = "bnc" if reduce else "bknc"
         return einsum(self._equation(f"bkmc->{out}"), self._array, s)
 
@@ -112,7 +117,7 @@ class DenseBasis(Basis):
         per_instance = 1 if self.batch is not None else batch
         return Cost(2.0 * self._size() * per_instance * channels, float(batch * self.K * self.N * channels))
 
-    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
+    def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
         per_instance = 1 if self.batch is not None else batch
         out = batch * self.N * channels * (1 if reduce else self.K)
         return Cost(2.0 * self._size() * per_instance * channels, float(out))

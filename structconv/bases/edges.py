@@ -5,7 +5,10 @@ differ only in their weights: :math:`A_{k,mn} = w_{ek}` for each edge :math:`e =
 Storing the pattern once and the weights as an ``(E, K)`` array lets every hook gather each
 edge's source row once for all members, i.e. rows of width :math:`K\cdot C` instead of
 :math:`K` separate rows of width :math:`C` (the sparse representation's layout), which is what
-makes scatter kernels efficient.
+makes scatter kernels efficient.  GAT's heads, a softmax of per-edge logits over each target's
+edges, are a :class:`~structconv.bases.softmax_edges.SoftmaxEdgeBasis`, whose hooks are this
+basis' on the normalised weights and whose costs add the softmax to :func:`cost_each_on_edges`
+and :func:`cost_members_on_edges`.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ class EdgeBasis(Basis):
         for name, idx, size in (("src", src, M), ("dst", dst, N)):
             if tuple(idx.shape) != (E,):
                 raise ValueError(f"{name} must have shape (E,) = ({E},), got {shape_str(tuple(idx.shape))}")
-            if E and (int(idx.min()) < 0 or int(idx.max()) >= size):
+            # A meta array holds no indices to read (a layer's output shape on the meta device).
+            if E and device_of(idx) != "meta" and (int(idx.min()) < 0 or int(idx.max()) >= size):
                 raise ValueError(f"{name} must lie in [0, {size}), got [{int(idx.min())}, {int(idx.max())}]")
         if of(src, "src") is not of(weights, "weights") or of(dst, "dst") is not of(weights, "weights"):
             raise TypeError("src, dst and weights must be on the same backend")
@@ -122,7 +126,7 @@ class EdgeBasis(Basis):
 
     def to(self, device: Any = None, dtype: Any = None) -> EdgeBasis:
         backend = of(self._weights)
-        weights = backend.move(self._weights, device, dtype, "basis")
+        weights = backend.move(self._weights, device, dtype, what="basis")
         return EdgeBasis(backend.move(self._src, device), backend.move(self._dst, device), weights, self._shape)
 
     def energy(self) -> float:
@@ -135,7 +139,7 @@ class EdgeBasis(Basis):
         weighted = gathered[:, :, None, :] * self._weights[None, :, :, None]  # (B, E, K, C)
         return backend.index_add(weighted, self._dst, self.N, 1).swapaxes(1, 2)
 
-    def apply_members(self, s: Array, reduce: bool) -> Array:
+    def apply_members(self, s: Array, *, reduce: bool) -> Array:
         backend = of(s)
         rows = s.swapaxes(1, 2)  # (B, M, K, C): one row per entry holds every member
         weighted = backend.take(rows, self._src, 1) * self._weights[None, :, :, None]  # (B, E, K, C)
@@ -144,10 +148,39 @@ class EdgeBasis(Basis):
         return backend.index_add(weighted, self._dst, self.N, 1).swapaxes(1, 2)
 
     def cost_each(self, batch: int, channels: int) -> Cost:
-        E, K = int(self._weights.shape[0]), self.K
-        return Cost(0.0, float(batch * (E + self.N) * K * channels), 2.0 * batch * E * K * channels)
+        return cost_each_on_edges(int(self._weights.shape[0]), self.K, self.N, batch, channels)
 
-    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
-        E, K = int(self._weights.shape[0]), self.K
-        out = batch * self.N * channels * (1 if reduce else K)
-        return Cost(0.0, float(batch * E * K * channels + out), 2.0 * batch * E * K * channels)
+    def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
+        return cost_members_on_edges(int(self._weights.shape[0]), self.K, self.N, batch, channels, reduce=reduce)
+
+
+def cost_each_on_edges(edges: int, members: int, outputs: int, batch: int, channels: int) -> Cost:
+    r"""The cost of :meth:`EdgeBasis.apply_each`: each edge's source row gathered, weighed by every member, added.
+
+    Parameters
+    ----------
+    edges, members, outputs
+        :math:`E`, :math:`K` and :math:`N` of the basis.
+    batch, channels
+        :math:`B` and :math:`C` of ``x``.
+    """
+    B, E, K, N, C = batch, edges, members, outputs, channels
+    return Cost(0.0, float(B * E * C + B * E * K * C + B * N * K * C), 2.0 * B * E * K * C)
+
+
+def cost_members_on_edges(edges: int, members: int, outputs: int, batch: int, channels: int, *, reduce: bool) -> Cost:
+    r"""The cost of :meth:`EdgeBasis.apply_members`: rows of every member gathered, weighed, (summed,) added.
+
+    Parameters
+    ----------
+    edges, members, outputs
+        :math:`E`, :math:`K` and :math:`N` of the basis.
+    batch, channels
+        :math:`B` and :math:`C` of ``s``.
+    reduce
+        As for :meth:`EdgeBasis.apply_members`.
+    """
+    B, E, K, N, C = batch, edges, members, outputs, channels
+    summed = B * E * C if reduce else 0
+    out = B * N * C * (1 if reduce else K)
+    return Cost(0.0, float(2 * B * E * K * C + summed + out), 2.0 * B * E * K * C)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..backend import Array, einsum, shape_str
 from ..backend.checks import check_array, check_same_placement
+from .conv_weight import ConvWeight
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,5 +115,5 @@ class LowRank:
         return einsum("kpd,kqd->kpq", self.value, self.out)
 
 
-Parameter = Array | Separable | LowRank
+Parameter = Array | Separable | LowRank | ConvWeight
 """What :func:`structconv.conv` accepts as :math:`\\Theta`."""

@@ -306,7 +306,7 @@ class GridBasis(Basis):
         return self._impl.namespace().empty((0,), dtype=self._dtype, device=self._device)
 
     def to(self, device: Any = None, dtype: Any = None) -> GridBasis:
-        move = self._impl.placed
+        move = partial(self._impl.move, what="basis")
         like = move(self._like(), device, dtype)
         weights = None if self.weights is None else move(self.weights, device, dtype)
         scale = None if self.scale is None else move(self.scale, device, dtype)
@@ -380,9 +380,21 @@ class GridBasis(Basis):
         """Whether the backend's native convolution runs this basis (torch's ``F.conv{1,2,3}d``: ``d <= 3``)."""
         return self.geometry.ndim <= self._impl.native_stencil_ndim()
 
+    @property
+    def entry_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(grid, out_grid)``: the layout of ``x`` and ``y`` in the ``"channels_first"`` layout."""
+        return self.geometry.grid, self.geometry.out_grid
+
     def own_orders(self) -> Mapping[str, OwnOrder]:
-        """``"native"`` where the backend has it; at unit stride ``"ax"``/``"xtheta"`` as fused shifts and GEMMs."""
-        return _GRID_ORDERS[self.native_available(), self.geometry.unit_stride]
+        """``"native"`` where the backend has it; at unit stride ``"ax"``/``"xtheta"`` as fused shifts and GEMMs.
+
+        The native order takes a :class:`~structconv.ConvWeight` as it is stored (and fuses a
+        bias) when the members are exactly a plain box kernel: unit taps in row-major order, no
+        normalisation or scale.
+        """
+        plain = self.weights is None and not self.normalize and self.scale is None and self.geometry.is_full_box
+        native = self.native_available()
+        return _GRID_ORDERS[native, self.geometry.unit_stride, native and plain]
 
     def _tap_thetas(self, theta: Array) -> Array:
         r""":math:`\Theta'_j = \sum_k w_{kj}\Theta_k`: the parameter seen by each tap."""
@@ -390,6 +402,9 @@ class GridBasis(Basis):
 
     def _run_native(self, x: Array, theta: Array) -> Array:
         return self._scaled(self._impl.native_stencil(x, self._tap_thetas(theta), self.geometry))
+
+    def _run_image(self, x: Array, weight: Array, groups: int, bias: Array | None) -> Array:
+        return self._impl.native_image(x, weight, self.geometry, bias, groups)
 
     def _run_shift_ax(self, x: Array, theta: Array) -> Array:
         return self._scaled(shift_then_gemm(x, self._tap_thetas(theta), self.geometry))
@@ -411,12 +426,17 @@ class GridBasis(Basis):
         return mix + Cost(2.0 * rows * J * p * q, written)
 
 
-# The own orders of a grid basis by (native convolution available, unit stride), built once.
-_NATIVE = {"native": OwnOrder(partial(GridBasis._cost, order="native"), GridBasis._run_native)}
+# The own orders of a grid basis by (native convolution available, unit stride, plain box kernel), built once.
+_NATIVE_COST = partial(GridBasis._cost, order="native")
+_NATIVE = {"native": OwnOrder(_NATIVE_COST, GridBasis._run_native)}
+_NATIVE_IMAGE = {"native": OwnOrder(_NATIVE_COST, GridBasis._run_native, run_image=GridBasis._run_image)}
 _SHIFTS = {
     "ax": OwnOrder(partial(GridBasis._cost, order="ax"), GridBasis._run_shift_ax),
     "xtheta": OwnOrder(partial(GridBasis._cost, order="xtheta"), GridBasis._run_shift_xtheta),
 }
-_GRID_ORDERS: dict[tuple[int, int], Mapping[str, OwnOrder]] = {
-    (n, u): MappingProxyType({**(_NATIVE if n else {}), **(_SHIFTS if u else {})}) for n in (0, 1) for u in (0, 1)
+_GRID_ORDERS: dict[tuple[int, int, int], Mapping[str, OwnOrder]] = {
+    (n, u, p): MappingProxyType({**((_NATIVE_IMAGE if p else _NATIVE) if n else {}), **(_SHIFTS if u else {})})
+    for n in (0, 1)
+    for u in (0, 1)
+    for p in (0, 1)
 }

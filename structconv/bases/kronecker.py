@@ -39,6 +39,12 @@ def _structured(factors: tuple[Array, ...]) -> tuple[Array, ...]:
 class KroneckerBasis(Basis):
     """A basis whose members are Kronecker products of per-axis factors ``(K, m_i, n_i)``.
 
+    Parameters
+    ----------
+    factors
+        One ``(K, m_i, n_i)`` array per axis, all with the same ``K`` and backend; the basis
+        is ``(K, prod m_i, prod n_i)``.
+
     Examples
     --------
     >>> import numpy as np
@@ -64,6 +70,11 @@ class KroneckerBasis(Basis):
 
         The check reads every entry back, which on a GPU stalls the host once per layer and
         step; a softmax of finite scores is finite by construction.  Shapes are still checked.
+
+        Parameters
+        ----------
+        factors
+            As for :class:`KroneckerBasis`, finite.
         """
         basis = cls.__new__(cls)
         basis._factors = _structured(tuple(factors))
@@ -163,7 +174,7 @@ class KroneckerBasis(Basis):
         B, _, C = (int(v) for v in x.shape)
         return self._unrows(self._passes(self._rows(x), B, C), B)
 
-    def apply_members(self, s: Array, reduce: bool) -> Array:
+    def apply_members(self, s: Array, *, reduce: bool) -> Array:
         B, K, _, C = (int(v) for v in s.shape)
         m1 = int(self._factors[0].shape[1])
         t = native(s).moveaxis(s.reshape(B, K, m1, -1), 0, 2).reshape(K, m1, -1)  # (K, m_1, B m_2..m_d C)
@@ -228,7 +239,7 @@ class KroneckerBasis(Basis):
         moved = batch * (self.M + self.K * self.N) * channels  # x to rows, the result back
         return Cost(self._flops(batch, channels), self._written(batch, channels) + moved)
 
-    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
+    def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
         moved = batch * channels * (self.K * self.M + self.N * (1 if reduce else self.K))
         return Cost(self._flops(batch, channels), self._written(batch, channels) + moved)
 

@@ -123,7 +123,7 @@ class PolynomialBasis(Basis):
         stack = namespace(x).stack
         return stack([powers[d] for d in self._degrees], 1)
 
-    def apply_members(self, s: Array, reduce: bool) -> Array:
+    def apply_members(self, s: Array, *, reduce: bool) -> Array:
         if reduce:
             terms: dict[int, Array] = {}
             for k, d in enumerate(self._degrees):
@@ -139,7 +139,7 @@ class PolynomialBasis(Basis):
         D = max(self._degrees)
         return Cost(0.0, float(batch * (self.K + D) * self.N * channels), self._products(batch, channels))
 
-    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
+    def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
         D = max(self._degrees)
         factor = 1.0 if reduce else float(self.K)
         return Cost(0.0, float(batch * (self.K + D) * self.N * channels), factor * self._products(batch, channels))

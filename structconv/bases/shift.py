@@ -35,7 +35,17 @@ from ..backend.stencil import Geometry
 
 
 def frame(xg: Array, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> Array:
-    """Pad the grid axes ``1..d`` of ``xg`` (shape ``(B, *grid, C)``) with zeros or wrapped entries."""
+    """Pad the grid axes ``1..d`` of ``xg`` with zeros or wrapped entries.
+
+    Parameters
+    ----------
+    xg
+        ``(B, *grid, C)``.
+    lo, hi
+        Entries added before and after, per grid axis.
+    boundary
+        ``"zero"`` pads with zeros; ``"periodic"`` with the entries the grid wraps around to.
+    """
     return of(xg).frame(xg, lo, hi, boundary)
 
 
@@ -48,12 +58,22 @@ def _tap_slices(geo: Geometry, j: int, lo: tuple[int, ...]) -> tuple[slice, ...]
     return tuple(out)
 
 
-def gather_taps(v: Array, geo: Geometry, layout: str = "bjnc", diagonal: bool = False) -> Array:
-    """Every tap of ``v`` (shape ``(B, M, C)``): ``(B, J, N, C)`` or, with ``layout="bnjc"``, ``(B, N, J, C)``.
+def gather_taps(v: Array, geo: Geometry, *, layout: str = "bjnc", diagonal: bool = False) -> Array:
+    """Every tap of ``v``: the "A x first" side of the triangle (im2col).
 
-    Entry ``[b, j, n, c]`` is ``v[b, m, c]`` for the input ``m`` read by tap ``j`` at output ``n``
-    (zero where the read leaves a zero-bounded grid): the "A x first" side of the triangle.
-    With ``diagonal=True``, ``v`` has shape ``(B, J, M, C)`` and tap ``j`` reads slice ``j`` only.
+    Entry ``[b, j, n, c]`` is ``v[b, m, c]`` for the input ``m`` read by tap ``j`` at output ``n``,
+    zero where the read leaves a zero-bounded grid.
+
+    Parameters
+    ----------
+    v
+        ``(B, M, C)``, or ``(B, J, M, C)`` with ``diagonal``.
+    geo
+        The geometry of the shift basis.
+    layout
+        ``"bjnc"`` for a ``(B, J, N, C)`` result, ``"bnjc"`` for ``(B, N, J, C)``.
+    diagonal
+        ``v`` holds one slice per tap, and tap ``j`` reads slice ``j`` only.
     """
     B, C = int(v.shape[0]), int(v.shape[-1])
     lo, hi = geo.reach
@@ -73,21 +93,48 @@ def gather_taps(v: Array, geo: Geometry, layout: str = "bjnc", diagonal: bool = 
 
 @dataclass(frozen=True)
 class FlatLayout:
-    """How a stride-1 shift problem is laid out as one long matrix (see the module notes)."""
+    """How a stride-1 shift problem is laid out as one long matrix (see the module notes).
 
-    grid: tuple[int, ...]  # the grid placed in the frame (wrap-padded already if periodic)
-    frame: tuple[int, ...]  # frame sizes, >= grid and >= output grid
+    Attributes
+    ----------
+    grid
+        The grid placed in the frame (wrap-padded already if periodic).
+    frame
+        The frame's sizes, at least the grid's and the output grid's.
+    out_grid
+        The output grid.
+    lead, tail
+        Zero rows before the first frame and after the last.
+    shifts
+        The row shift of each tap, ``lead`` included.
+    """
+
+    grid: tuple[int, ...]
+    frame: tuple[int, ...]
     out_grid: tuple[int, ...]
-    lead: int  # zero rows before the first frame
-    tail: int  # zero rows after the last frame
-    shifts: tuple[int, ...]  # row shift of each tap, lead included
+    lead: int
+    tail: int
+    shifts: tuple[int, ...]
 
     def rows(self, batch: int) -> int:
+        """The rows of ``batch`` frames (the flat output's, before cropping).
+
+        Parameters
+        ----------
+        batch
+            :math:`B`, the instances.
+        """
         return batch * math.prod(self.frame)
 
 
 def flat_layout(geo: Geometry) -> tuple[FlatLayout, tuple[int, ...]]:
-    """The layout of a stride-1 problem and the wrap padding to apply first (periodic grids)."""
+    """The layout of a stride-1 problem and the wrap padding to apply first (periodic grids; else ``()``).
+
+    Parameters
+    ----------
+    geo
+        The geometry of a shift basis of stride 1.
+    """
     offsets = geo.offsets
     lo, hi = geo.reach
     if geo.boundary == "periodic":
@@ -107,7 +154,15 @@ def flat_layout(geo: Geometry) -> tuple[FlatLayout, tuple[int, ...]]:
 
 
 def flat_input(x: Array, geo: Geometry) -> tuple[Array, FlatLayout]:
-    """Lay ``x`` (``(B, M, C)``) out as the ``(lead + B * frame + tail, C)`` matrix of the flat layout."""
+    """Lay ``x`` out as the ``(lead + B * frame + tail, C)`` matrix of the flat layout; return it and the layout.
+
+    Parameters
+    ----------
+    x
+        ``(B, M, C)``.
+    geo
+        The geometry of a shift basis of stride 1.
+    """
     layout, wrap = flat_layout(geo)
     B, _, C = (int(s) for s in x.shape)
     xg = x.reshape((B, *geo.grid, C))
@@ -124,7 +179,17 @@ def flat_input(x: Array, geo: Geometry) -> tuple[Array, FlatLayout]:
 
 
 def crop_output(y_ext: Array, layout: FlatLayout, batch: int) -> Array:
-    """``(B * frame, Q)`` extended output -> ``(B, N, Q)``."""
+    """``(B * frame, Q)`` extended output -> ``(B, N, Q)``.
+
+    Parameters
+    ----------
+    y_ext
+        The flat output, one row per frame entry.
+    layout
+        The layout it was computed on.
+    batch
+        :math:`B`.
+    """
     Q = int(y_ext.shape[-1])
     y = y_ext.reshape(batch, *layout.frame, Q)
     if layout.frame != layout.out_grid:
@@ -133,14 +198,30 @@ def crop_output(y_ext: Array, layout: FlatLayout, batch: int) -> Array:
 
 
 def shift_then_gemm(x: Array, thetas: Array, geo: Geometry) -> Array:
-    r""":math:`y_{bn} = \sum_j x_{b,\,n+o_j}\,\Theta'_j` with one GEMM per tap on contiguous rows (stride 1)."""
+    r""":math:`y_{bn} = \sum_j x_{b,\,n+o_j}\,\Theta'_j` with one GEMM per tap on contiguous rows (stride 1).
+
+    Parameters
+    ----------
+    x
+        ``(B, M, P)``.
+    thetas
+        :math:`\Theta'_j`, one ``(P, Q)`` map per tap: ``(J, P, Q)``.
+    geo
+        The geometry of a shift basis of stride 1.
+    """
     buf, layout = flat_input(x, geo)
     B = int(x.shape[0])
     return crop_output(of(x).shift_gemm(buf, thetas, layout.shifts, layout.rows(B)), layout, B)
 
 
 def gemm_then_shift(x: Array, thetas: Array, geo: Geometry) -> Array:
-    r"""One GEMM :math:`S = x\,[\Theta'_1\cdots\Theta'_J]`, then :math:`y_{bn} = \sum_j S_{b,n+o_j,j}` (stride 1)."""
+    r"""One GEMM :math:`S = x\,[\Theta'_1\cdots\Theta'_J]`, then :math:`y_{bn} = \sum_j S_{b,n+o_j,j}` (stride 1).
+
+    Parameters
+    ----------
+    x, thetas, geo
+        As for :func:`shift_then_gemm`.
+    """
     buf, layout = flat_input(x, geo)
     B = int(x.shape[0])
     return crop_output(of(x).gemm_shift(buf, thetas, layout.shifts, layout.rows(B)), layout, B)

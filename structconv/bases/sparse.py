@@ -115,7 +115,13 @@ class SparseBasis(Basis):
     # --- constructors -------------------------------------------------------------------
     @classmethod
     def from_dense(cls, array: Array) -> SparseBasis:
-        """Keep the non-zero entries of a dense ``(K, M, N)`` or ``(B, K, M, N)`` array."""
+        """Keep the non-zero entries of a dense ``(K, M, N)`` or ``(B, K, M, N)`` array.
+
+        Parameters
+        ----------
+        array
+            A floating NumPy array or torch tensor (or what ``numpy.asarray`` reads).
+        """
         if find(array) is None:
             array = np.asarray(array)
         check_readable(array, "array", "SparseBasis.from_dense (finding the non-zero entries)")
@@ -123,14 +129,28 @@ class SparseBasis(Basis):
 
     @classmethod
     def from_torch(cls, tensor: Any) -> SparseBasis:
-        """Build from a torch sparse COO tensor of shape ``(K, M, N)`` or ``(B, K, M, N)``."""
+        """Build from a torch sparse tensor of shape ``(K, M, N)`` or ``(B, K, M, N)``.
+
+        Parameters
+        ----------
+        tensor
+            A floating torch sparse tensor (COO, or another layout, read as COO); its
+            repeated entries add up.
+        """
         backend = of(tensor, "tensor")
         check_readable(tensor, "tensor", "SparseBasis.from_torch (reading the entries)")
         return cls(*backend.coordinates(tensor))
 
     @classmethod
     def from_scipy(cls, matrices: Sequence[Any]) -> SparseBasis:
-        """Build a ``(K, M, N)`` basis from K ``scipy.sparse`` matrices of shape ``(M, N)``."""
+        """Build a ``(K, M, N)`` basis from K ``scipy.sparse`` matrices of shape ``(M, N)``.
+
+        Parameters
+        ----------
+        matrices
+            At least one ``scipy.sparse`` matrix or array, all ``(M, N)``: member ``k`` is
+            ``matrices[k]``.  The basis is NumPy float64.
+        """
         import scipy.sparse
 
         if not matrices:
@@ -229,7 +249,7 @@ class SparseBasis(Basis):
 
     def to(self, device: Any = None, dtype: Any = None) -> SparseBasis:
         backend = of(self._values)
-        values = backend.move(self._values, device, dtype, "basis")
+        values = backend.move(self._values, device, dtype, what="basis")
         indices = backend.move(self._indices, device)
         if device_of(values) == "meta":  # entries checked already; a meta copy holds none to check again
             return SparseBasis._from_checked(indices, values, self._shape)
@@ -270,7 +290,7 @@ class SparseBasis(Basis):
             return _batch_first(S @ cols, K, N, B, C)
         return (S @ x.reshape(B * M, C)).reshape(B, K, N, C)
 
-    def apply_members(self, s: Array, reduce: bool) -> Array:
+    def apply_members(self, s: Array, *, reduce: bool) -> Array:
         B, K, M, C = s.shape
         N = self.N
         S = self._layout("reduce" if reduce else "members")
@@ -284,7 +304,13 @@ class SparseBasis(Basis):
         return out.reshape(B, N, C) if reduce else out.reshape(B, K, N, C)
 
     def apply_combined(self, x: Array, theta: Array) -> Array:
-        r"""Form :math:`\Phi` only on the union of the members' patterns, then scatter."""
+        r"""Form :math:`\Phi` only on the union of the members' patterns, then scatter.
+
+        Parameters
+        ----------
+        x, theta
+            As for :meth:`structconv.Basis.apply_combined`.
+        """
         B, M, P = x.shape
         K, _, Q = theta.shape
         N = self.N
@@ -316,7 +342,7 @@ class SparseBasis(Basis):
         flops = 2.0 * self.stored * self._per_instance(batch) * channels
         return Cost(0.0, float(batch * self.K * self.N * channels + batch * self.M * channels), flops)
 
-    def cost_members(self, batch: int, channels: int, reduce: bool) -> Cost:
+    def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
         flops = 2.0 * self.stored * self._per_instance(batch) * channels
         out = batch * self.N * channels * (1 if reduce else self.K)
         return Cost(0.0, float(out + batch * self.K * self.M * channels), flops)
@@ -358,8 +384,19 @@ class Derived:
         """
         return (Derived, ())
 
-    def get(self, name: str, build: Callable[[], Any], keep: bool = True) -> Any:
-        """The value named ``name``, built by ``build()`` on first use (and kept if ``keep``)."""
+    def get(self, name: str, build: Callable[[], Any], *, keep: bool = True) -> Any:
+        """The value named ``name``, built by ``build()`` on first use (and kept if ``keep``).
+
+        Parameters
+        ----------
+        name
+            What the value is called in this cache.
+        build
+            Computes the value from the basis, with no arguments.
+        keep
+            Keep the value for later calls; ``False`` for one that must not outlive the call
+            (a differentiable value, whose graph a second backward pass could not traverse).
+        """
         found = self._items.get(name)
         if found is None:
             found = build()

@@ -13,7 +13,7 @@ batches it would have seen without the interruption.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,15 @@ NORMALIZATIONS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
-    """A CPU generator that depends on ``(seed, epoch)`` only."""
+    """A CPU generator that depends on ``(seed, epoch)`` only.
+
+    Parameters
+    ----------
+    seed
+        The run's seed.
+    epoch
+        The epoch, from 0.
+    """
     return torch.Generator().manual_seed((int(seed) * 1_000_003 + int(epoch)) % (2**63 - 1))
 
 
@@ -46,7 +54,21 @@ _CONSTANTS: dict[tuple[tuple[float, ...], tuple[float, ...], torch.device], tupl
 
 
 def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    r"""``uint8`` ``(B, C, H, W)`` to float :math:`(x/255 - \mu_c)/\sigma_c` (float32)."""
+    r"""``uint8`` ``(B, C, H, W)`` to float :math:`(x/255 - \mu_c)/\sigma_c` (float32).
+
+    Parameters
+    ----------
+    images
+        ``uint8`` ``(B, C, H, W)``.
+    mean, std
+        :math:`\mu_c` and :math:`\sigma_c`, one per channel, for pixels in :math:`[0, 1]`
+        (e.g. :data:`NORMALIZATIONS` ``["cifar10"]``).
+
+    Returns
+    -------
+    torch.Tensor
+        float32 ``(B, C, H, W)`` on the device of ``images``.
+    """
     key = (tuple(mean), tuple(std), images.device)
     found = _CONSTANTS.get(key)
     if found is None:
@@ -58,11 +80,28 @@ def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, .
     return (images.float().div_(255.0) - m) / s
 
 
-def augment(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, flip: torch.Tensor, pad: int) -> torch.Tensor:
+def augment(
+    images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, flip: torch.Tensor, *, pad: int
+) -> torch.Tensor:
     """Random crop after zero padding by ``pad`` pixels, then horizontal flip, for a whole batch.
 
-    ``images`` is ``(B, C, H, W)``; ``rows`` and ``cols`` (``(B,)`` integers in ``[0, 2 pad]``) are
-    the crops' top-left corners in the padded image; ``flip`` (``(B,)`` bool) mirrors an image.
+    The random draws are arguments, so that the caller's generator alone decides them.
+
+    Parameters
+    ----------
+    images
+        ``(B, C, H, W)``.
+    rows, cols
+        ``(B,)`` integers in ``[0, 2 pad]``: the crops' top-left corners in the padded image.
+    flip
+        ``(B,)`` booleans: which images are mirrored.
+    pad
+        The zero padding on every side, in pixels.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(B, C, H, W)``, the dtype and device of ``images``.
     """
     B, _, H, W = images.shape
     padded = F.pad(images, (pad, pad, pad, pad))
@@ -91,11 +130,20 @@ class Batches:
     train
         Shuffle, crop (padding ``pad``) and flip when ``True``; fixed order, no augmentation
         otherwise.  A training epoch drops the last incomplete batch (all ranks stay in step).
+    mean, std
+        The normalisation (:func:`normalize`).
+    pad
+        The padding of the random crops.
+    rank, world
+        This process's rank among ``world`` processes.
+
+    Everything after ``batch_size`` is a keyword.
     """
 
     images: torch.Tensor
     labels: torch.Tensor
     batch_size: int
+    _: KW_ONLY
     train: bool
     mean: tuple[float, ...] = CIFAR10_MEAN
     std: tuple[float, ...] = CIFAR10_STD
@@ -105,16 +153,42 @@ class Batches:
 
     @classmethod
     def from_arrays(
-        cls, images: np.ndarray, labels: np.ndarray, batch_size: int, train: bool, device: str | torch.device, **kw: Any
+        cls,
+        images: np.ndarray,
+        labels: np.ndarray,
+        batch_size: int,
+        *,
+        train: bool,
+        device: str | torch.device,
+        **kw: Any,
     ) -> Batches:
-        """Move ``(N, H, W, C)`` ``uint8`` images and their labels to ``device`` once."""
+        """Move ``(N, H, W, C)`` ``uint8`` images and their labels to ``device`` once.
+
+        Parameters
+        ----------
+        images
+            ``uint8`` ``(N, H, W, C)``, as the readers return them.
+        labels
+            ``(N,)`` integers.
+        batch_size, train
+            As for :class:`Batches`.
+        device
+            Where the images and labels are kept.
+        **kw
+            The other fields of :class:`Batches` (``mean``, ``std``, ``pad``, ``rank``, ``world``).
+
+        Raises
+        ------
+        ValueError
+            If ``images`` is not ``uint8`` of rank 4, or ``labels`` does not have one entry per image.
+        """
         if images.ndim != 4 or images.dtype != np.uint8:
             raise ValueError(f"images must be uint8 of shape (N, H, W, C), got {images.dtype} {images.shape}")
         if labels.shape != (images.shape[0],):
             raise ValueError(f"labels must have shape ({images.shape[0]},), got {labels.shape}")
         x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).contiguous().to(device)
         y = torch.from_numpy(labels.astype(np.int64)).to(device)
-        return cls(x, y, batch_size, train, **kw)
+        return cls(x, y, batch_size, train=train, **kw)
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0 or self.batch_size % self.world:
@@ -129,7 +203,13 @@ class Batches:
         return n // self.batch_size if self.train else -(-n // self.batch_size)
 
     def epoch(self, seed: int, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's ``(images, labels)`` batches of one epoch (normalised float32, NCHW)."""
+        """This rank's ``(images, labels)`` batches of one epoch (normalised float32, NCHW).
+
+        Parameters
+        ----------
+        seed, epoch
+            What the order and the augmentation depend on (:func:`epoch_generator`), alone.
+        """
         n, B = len(self.labels), self.batch_size
         share = B // self.world
         if self.train:
@@ -145,7 +225,7 @@ class Batches:
         for i in range(len(self)):
             if self.train:
                 idx = order[i * B : (i + 1) * B][self.rank * share : (self.rank + 1) * share]
-                x = augment(self.images[idx], rows[idx], cols[idx], flip[idx], self.pad)
+                x = augment(self.images[idx], rows[idx], cols[idx], flip[idx], pad=self.pad)
                 yield normalize(x, self.mean, self.std), self.labels[idx]
             else:
                 lo, hi = i * B, min(n, (i + 1) * B)

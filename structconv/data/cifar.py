@@ -86,7 +86,19 @@ _ADMITTED = {
 
 @dataclass(frozen=True, eq=False)
 class Cifar10:
-    """One split: ``images`` uint8 ``(N, 32, 32, 3)`` (HWC, RGB) and ``labels`` int64 ``(N,)``."""
+    """One split of CIFAR-10, as :func:`load_cifar10` reads it.
+
+    Attributes
+    ----------
+    images : numpy.ndarray
+        uint8 ``(N, 32, 32, 3)`` (HWC, RGB).
+    labels : numpy.ndarray
+        int64 ``(N,)``, class indices in ``[0, 10)``.
+    classes : tuple of str
+        The class names, in label order.
+    source : str
+        The file the split was read from.
+    """
 
     images: np.ndarray
     labels: np.ndarray
@@ -98,7 +110,15 @@ class Cifar10:
 
 
 def verify_md5(path: Path, expected: str = OFFICIAL_MD5) -> None:
-    """Raise ``ValueError`` unless ``path`` has the MD5 ``expected`` (the official archive's by default)."""
+    """Raise ``ValueError`` unless ``path`` has the MD5 ``expected``.
+
+    Parameters
+    ----------
+    path
+        The file, read in 1 MiB blocks.
+    expected
+        The hexadecimal MD5 (the official archive's by default).
+    """
     digest = hashlib.md5(usedforsecurity=False)
     with Path(path).open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -108,9 +128,20 @@ def verify_md5(path: Path, expected: str = OFFICIAL_MD5) -> None:
 
 
 def download_cifar10(
-    root: str | os.PathLike[str], url: str = OFFICIAL_URL, md5: str = OFFICIAL_MD5, timeout: float = 60.0
+    root: str | os.PathLike[str], *, url: str = OFFICIAL_URL, md5: str = OFFICIAL_MD5, timeout: float = 60.0
 ) -> Path:
     """Download the official archive into ``root`` (checksum verified, written atomically); return its path.
+
+    Parameters
+    ----------
+    root
+        The data directory (created if missing); the archive is written there under its official name.
+    url
+        Where to fetch it from (the official address by default).
+    md5
+        Its expected MD5.
+    timeout
+        Seconds to wait for the server (per blocking operation).
 
     Raises
     ------
@@ -155,14 +186,32 @@ def _data_dir(root: str | os.PathLike[str] | None) -> Path:
 
 
 def load_cifar10(
-    root: str | os.PathLike[str] | None = None, split: str = "train", cache_dir: str | os.PathLike[str] | None = None
+    root: str | os.PathLike[str] | None = None,
+    split: str = "train",
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> Cifar10:
     """Load a CIFAR-10 split (``"train"``: 50,000 images, ``"test"``: 10,000) from ``root``.
 
     The official archive is preferred when both are present.  The image-folder archive is
-    decoded once; the arrays are cached in ``cache_dir`` (default: :func:`user_cache_dir`, that is
-    ``$STRUCTCONV_CACHE`` or the platform's user cache directory, never ``root``, which is only
-    read), keyed by :func:`cache_key` and written atomically.
+    decoded once; the arrays are cached in ``cache_dir``, keyed by :func:`cache_key` and written
+    atomically.
+
+    Parameters
+    ----------
+    root
+        The directory holding the official ``cifar-10-python.tar.gz`` or an image-folder
+        archive; ``None`` reads ``$STRUCTCONV_DATA``.  It is only read.
+    split
+        ``"train"`` or ``"test"``.
+    cache_dir
+        Where the decoded image folder is cached (default: :func:`user_cache_dir`, that is
+        ``$STRUCTCONV_CACHE`` or the platform's user cache directory, never ``root``).
+
+    Returns
+    -------
+    Cifar10
+        The split's images, labels and class names.
 
     Raises
     ------
@@ -287,11 +336,16 @@ def user_cache_dir() -> Path:
 
 
 def cache_key(archive: Path) -> str:
-    """A key that two different archives never share: SHA-256 of size, mtime and the first MiB.
+    """A key that two different archives never share: 16 hex digits of a SHA-256 of size, mtime and the first MiB.
 
     The size and the modification time (in nanoseconds) change when the file is replaced or
     rewritten; the content hash of the first MiB tells apart archives that happen to share
     both.  Reading 1 MiB keeps the key cheap for the 140 MB archive.
+
+    Parameters
+    ----------
+    archive
+        The archive file.
     """
     stat = archive.stat()
     digest = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}:".encode())

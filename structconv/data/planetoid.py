@@ -122,6 +122,7 @@ def _float_dtype(dtype: object) -> torch.dtype:
 def load_planetoid(
     root: str | os.PathLike[str],
     name: str = "cora",
+    *,
     normalize_features: bool = True,
     dtype: torch.dtype = torch.float32,
 ) -> Planetoid:

@@ -127,7 +127,7 @@ def read_pickle(path: Path, expected: str) -> object:
     # Read whole: a buffered file's read(n) allocates the n a stream states before reading.
     data = path.read_bytes()
     corrupt = f"expected a pickle of {expected}, but it cannot be read (truncated or corrupt?)"
-    return restricted_loads(data, str(path), ADMITTED_GLOBALS, _NEEDS, corrupt)
+    return restricted_loads(data, str(path), ADMITTED_GLOBALS, _NEEDS, corrupt=corrupt)
 
 
 # --- validation of the unpickled objects ----------------------------------------------------------

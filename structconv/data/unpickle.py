@@ -161,6 +161,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         admitted: dict[tuple[str, str], Any],
         needs: str,
         limit: int,
+        *,
         encoding: str = "latin1",
     ) -> None:
         # Python 2 pickled numpy buffers as str; latin-1 is the one codec that maps each byte to itself.
@@ -283,7 +284,7 @@ _PUSHES = [2 + 2 * t[2] + (t[3] == _EMPTY) if t and t[1] == _PLAIN and t[3] in (
 _MARK_BYTE = pickle.MARK[0]
 
 
-def check_stream(data: bytes, max_depth: int = MAX_DEPTH) -> None:
+def check_stream(data: bytes, *, max_depth: int = MAX_DEPTH) -> None:
     """Step over the opcodes of the pickle ``data`` without building anything; raise if one states what is not there.
 
     CPython's unpickler allocates the length a counted opcode states (``BINBYTES8``, ``BINUNICODE8``,
@@ -420,6 +421,7 @@ def restricted_loads(
     source: str,
     admitted: dict[tuple[str, str], Any],
     needs: str,
+    *,
     corrupt: str = "cannot be read as a pickle (truncated or corrupt?)",
     encoding: str = "latin1",
 ) -> Any:
@@ -441,7 +443,7 @@ def restricted_loads(
             check_stream(data)
         except RefusedObjectError as err:
             raise RefusedObjectError(f"{source}: {err}") from None
-        return RestrictedUnpickler(io.BytesIO(data), source, admitted, needs, len(data), encoding).load()
+        return RestrictedUnpickler(io.BytesIO(data), source, admitted, needs, len(data), encoding=encoding).load()
     except (RefusedGlobalError, RefusedObjectError):
         raise
     except CORRUPT_PICKLE as err:

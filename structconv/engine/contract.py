@@ -33,6 +33,8 @@ from .operands import Param, autocast, placed, prepare
 from .orders import DenseOrder, Order, orders_for
 from .plan import MEMORY_WEIGHT, SPARSE_FLOP_WEIGHT, Candidate, Plan, PlanCache
 
+_RANK_NAME = {"separable": "H", "lowrank": "D", "convweight": "G"}
+
 PLANS: PlanCache[tuple[Plan, Order]] = PlanCache(size=2048)
 """The plans made so far and the order each runs (call ``PLANS.clear()`` after changing a weight)."""
 
@@ -55,7 +57,7 @@ def _plan(basis: Basis, x: Array, prm: Param, order: str) -> tuple[Plan, Order]:
         )
     sizes = {"B": B, "K": basis.K, "M": basis.M, "N": basis.N, "P": prm.P, "Q": prm.Q}
     if prm.kind != "full":
-        sizes["H" if prm.kind == "separable" else "D"] = prm.R
+        sizes[_RANK_NAME[prm.kind]] = prm.R
     candidates = []
     for o in orders:
         cost = o.cost(basis, B, prm)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..backend import Array, autocast_dtype, autocast_to, device_of, dtype_name, of, shape_str
 from ..backend.checks import check_array, check_same_placement
 from ..bases.base import Basis
+from ..bases.conv_weight import ConvWeight
 from ..bases.convert import as_basis
 from ..bases.factor import LowRank, Parameter, Separable
 
@@ -15,15 +16,16 @@ _OPERAND_NAMES = {
     "full": ("theta",),
     "separable": ("theta.basis_coef", "theta.channel"),
     "lowrank": ("theta.value", "theta.out"),
+    "convweight": ("theta.weight",),
 }
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(NamedTuple):
     r"""A parameter :math:`\Theta` of shape ``(K, P, Q)`` as the arrays that hold it.
 
     ``kind`` is ``"full"`` (``operands = (theta,)``), ``"separable"`` (``(basis_coef, channel)``,
-    ``R = H``) or ``"lowrank"`` (``(value, out)``, ``R = D``); ``R`` is 0 for a full one.
+    ``R = H``), ``"lowrank"`` (``(value, out)``, ``R = D``) or ``"convweight"`` (``(weight,)``,
+    ``R = G`` groups); ``R`` is 0 for a full one.
     """
 
     kind: str
@@ -34,6 +36,12 @@ class Param:
     R: int
 
 
+class Shaped(NamedTuple):
+    """An operand known by its shape alone: what a cost reads of an array, for planning before any value exists."""
+
+    shape: tuple[int, ...]
+
+
 def as_param(theta: Parameter) -> Param:
     """Read ``theta`` (an array, :class:`Separable` or :class:`LowRank`) as a :class:`Param`."""
     if isinstance(theta, Separable):
@@ -42,6 +50,9 @@ def as_param(theta: Parameter) -> Param:
     if isinstance(theta, LowRank):
         k, p, q = theta.shape
         return Param("lowrank", (theta.value, theta.out), k, p, q, theta.rank)
+    if isinstance(theta, ConvWeight):
+        k, p, q = theta.shape
+        return Param("convweight", (theta.weight,), k, p, q, theta.groups)
     check_array(theta, "theta", (3,), ("(K, P, Q)",))
     k, p, q = (int(s) for s in theta.shape)
     return Param("full", (theta,), k, p, q, 0)
@@ -61,6 +72,8 @@ def autocast(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis | Arra
         theta = LowRank(autocast_to(theta.value, dtype), autocast_to(theta.out, dtype))
     elif isinstance(theta, Separable):
         theta = Separable(autocast_to(theta.basis_coef, dtype), autocast_to(theta.channel, dtype))
+    elif isinstance(theta, ConvWeight):
+        theta = ConvWeight(autocast_to(theta.weight, dtype), theta.groups)
     else:
         theta = autocast_to(theta, dtype)
     if not isinstance(a, Basis):
@@ -116,4 +129,4 @@ def prepare(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis, Array,
     return basis, x, param, squeeze
 
 
-__all__ = ["Param", "as_param", "autocast", "placed", "prepare"]
+__all__ = ["Param", "Shaped", "as_param", "autocast", "placed", "prepare"]

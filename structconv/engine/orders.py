@@ -24,7 +24,8 @@ import opt_einsum
 
 from ..backend import Array, einsum, of, x_theta
 from ..bases.base import Basis, Cost, OwnOrder
-from .operands import Param
+from ..bases.conv_weight import conv_weight_full
+from .operands import Param, Shaped
 
 #: The triangle's orders for a full parameter, and for a factorised one.
 BASE_ORDERS = ("ax", "xtheta", "atheta")
@@ -38,13 +39,30 @@ def _gemm(*dims: int) -> float:
 
 
 def _full(prm: Param) -> Param:
-    r"""The parameter with :math:`\Theta` formed from its factors."""
-    full = einsum(_FULL_SUBSCRIPTS[prm.kind], *prm.operands)
+    r"""The parameter with :math:`\Theta` formed from its factors (or its convolution weight)."""
+    if prm.kind == "convweight":
+        full = conv_weight_full(prm.operands[0], prm.R)
+    else:
+        full = einsum(_FULL_SUBSCRIPTS[prm.kind], *prm.operands)
     return Param("full", (full,), prm.K, prm.P, prm.Q, 0)
 
 
 def _full_cost(prm: Param) -> Cost:
+    if prm.kind == "convweight":  # a view for one group; the block-diagonal zeros written for several
+        return Cost(0.0, 0.0) if prm.R == 1 else Cost(_gemm(prm.K, prm.P, prm.Q), float(prm.K * prm.P * prm.Q))
     return Cost(_gemm(prm.K, prm.P, prm.Q, prm.R), float(prm.K * prm.P * prm.Q))
+
+
+def rows_to_image(x: Array, shape: tuple[int, ...]) -> Array:
+    """``(B, M, P)`` -> ``(B, P, *shape)`` (the ``"channels_first"`` layout, :attr:`~structconv.Basis.entry_shapes`)."""
+    xp = of(x).namespace()
+    return xp.reshape(xp.permute_dims(x, (0, 2, 1)), (int(x.shape[0]), int(x.shape[2]), *shape))
+
+
+def image_to_rows(y: Array) -> Array:
+    """``(B, Q, *shape)`` -> ``(B, N, Q)``: the inverse of :func:`rows_to_image`."""
+    xp = of(y).namespace()
+    return xp.permute_dims(xp.reshape(y, (int(y.shape[0]), int(y.shape[1]), -1)), (0, 2, 1))
 
 
 class Order:
@@ -62,6 +80,16 @@ class Order:
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
         """:math:`y` of shape ``(B, N, Q)`` for ``x`` of shape ``(B, M, P)``."""
         raise NotImplementedError
+
+    def run_image(self, basis: Basis, x: Array, prm: Param, bias: Array | None) -> Array:
+        """:meth:`run` on the ``"channels_first"`` layout (``(B, P, *in)`` to ``(B, Q, *out)``), plus ``bias``."""
+        out_shape = basis.entry_shapes[1]
+        B, P = int(x.shape[0]), int(x.shape[1])
+        xp = of(x).namespace()
+        y = self.run(basis, xp.permute_dims(xp.reshape(x, (B, P, -1)), (0, 2, 1)), prm)
+        if bias is not None:
+            y = y + bias
+        return xp.reshape(xp.permute_dims(y, (0, 2, 1)), (B, int(y.shape[2]), *out_shape))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -100,7 +128,7 @@ class _FullXTheta(_FullOrder):
 
     def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
         B, K, M, P, Q = batch, basis.K, basis.M, prm.P, prm.Q
-        return Cost(_gemm(B, M, P, K, Q), 2.0 * B * K * M * Q) + basis.cost_members(B, Q, True)
+        return Cost(_gemm(B, M, P, K, Q), 2.0 * B * K * M * Q) + basis.cost_members(B, Q, reduce=True)
 
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
         return basis.apply_members(x_theta(x, prm.operands[0]), reduce=True)
@@ -117,7 +145,7 @@ class _FormFull(Order):
         self.inner = inner
 
     def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
-        full = Param("full", (), prm.K, prm.P, prm.Q, 0)
+        full = Param("full", (Shaped((prm.K, prm.P, prm.Q)),), prm.K, prm.P, prm.Q, 0)
         return self.inner.cost(basis, batch, full) + _full_cost(prm)
 
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
@@ -147,7 +175,7 @@ class _SeparableXTheta(Order):
     def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
         B, K, M, P, Q, R = batch, basis.K, basis.M, prm.P, prm.Q, prm.R
         mix = Cost(_gemm(B, M, P, R, Q) + _gemm(B, M, R, K, Q), float(B * M * R * Q + B * K * M * Q))
-        return mix + basis.cost_members(B, Q, True)
+        return mix + basis.cost_members(B, Q, reduce=True)
 
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
         coef, channel = prm.operands
@@ -178,7 +206,7 @@ class _LowRankXTheta(Order):
     def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
         B, K, M, N, P, Q, R = batch, basis.K, basis.M, basis.N, prm.P, prm.Q, prm.R
         heads = Cost(_gemm(B, M, P, K, R) + _gemm(B, N, K, R, Q), float(B * M * K * R + B * N * Q))
-        return heads + basis.cost_members(B, R, False)
+        return heads + basis.cost_members(B, R, reduce=False)
 
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
         value, out = prm.operands
@@ -217,6 +245,23 @@ class _Factored(_Own):
         return self.own.run_factored(basis, x, *prm.operands)
 
 
+class _OwnImage(_Own):
+    r"""An own order that takes a :class:`~structconv.ConvWeight` as stored, on the entries' own layout."""
+
+    __slots__ = ()
+
+    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
+        full = self.own.cost(basis, batch, prm.P, prm.Q)  # G blocks: 1/G of the full map's products
+        return Cost(full.flops / prm.R, full.memory, full.irregular / prm.R)
+
+    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
+        return image_to_rows(self.run_image(basis, rows_to_image(x, basis.entry_shapes[0]), prm, None))
+
+    def run_image(self, basis: Basis, x: Array, prm: Param, bias: Array | None) -> Array:
+        assert self.own.run_image is not None  # chosen only when the order has it
+        return self.own.run_image(basis, x, prm.operands[0], prm.R, bias)
+
+
 _FULL_ORDERS: dict[str, Order] = {"ax": _FullAx("ax"), "xtheta": _FullXTheta("xtheta"), "atheta": _FullOrder("atheta")}
 _HOOK_ORDERS: dict[str, dict[str, Order]] = {
     "full": _FULL_ORDERS,
@@ -240,6 +285,10 @@ def _hook_order(kind: str, name: str, own: Mapping[str, OwnOrder]) -> Order:
     if kind == "full":
         return _full_order(name, own)
     found = own.get(name)
+    if kind == "convweight":  # the weight as stored where the order takes it, else Θ formed first
+        if found is not None and found.run_image is not None:
+            return _OwnImage(name, found)
+        return _FormFull(name, _full_order(name, own))
     if kind == "lowrank" and found is not None and found.run_factored is not None:
         return _Factored(name, found)
     if name in ("ax", "xtheta"):  # the factors kept, through the hooks
@@ -317,12 +366,15 @@ _DENSE_ORDERS = {
 def names(kind: str, basis: Basis) -> tuple[str, ...]:
     """The orders open to ``basis`` with a ``kind`` of parameter, in the order :func:`explain` lists them."""
     beyond = tuple(name for name in basis.own_orders() if name not in BASE_ORDERS)
-    return (BASE_ORDERS if kind == "full" else FACTOR_ORDERS) + beyond
+    return (BASE_ORDERS if kind in ("full", "convweight") else FACTOR_ORDERS) + beyond
 
 
 def orders_for(kind: str, basis: Basis, dense: bool) -> tuple[Order, ...]:
     """The :class:`Order` objects of :func:`names`; ``dense`` selects the opt_einsum family."""
     if dense:
+        if kind == "convweight":  # Θ formed first (a view for one group), then the full einsum
+            full = _DENSE_ORDERS["full", basis.batch is not None]
+            return tuple(_FormFull(name, full[name]) for name in names(kind, basis))
         table = _DENSE_ORDERS[kind, basis.batch is not None]
         return tuple(table[name] for name in names(kind, basis))
     own = basis.own_orders()
@@ -336,6 +388,8 @@ __all__ = [
     "DenseOrder",
     "Order",
     "dense_equation",
+    "image_to_rows",
     "names",
     "orders_for",
+    "rows_to_image",
 ]

@@ -50,6 +50,11 @@ class Plan:
     requested: str = "auto"
     equation: str = field(default="")
 
+    @property
+    def orders(self) -> tuple[str, ...]:
+        """The names of every candidate order, as :func:`structconv.conv` accepts them."""
+        return tuple(c.order for c in self.candidates)
+
     def candidate(self, order: str) -> Candidate:
         """The candidate named ``order``."""
         for c in self.candidates:

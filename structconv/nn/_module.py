@@ -1,4 +1,4 @@
-"""What every layer of :mod:`structconv.nn` shares as a module: a clear refusal of TorchScript.
+"""What every layer of :mod:`structconv.nn` shares as a module: a clear refusal of TorchScript, compiled runs.
 
 A layer builds its basis in Python on every call (graph readers, plans, caches), which the
 TorchScript front end cannot compile; ``torch.compile`` traces all of it.  ``torch.jit.script``
@@ -8,11 +8,13 @@ any source, so raising there replaces a cascade of front-end errors with one sen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import torch
 
 from ..backend import of
+from ..engine.compiled import contraction
 
 
 def script_refusal(layer: str) -> str:
@@ -66,3 +68,53 @@ def check_parameter_memory(layer: str, numel: int, sizes: str, device: Any = Non
             f"{layer}: {sizes} asks for {need / 2**30:.3g} GiB of parameters, more than the "
             f"{capacity / 2**30:.3g} GiB of memory on {probe.device}"
         )
+
+
+_RUNS_KEPT = 16  # compiled input shapes kept per layer
+
+
+class CompiledRuns:
+    """A layer's compiled contractions (:func:`structconv.contraction`), one per input key.
+
+    Put it before ``nn.Module`` among the bases.  A layer looks its run up by a key of what the
+    plan depends on (input shape, dtype, device, the basis' structure) and compiles on a miss; the
+    oldest of more than 16 keys is dropped.  A copy or a pickle carries none: they are rebuilt on
+    the first call.
+    """
+
+    def compiled_run(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        """The run kept under ``key``, built by ``build()`` on the first call with it."""
+        runs: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_runs", {})
+        run = runs.get(key)
+        if run is None:
+            run = build()
+            if len(runs) >= _RUNS_KEPT:
+                runs.pop(next(iter(runs)))
+            runs[key] = run
+        return run
+
+    def contract(
+        self, basis: Any, x: torch.Tensor, theta: Any, *, bias: torch.Tensor | None = None, order: str = "auto"
+    ) -> torch.Tensor:
+        r""":math:`\sum_k A_k^\top x\Theta_k` (plus ``bias``) through the run compiled for these shapes.
+
+        ``conv(basis, x, theta, order) + bias``, with the checks and the plan made on the first
+        call for the basis' structure and ``x``'s shape, dtype and device.
+        """
+        key = (basis.plan_key(), x.shape, x.dtype, x.device, type(theta), order)
+        run = self.compiled_run(key, lambda: contraction(basis, x, theta, order=order))
+        y: torch.Tensor = run(x, theta, bias=bias, basis=basis)
+        return y
+
+    def forget_runs(self) -> None:
+        """Drop every compiled run (a setting they depend on changed)."""
+        self.__dict__.get("_runs", {}).clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_runs"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("_runs", {})  # pickles from before compiled runs
+        super().__setstate__(state)  # type: ignore[misc]

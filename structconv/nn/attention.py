@@ -1,9 +1,10 @@
 r"""Multi-head attention as an attention convolution (Andreoli §3.3, Eq. 10–13).
 
 :class:`MultiHeadSelfAttention` is a drop-in for ``torch.nn.MultiheadAttention``: the same
-constructor, the same ``forward`` call and return values, the same ``state_dict``; see
-``docs/peers/torch_mha.rst`` for the options compared against torch and the one documented
-difference (a query that may attend to nothing).
+constructor arguments (those past ``embed_dim, num_heads`` keyword-only), the same ``forward``
+call and return values, the same ``state_dict``; see ``docs/peers/torch_mha.rst`` for the
+options compared against torch and the one documented difference (a query that may attend to
+nothing).
 """
 
 from __future__ import annotations
@@ -15,19 +16,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from ..backend.checks import positive_int
 from ..backend.torch_autocast import autocast_dtype, check_input_dtype
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
-from ..engine.contract import conv
 from ..structures.attention import AttentionBasis, BiAffine, Mechanism, ScoreBias, attention_basis
-from ._module import NotScriptable
+from ._module import CompiledRuns, NotScriptable
 from .mha_torch import (
     _NAME,
     append_tokens,
     checked_inputs,
     extra_rows,
     per_head,
-    positive_int,
     projection,
     projection_bias,
     register_torch_parameters,
@@ -35,8 +35,28 @@ from .mha_torch import (
 )
 
 
-class MultiHeadSelfAttention(NotScriptable, nn.Module):
-    r"""``torch.nn.MultiheadAttention`` written as :math:`y = \sum_h A_h^\top v\,\Theta_h + \beta`.
+class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
+    r"""``torch.nn.MultiheadAttention`` as an attention convolution: one attention basis member per head.
+
+    Basis: the heads' attention matrices :math:`A_h` between keys and queries, by
+    :func:`~structconv.structures.attention.attention_basis` with :meth:`mechanism` (K = ``num_heads``)
+
+    Θ: :math:`\Theta_h = W^v_h W^{o\top}_h`, a :class:`~structconv.LowRank` of rank ``embed_dim // num_heads``,
+    as :meth:`parameter` returns it (K, P, Q) = ``(num_heads, vdim, embed_dim)``
+
+    .. math::
+
+        y = \sum_h A_h^\top v\,\Theta_h + \beta, \qquad
+        (A_h)_{sl} = \operatorname{softmax}_s\Bigl(\frac{(x_s W^k_h + b^k_h)\cdot(z_l W^q_h + b^q_h)}{\sqrt D}\Bigr),
+
+    with :math:`x` the keys, :math:`z` the queries, :math:`v` the values and :math:`D` the head
+    width.  Equals ``torch.nn.MultiheadAttention`` built with the same arguments and loaded with
+    its ``state_dict`` (the parameters have torch's names and shapes): the same outputs and
+    attention weights for every option and mask, except that a query allowed no key gets
+    weights 0 and output ``out_proj.bias`` where torch's ``need_weights=True`` path gives
+    ``NaN`` (``tests/peers/test_torch_mha.py``, ``docs/peers/torch_mha.rst``).  Options past
+    ``embed_dim, num_heads`` are keyword-only: ``MultiHeadSelfAttention(16, 4, 0.1)``, which
+    torch reads as ``dropout=0.1``, raises a ``TypeError``.
 
     Head :math:`h` is the bi-affine mechanism (Def. 6) between the key input :math:`x` (main,
     ``(S, kdim)``) and the query input :math:`z` (auxiliary, ``(L, E)``) with the low-rank
@@ -57,15 +77,41 @@ class MultiHeadSelfAttention(NotScriptable, nn.Module):
 
     Parameters
     ----------
-    embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim, batch_first, device, dtype
-        As ``torch.nn.MultiheadAttention`` (same defaults; ``batch_first=False`` reads
-        ``(L, N, E)``).  The parameters have torch's names and shapes (``in_proj_weight``, or
-        ``q_proj_weight``/``k_proj_weight``/``v_proj_weight`` when ``kdim`` or ``vdim``
-        differs from ``embed_dim``; ``in_proj_bias``; ``bias_k``/``bias_v``; ``out_proj``), so
-        ``load_state_dict`` accepts torch's state.
+    embed_dim : int
+        :math:`E`, the width of the queries and of the output.
+    num_heads : int
+        :math:`H`; must divide ``embed_dim``.
+    dropout : float, default 0.0
+        Dropout on the attention weights in training.
+    bias : bool, default True
+        Whether the input and output projections have biases.
+    add_bias_kv : bool, default False
+        Append a learnt key/value token (``bias_k``, ``bias_v``).
+    add_zero_attn : bool, default False
+        Append a key/value token of zeros.
+    kdim, vdim : int, optional
+        The widths of the keys and the values; ``embed_dim`` by default.
+    batch_first : bool, default False
+        Read and return ``(N, L, E)`` instead of ``(L, N, E)``.
+    device, dtype : optional
+        Where and in what dtype the parameters live.
+
+    Shapes
+    ------
+    - **input:** query :math:`(L, N, E)`, key :math:`(S, N, E_k)`, value :math:`(S, N, E_v)`
+      (:math:`(N, L, E)` etc. with ``batch_first=True``; no :math:`N` unbatched),
+      ``key_padding_mask`` :math:`(N, S)` *(optional)*, ``attn_mask`` :math:`(L, S)` or
+      :math:`(N \cdot H, L, S)` *(optional)*
+    - **output:** the attended values, shaped as the query, and the attention weights
+      :math:`(N, L, S)` (:math:`(N, H, L, S)` if not averaged) or ``None``
 
     Notes
     -----
+    The parameters have torch's names and shapes (``in_proj_weight``, or
+    ``q_proj_weight``/``k_proj_weight``/``v_proj_weight`` when ``kdim`` or ``vdim`` differs
+    from ``embed_dim``; ``in_proj_bias``; ``bias_k``/``bias_v``; ``out_proj``), so
+    ``load_state_dict`` accepts torch's state.
+
     The one difference from torch: a query that may attend to no key (every key masked) gets
     attention weights 0 and output ``out_proj.bias`` (it attends to nothing), where torch's
     ``need_weights=True`` path gives ``NaN`` (its ``need_weights=False`` path gives
@@ -101,6 +147,7 @@ class MultiHeadSelfAttention(NotScriptable, nn.Module):
         self,
         embed_dim: int,
         num_heads: int,
+        *,
         dropout: float = 0.0,
         bias: bool = True,
         add_bias_kv: bool = False,
@@ -112,15 +159,15 @@ class MultiHeadSelfAttention(NotScriptable, nn.Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        positive_int("embed_dim", embed_dim)
-        positive_int("num_heads", num_heads)
+        embed_dim = positive_int(embed_dim, "embed_dim", where=_NAME)
+        num_heads = positive_int(num_heads, "num_heads", where=_NAME)
         if embed_dim % num_heads:
             raise ValueError(f"{_NAME}: embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"{_NAME}: dropout must be a probability in [0, 1), got {dropout!r}")
         self.embed_dim = embed_dim
-        self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
-        self.vdim = embed_dim if vdim is None else positive_int("vdim", vdim)
+        self.kdim = embed_dim if kdim is None else positive_int(kdim, "kdim", where=_NAME)
+        self.vdim = embed_dim if vdim is None else positive_int(vdim, "vdim", where=_NAME)
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
         self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
         self.dropout, self.batch_first, self.add_zero_attn = float(dropout), bool(batch_first), bool(add_zero_attn)
@@ -293,7 +340,7 @@ class MultiHeadSelfAttention(NotScriptable, nn.Module):
             if drop:
                 weights = F.dropout(weights.contiguous(), self.dropout, training=True)
             basis = DenseBasis.of_weights(weights.transpose(-1, -2))
-        y: torch.Tensor = conv(basis, x_value, theta)
+        y = self.contract(basis, x_value, theta)
 
         vb = self._value_bias()
         mass = None  # each column's total weight, (B or 1, H or 1, L), where it may differ from 1

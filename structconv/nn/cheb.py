@@ -7,22 +7,82 @@ from typing import Any
 
 import torch
 
+from ..backend.checks import positive_int
 from ..bases.base import Basis
 from ..structures.graph import PolynomialBasis, _largest_eigenvalue, laplacian
-from .graph_common import _features, _GraphLayer, _positive, _read
+from .graph_common import _features, _GraphLayer, _read
 
 
 class ChebConv(_GraphLayer):
-    r"""Chebyshev spectral convolution (Defferrard et al.): :math:`y = \sum_{k<K} T_k(\hat L)^\top x\,\Theta_k + \beta`.
+    r"""Chebyshev spectral convolution (Defferrard et al.): one member per Chebyshev polynomial of the Laplacian.
 
-    :math:`\hat L = 2L/\lambda_{\max} - I` with :math:`L` of :func:`structconv.structures.graph.laplacian`
-    (``normalization`` ``"sym"``, ``"rw"`` or ``None`` for :math:`D - A`).  :math:`\lambda_{\max}`
-    is, first found: the ``lambda_max`` of :meth:`forward` (a number, or one value per graph of
-    a ``batch``), the constructor's ``lambda_max`` (a number or ``"auto"``, computed), or PyG's
-    default, twice the largest entry of :math:`L` (2 for ``sym`` and ``rw``).  Glorot weights,
-    zero bias, as PyG's ``ChebConv``.  ``load_state_dict`` also reads PyG's ``lins.k.weight``
-    (transposed into ``theta[k]``) and ``bias``; :func:`structconv.nn.pyg_state.pyg_state_dict`
-    gives them back.
+    Basis: the Chebyshev polynomials :math:`T_0(\hat L) = I, \dots, T_{K-1}(\hat L)` of the scaled Laplacian
+    :math:`\hat L = 2L/\lambda_{\max} - I`, a :class:`~structconv.PolynomialBasis` (K = ``K``)
+
+    Θ: ``theta``, one channel map per polynomial, a tensor as :meth:`parameter` returns it (K, P, Q)
+
+    .. math::
+
+        y = \sum_{k<K} T_k(\hat L)^\top x\,\Theta_k + \beta,
+        \qquad T_0 = I,\ T_1 = \hat L,\ T_k = 2\hat L\,T_{k-1} - T_{k-2}.
+
+    Equals PyG's ``ChebConv`` built with the same arguments when ``theta[k]`` is its
+    ``lins.k.weight`` transposed and ``bias`` its ``bias`` (``load_state_dict`` does both), for
+    every ``normalization``, ``lambda_max`` (a number, or one per graph with ``batch``) and edge
+    weights (``tests/peers/test_pyg_graph.py``).  Options past ``in_channels, out_channels, K``
+    are keyword-only: ``ChebConv(16, 32, 3, "rw")``, which PyG reads as ``normalization="rw"``,
+    raises a ``TypeError``.
+
+    :math:`L` is :func:`structconv.structures.graph.laplacian` (``normalization`` ``"sym"``,
+    ``"rw"`` or ``None`` for :math:`D - A`).  :math:`\lambda_{\max}` is, first found: the
+    ``lambda_max`` of :meth:`forward` (a number, or one value per graph of a ``batch``), the
+    constructor's ``lambda_max`` (a number or ``"auto"``, computed), or PyG's default, twice the
+    largest entry of :math:`L` (2 for ``sym`` and ``rw``).  Glorot weights, zero bias, as PyG's
+    ``ChebConv``.  ``load_state_dict`` also reads PyG's ``lins.k.weight`` (transposed into
+    ``theta[k]``) and ``bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
+
+    Parameters
+    ----------
+    in_channels : int
+        :math:`P`, the width of the node features.
+    out_channels : int
+        :math:`Q`, the width of the output.
+    K : int
+        The number of polynomials (members); :math:`K - 1` hops.
+    normalization : {"sym", "rw", None}, default "sym"
+        The Laplacian: :math:`I - D^{-1/2}AD^{-1/2}`, :math:`I - D^{-1}A` or :math:`D - A`.
+    bias : bool, default True
+        Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
+    lambda_max : float or "auto", optional
+        :math:`\lambda_{\max}` for every call that gives none; ``"auto"`` computes the largest
+        eigenvalue, ``None`` (the default) takes PyG's default.
+
+    Shapes
+    ------
+    - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or a static batch
+      :math:`(B, |\mathcal{V}|, F_{in})`, edge indices :math:`(2, |\mathcal{E}|)` or a sparse
+      adjacency :math:`(|\mathcal{V}|, |\mathcal{V}|)` (PyG's ``adj_t``) or a prebuilt
+      :class:`~structconv.Basis`, edge weights :math:`(|\mathcal{E}|)` *(optional)*, batch vector
+      :math:`(|\mathcal{V}|)` *(optional)*, ``lambda_max`` :math:`(|\mathcal{G}|)` *(optional)*
+    - **output:** node features :math:`(|\mathcal{V}|, F_{out})` (:math:`(B, |\mathcal{V}|, F_{out})`
+      for a batch)
+
+    Examples
+    --------
+    With ``"sym"`` and the default :math:`\lambda_{\max} = 2`, :math:`\hat L = -D^{-1/2}AD^{-1/2}`:
+
+    >>> import torch
+    >>> from structconv.nn import ChebConv
+    >>> x = torch.randn(4, 3)
+    >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
+    >>> layer = ChebConv(3, 2, 2)
+    >>> A = torch.zeros(4, 4)
+    >>> A[edge_index[0], edge_index[1]] = 1.0
+    >>> d = A.sum(0).rsqrt()
+    >>> L_hat = -(d[:, None] * A * d)
+    >>> y = x @ layer.theta[0] + L_hat.T @ x @ layer.theta[1] + layer.bias
+    >>> torch.allclose(layer(x, edge_index), y, atol=1e-6)
+    True
     """
 
     def __init__(
@@ -30,11 +90,12 @@ class ChebConv(_GraphLayer):
         in_channels: int,
         out_channels: int,
         K: int,
+        *,
         normalization: str | None = "sym",
         bias: bool = True,
         lambda_max: float | str | None = None,
     ) -> None:
-        self.K = _positive(K, "K", "ChebConv")
+        self.K = positive_int(K, "K", where="ChebConv")
         if normalization not in ("sym", "rw", None):
             raise ValueError(f"ChebConv: normalization must be 'sym', 'rw' or None, got {normalization!r}")
         if (
@@ -45,7 +106,7 @@ class ChebConv(_GraphLayer):
             )
         ):
             raise ValueError(f"ChebConv: lambda_max must be a positive number, 'auto' or None, got {lambda_max!r}")
-        super().__init__(in_channels, out_channels, K, bias, "source_to_target")
+        super().__init__(in_channels, out_channels, self.K, bias=bias, flow="source_to_target")
         self.normalization, self.lambda_max = normalization, lambda_max
         self.reset_parameters()
 

@@ -1,23 +1,40 @@
-"""Graph attention: an edge-pattern attention basis and a low-rank :math:`\\Theta`."""
+"""Graph attention: a softmax edge basis and a low-rank :math:`\\Theta` that places the heads."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from ..backend import autocast_dtype, autocast_to, x_theta
 from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
-from ..bases.edges import EdgeBasis
 from ..bases.factor import LowRank
+from ..bases.softmax_edges import Projected, SoftmaxEdgeBasis, head_placement
+from ..engine.contract import conv
 from ..structures.graph import Edges, as_edges, host_like, is_matrix_graph
-from .gat_edges import _attend, _segment_softmax, attention_matrix, loop_features, sorted_edges, stored_entries
+from .gat_edges import attention_matrix, loop_features, sorted_edges, stored_entries
 from .graph_common import _check_device, _check_empty, _features, _pair, _positive, glorot_
 from .pyg_state import PyGKey, PyGState, heads_key, linear_key
 
 FILL_REDUCTIONS = ("mean", "add", "sum", "max", "min")
+
+Features = torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]
+
+
+class _Scored(NamedTuple):
+    """The attention pattern and what the scores were computed from."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    logits: torch.Tensor  # (E, H), LeakyReLU applied
+    x: torch.Tensor  # the sources as the engine's (1, N_src, P)
+    theta: LowRank  # the parameter, cast as x under autocast
+    rows: torch.Tensor  # x V_h, (1, N_src, H, D)
+    x_dst: torch.Tensor | None
+    N_dst: int
 
 
 class GATConv(PyGState):
@@ -29,11 +46,11 @@ class GATConv(PyGState):
        \mathrm{LeakyReLU}(a_h^{s}\cdot W_h x_m + a_h^{d}\cdot W'_h x_n + a_h^{e}\cdot W^e_h e_{mn}),
 
     a bi-affine mechanism without its bilinear term, masked by the graph (plus self-loops) and
-    normalised column-wise.  The parameter is :math:`\Theta_h = W_h E_h^\top` with :math:`E_h`
-    placing head :math:`h`'s :math:`D` channels in the output (``concat``) or averaging heads.
-    Because :math:`W_h x` also feeds the scores, it is computed once and the engine contracts
-    :math:`\sum_h A_h^\top (xW)\,\Theta'_h` with :math:`\Theta'_h` the head's selector times
-    :math:`E_h` (a :class:`~structconv.LowRank` parameter).
+    normalised column-wise: a :class:`~structconv.bases.softmax_edges.SoftmaxEdgeBasis` of the
+    scores.  The parameter is :math:`\Theta_h = W_h E_h^\top` (a :class:`~structconv.LowRank`), with
+    :math:`E_h` placing head :math:`h`'s :math:`D` channels in the output (``concat``) or averaging
+    the heads (:math:`E_h = I/H`): :func:`~structconv.bases.softmax_edges.head_placement`.  The
+    output is :func:`structconv.conv` of the two, plus :math:`x_{dst} W^{res}` and the bias.
 
     Arguments as PyG's ``GATConv``: ``in_channels`` an int or a bipartite pair ``(P_src, P_dst)``
     (then :math:`W' \ne W`, parameter ``weight_dst``, which transforms the targets even when one
@@ -114,15 +131,6 @@ class GATConv(PyGState):
             keys.append(linear_key("res", "res.weight"))
         return keys
 
-    def _placement(self, like: torch.Tensor) -> LowRank:
-        H, D = self.heads, self.out_channels
-        eye = torch.eye(D, dtype=like.dtype, device=like.device)
-        select = torch.zeros(H, H * D, D, dtype=like.dtype, device=like.device)
-        for h in range(H):
-            select[h, h * D : (h + 1) * D] = eye
-        place = select if self.concat else eye.expand(H, D, D) / H
-        return LowRank(select, place)
-
     def _graph(
         self, edge_index: Any, N_src: int, N_dst: int, edge_attr: torch.Tensor | None, like: torch.Tensor
     ) -> tuple[Edges, torch.Tensor | None]:
@@ -174,43 +182,60 @@ class GATConv(PyGState):
         return edges, attr
 
     def attention(
-        self,
-        x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
-        edge_index: Any,
-        edge_attr: torch.Tensor | None = None,
-        size: tuple[int, int] | None = None,
-    ) -> tuple[EdgeBasis, torch.Tensor]:
-        """The attention basis (``H`` members, ``(N_src, N_dst)``) and the projected sources :math:`xW`."""
-        src, dst, logits, h, _, N_dst = self._attention(x, edge_index, edge_attr, size)
-        alpha = F.dropout(_segment_softmax(logits, dst, N_dst), self.dropout, self.training)
-        return EdgeBasis(src, dst, alpha, (int(h.shape[0]), N_dst)), h
+        self, x: Features, edge_index: Any, edge_attr: torch.Tensor | None = None, size: tuple[int, int] | None = None
+    ) -> tuple[SoftmaxEdgeBasis, torch.Tensor]:
+        """The attention basis (``H`` members, ``(N_src, N_dst)``) and the values :math:`xW` ``(N_src, H D)``."""
+        scored = self._attention(x, edge_index, edge_attr, size, self.parameter())
+        return self._basis(scored, reuse=False), scored.rows[0].flatten(1)
 
     def basis(
-        self,
-        x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
-        edge_index: Any,
-        edge_attr: torch.Tensor | None = None,
-        size: tuple[int, int] | None = None,
-    ) -> EdgeBasis:
+        self, x: Features, edge_index: Any, edge_attr: torch.Tensor | None = None, size: tuple[int, int] | None = None
+    ) -> SoftmaxEdgeBasis:
         """The attention basis (``H`` members, ``(N_src, N_dst)``) on ``x`` (arguments as :meth:`forward`).
 
         The layer's output is ``conv(basis, x_src, parameter())``, plus ``x_dst @ res`` with ``residual`` and
-        the bias; attention dropout is applied in training, as in :meth:`forward`.
+        the bias; attention dropout is drawn in training, as in :meth:`forward`.
         """
         return self.attention(x, edge_index, edge_attr, size)[0]
 
     def parameter(self) -> LowRank:
-        r""":math:`\Theta_h = W_h E_h^\top` as a :class:`~structconv.LowRank` (:meth:`value_and_placement`)."""
-        return self.value_and_placement()
+        r""":math:`\Theta_h = W_h E_h^\top` as a :class:`~structconv.LowRank`: value :math:`W_h` ``(H, P, D)``.
+
+        :math:`E_h` is :func:`~structconv.bases.softmax_edges.head_placement`: head :math:`h` in
+        channels :math:`hD, \dots, hD + D - 1` with ``concat``, else :math:`I/H` (the heads' mean).
+        """
+        H, D = self.heads, self.out_channels
+        value = self.weight.view(self.weight.shape[0], H, D).permute(1, 0, 2)
+        return LowRank(value, head_placement(H, D, concat=self.concat, like=self.weight))
+
+    def value_and_placement(self) -> LowRank:
+        """The same as :meth:`parameter` (its earlier name)."""
+        return self.parameter()
+
+    def _basis(self, scored: _Scored, *, reuse: bool) -> SoftmaxEdgeBasis:
+        """The attention basis of ``scored``; with ``reuse`` it holds the values, for ``conv`` on ``scored.x``."""
+        projected = None
+        if reuse:
+            theta = scored.theta
+            projected = Projected(scored.x, theta.value, scored.rows, theta.out, "concat" if self.concat else "mean")
+        return SoftmaxEdgeBasis(
+            scored.src,
+            scored.dst,
+            scored.logits,
+            (int(scored.x.shape[1]), scored.N_dst),
+            dropout=self.dropout if self.training else 0.0,
+            projected=projected,
+        )
 
     def _attention(
         self,
-        x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
+        x: Features,
         edge_index: Any,
         edge_attr: torch.Tensor | None,
         size: tuple[int, int] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
-        """``(src, dst, scores, xW, x_dst, N_dst)``: the edges (with loops) and their LeakyReLU scores ``(E, H)``."""
+        theta: LowRank,
+    ) -> _Scored:
+        """The edges (with loops), their LeakyReLU scores ``(E, H)`` and the values :math:`x_{src} V_h` of ``theta``."""
         name = "GATConv"
         P, P_dst = _pair(self.in_channels, name)
         if isinstance(x, tuple | list):
@@ -254,18 +279,25 @@ class GATConv(PyGState):
         if x_dst is not None and int(x_dst.shape[0]) != N_dst:
             raise ValueError(f"GATConv: x_dst has {int(x_dst.shape[0])} nodes but the graph has {N_dst} targets")
         H, D = self.heads, self.out_channels
-        h = x_src @ self.weight
-        score_src = (h.view(N_src, H, D) * self.att_src).sum(-1)
+        x3 = x_src[None]  # the engine's (B, M, P), one object from here to conv: the basis' values belong to it
+        dtype = autocast_dtype(x3)
+        if dtype is not None:  # cast as the engine would, so that conv meets the very arrays the values came from
+            x3 = autocast_to(x3, dtype)
+            theta = LowRank(autocast_to(theta.value, dtype), autocast_to(theta.out, dtype))
+        rows = x_theta(x3, theta.value).transpose(1, 2)  # (1, N_src, H, D), each source's heads in one row
+        h = rows.squeeze(0)  # not rows[0]: a squeeze's backward is a view, a select's writes a zero copy
+        score_src = (h * self.att_src).sum(-1)
         score_dst = None
         if x_dst is not None:
             # One tensor as sources and targets still meets W' when in_channels is a pair (PyG's lin_dst).
             shared = x_dst is x_src and self.weight_dst is None
-            h_dst = h if shared else x_dst @ (self.weight if self.weight_dst is None else self.weight_dst)
-            score_dst = (h_dst.view(N_dst, H, D) * self.att_dst).sum(-1)
+            weight_dst = self.weight if self.weight_dst is None else self.weight_dst
+            h_dst = h if shared else (x_dst @ weight_dst).view(-1, H, D)
+            score_dst = (h_dst * self.att_dst).sum(-1)
         if N_src == 0 or N_dst == 0:
             _check_empty(edge_index, name)
             empty = torch.zeros(0, dtype=torch.long, device=x_src.device)
-            return empty, empty, h.new_zeros(0, H), h, x_dst, N_dst
+            return _Scored(empty, empty, h.new_zeros(0, H), x3, theta, rows, x_dst, N_dst)
         edges, attr = self._graph(edge_index, N_src, N_dst, edge_attr, h)
         # index_select, not fancy indexing: its backward is a scatter-add rather than an index_put.
         logits = score_src.index_select(0, edges.src)
@@ -273,29 +305,28 @@ class GATConv(PyGState):
             logits = logits + score_dst.index_select(0, edges.dst)
         if attr is not None and self.weight_edge is not None and self.att_edge is not None and len(logits):
             logits = logits + ((attr @ self.weight_edge).view(-1, H, D) * self.att_edge).sum(-1)
-        return edges.src, edges.dst, F.leaky_relu(logits, self.negative_slope), h, x_dst, N_dst
+        logits = F.leaky_relu(logits, self.negative_slope)
+        return _Scored(edges.src, edges.dst, logits, x3, theta, rows, x_dst, N_dst)
 
     def forward(
         self,
-        x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None],
+        x: Features,
         edge_index: Any,
         edge_attr: torch.Tensor | None = None,
         size: tuple[int, int] | None = None,
         return_attention_weights: bool | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
-        """Apply the layer to ``x`` (``(N, P)`` or ``(x_src, x_dst)``) on ``edge_index``.
+        r"""Apply the layer to ``x`` (``(N, P)`` or ``(x_src, x_dst)``) on ``edge_index``.
 
-        This is the engine's x·Θ-first order for :math:`\\Theta_h = W_h E_h^\\top`, fused by hand
-        (``_attend``): :func:`structconv.conv` of :meth:`attention`'s basis with
-        :meth:`value_and_placement` gives the same outputs and gradients (a test ties the two on
-        random graphs, float64), but it cannot be as fast.  The fused path (1) reuses :math:`xW`,
-        already computed for the scores, where the engine would recompute it per head; (2) places
-        the heads by a reshape, where the engine multiplies by :math:`E_h`; (3) normalises the
-        softmax per target after the aggregation instead of per edge before it, saving an
-        ``(E, H)`` gather, division and their backward; and (4) scatters rows of one matrix, which
-        torch's CPU kernels do about three times faster than the basis' 4-D layout.  Together these
-        make the layer about as fast as PyG's on a million edges, where the engine path is about
-        1.5 to 2 times slower.
+        The output is ``conv(basis, x_src, parameter())`` (:meth:`basis`, :meth:`parameter`), plus
+        ``x_dst @ res`` with ``residual`` and the bias.  The engine picks the basis' ``"segment"``
+        order, one pass over the edges normalised per target.  The values :math:`x W_h` that the
+        scores need are computed once: the basis is handed them with the very ``x`` and
+        :math:`\Theta` passed to :func:`~structconv.conv`
+        (:class:`~structconv.bases.softmax_edges.Projected`), and the order, recognising them,
+        neither recomputes them nor multiplies by the placement :math:`E_h` (a reshape, or the
+        heads' mean).  ``conv(layer.basis(x, ...), x, layer.parameter())`` gives the same result,
+        computing :math:`xW` again.
 
         With ``return_attention_weights=True`` it returns ``(out, (edge_index, alpha))`` as PyG
         does: the edges with the added self-loops and their ``(E, H)`` weights, or for a sparse
@@ -305,27 +336,23 @@ class GATConv(PyGState):
         ``add_self_loops`` the loops take their sorted places (PyG rebuilds the tensor coalesced).
         A ``scipy.sparse`` or dense adjacency gives a coalesced COO tensor.
         """
-        src, dst, logits, h, x_dst, N_dst = self._attention(x, edge_index, edge_attr, size)
-        N_src = int(h.shape[0])
-        H, D = self.heads, self.out_channels
-        heads, weights = _attend(src, dst, logits, h, N_dst, self.dropout if self.training else 0.0)
-        y: torch.Tensor = heads if self.concat else heads.view(N_dst, H, D).mean(1)
-        if self.res is not None and x_dst is not None:
-            y = y + x_dst @ self.res
+        scored = self._attention(x, edge_index, edge_attr, size, self.parameter())
+        x3, theta, N_src, N_dst = scored.x, scored.theta, int(scored.x.shape[1]), scored.N_dst
+        basis = self._basis(scored, reuse=True)
+        # With nothing to attend to the output is 0 (the engine refuses empty dimensions).
+        empty = N_src == 0 or N_dst == 0
+        y = x3.new_zeros(N_dst, int(theta.out.shape[1])) if empty else conv(basis, x3, theta).squeeze(0)
+        if self.res is not None and scored.x_dst is not None:
+            y = y + scored.x_dst @ self.res
         if self.bias is not None:
             y = y + self.bias
         if not return_attention_weights:
             return y
-        alpha = weights()
+        alpha = basis.weights()
+        src, dst = scored.src, scored.dst
         if is_matrix_graph(edge_index):
             return y, (attention_matrix(edge_index, src, dst, alpha, N_src, N_dst), alpha)
         return y, (torch.stack([src, dst]), alpha)
-
-    def value_and_placement(self) -> LowRank:
-        r""":math:`\Theta_h = W_h E_h^\top` as a :class:`~structconv.LowRank` parameter, for :func:`structconv.conv`."""
-        H, D = self.heads, self.out_channels
-        value = self.weight.view(self.weight.shape[0], H, D).permute(1, 0, 2)
-        return LowRank(value, self._placement(self.weight).out)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"

@@ -8,39 +8,101 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..backend.checks import positive_int
 from ..bases.base import Basis
 from ..structures.edge_list import checked_basis
-from ..structures.graph import PolynomialBasis, is_matrix_graph
-from .graph_common import _gcn_edges, _GraphLayer, _positive, _read
+from ..structures.graph import PolynomialBasis, gcn_edges, is_matrix_graph
+from .graph_common import _GraphLayer, _read
 from .pyg_state import PyGKey, member_keys, same_key
 
 
 class GCNConv(_GraphLayer):
-    r"""Graph convolution of Kipf & Welling: :math:`y = \hat A^\top x\,\Theta + \beta`, one member.
+    r"""Graph convolution of Kipf & Welling: one member, the GCN-normalised adjacency.
 
-    :math:`\hat A = \tilde D^{-1/2}(A + I)\tilde D^{-1/2}` (:func:`structconv.gcn_basis`).  With
-    :math:`K = 1` every neighbour shares one channel map, which is what limits GCN: it can
-    only average its neighbourhood, never tell neighbours apart.  Arguments as PyG's
-    ``GCNConv`` (no ``cached``: pass a prebuilt basis instead); ``flow`` as PyG's.  Self-loops
-    and ``improved`` as PyG's ``gcn_norm`` (see the module notes).  ``x`` may be sparse
-    (densified) or a static batch ``(B, N, P)``.  Glorot weights, zero bias.
+    Basis: the GCN-normalised graph :math:`\hat A = \tilde D^{-1/2}(A + I)\tilde D^{-1/2}`, by
+    :func:`structconv.gcn_basis` (K = 1)
+
+    Θ: ``theta``, the one channel map every neighbour shares, a tensor as :meth:`parameter` returns it (K, P, Q)
+
+    .. math::
+
+        y = \hat A^\top x\,\Theta + \beta,
+        \qquad y_n = \sum_{m} \frac{\tilde a_{mn}}{\sqrt{\tilde d_m \tilde d_n}}\, x_m \Theta + \beta,
+
+    with :math:`\tilde a_{mn}` the weight of the edge :math:`m \to n` in :math:`A + I` and
+    :math:`\tilde d_n = \sum_m \tilde a_{mn}` the in-degree of :math:`n`.  Equals PyG's
+    ``GCNConv`` built with the same arguments when ``theta[0]`` is its ``lin.weight`` transposed
+    and ``bias`` its ``bias`` (``load_state_dict`` does both), for every ``improved``,
+    ``add_self_loops``, ``normalize``, ``flow``, edge weights and sparse ``adj_t``
+    (``tests/peers/test_pyg_graph.py``, ``docs/peers/graph.rst``); PyG's ``cached`` has no
+    counterpart: pass a prebuilt basis instead.  Options past ``in_channels, out_channels`` are
+    keyword-only: ``GCNConv(16, 32, True)``, which PyG reads as ``improved=True``, raises a
+    ``TypeError``.
+
+    With :math:`K = 1` every neighbour shares one channel map, which is what limits GCN: it can
+    only average its neighbourhood, never tell neighbours apart.  Self-loops and ``improved``
+    follow :func:`structconv.structures.graph.gcn_edges`, the rule of :func:`structconv.gcn_basis`
+    and PyG's ``gcn_norm``.  ``x`` may be sparse (densified) or a static batch ``(B, N, P)``.
+    Glorot weights, zero bias.
 
     **PyG checkpoints.**  ``load_state_dict`` also reads PyG's ``GCNConv`` entries (``lin.weight``,
     transposed into ``theta[0]``, and ``bias``); :func:`structconv.nn.pyg_state.pyg_state_dict`
     gives them back (:mod:`structconv.nn.pyg_state`).
+
+    Parameters
+    ----------
+    in_channels : int
+        :math:`P`, the width of the node features.
+    out_channels : int
+        :math:`Q`, the width of the output.
+    improved : bool, default False
+        Weigh the added self-loops 2 instead of 1 (:math:`A + 2I`), as PyG's ``improved``.
+    add_self_loops : bool, optional
+        Add :math:`I` before normalising; ``None`` (the default) follows ``normalize``, as in PyG.
+        ``True`` needs ``normalize=True``.
+    normalize : bool, default True
+        Normalise symmetrically; ``False`` contracts the raw (weighted) adjacency.
+    bias : bool, default True
+        Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
+    flow : {"source_to_target", "target_to_source"}
+        The direction of an ``edge_index``'s edges, as PyG's ``flow``.
+
+    Shapes
+    ------
+    - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or a static batch
+      :math:`(B, |\mathcal{V}|, F_{in})`, edge indices :math:`(2, |\mathcal{E}|)` or a sparse
+      adjacency :math:`(|\mathcal{V}|, |\mathcal{V}|)` (PyG's ``adj_t``) or a prebuilt
+      :class:`~structconv.Basis`, edge weights :math:`(|\mathcal{E}|)` *(optional)*
+    - **output:** node features :math:`(|\mathcal{V}|, F_{out})` (:math:`(B, |\mathcal{V}|, F_{out})`
+      for a batch)
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import GCNConv
+    >>> x = torch.randn(4, 3)
+    >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])  # a path, both ways
+    >>> layer = GCNConv(3, 2)
+    >>> A = torch.eye(4)  # A + I, entry [m, n] for the edge m -> n
+    >>> A[edge_index[0], edge_index[1]] = 1.0
+    >>> d = A.sum(0).rsqrt()
+    >>> A_hat = d[:, None] * A * d
+    >>> torch.allclose(layer(x, edge_index), A_hat.T @ x @ layer.theta[0] + layer.bias, atol=1e-6)
+    True
     """
 
     def __init__(
         self,
         in_channels: int,
         out_channels: int,
+        *,
         improved: bool = False,
         add_self_loops: bool | None = None,
         normalize: bool = True,
         bias: bool = True,
         flow: str = "source_to_target",
     ) -> None:
-        super().__init__(in_channels, out_channels, 1, bias, flow)
+        super().__init__(in_channels, out_channels, 1, bias=bias, flow=flow)
         if add_self_loops is None:  # as PyG: loops go with the normalisation
             add_self_loops = normalize
         elif add_self_loops and not normalize:
@@ -54,31 +116,91 @@ class GCNConv(_GraphLayer):
 
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         edges = _read(graph, x, edge_weight, "GCNConv")
-        matrix = is_matrix_graph(graph)
+        matrix, weighted = is_matrix_graph(graph), edge_weight is not None
         loops = self.add_self_loops and self.normalize
-        edges = _gcn_edges(edges, matrix, edge_weight is not None, self.improved, loops, self.normalize)
-        return checked_basis(edges)  # read by as_edges and normalised: no second check, every call
+        rule = {"improved": self.improved, "add_self_loops": loops, "normalize": self.normalize}
+        # Read by as_edges and normalised: no second check, every call.
+        return checked_basis(gcn_edges(edges, matrix=matrix, weighted=weighted, **rule))
 
 
 class SGConv(_GraphLayer):
-    r"""Simple graph convolution (Wu et al.): one member :math:`\hat A^K`, :math:`y = (\hat A^K)^\top x\Theta + \beta`.
+    r"""Simple graph convolution (Wu et al.): one member, the :math:`K`-th power of the GCN-normalised adjacency.
 
-    Weights and bias as ``torch.nn.Linear`` (as PyG's ``SGConv``); self-loops as
-    :class:`GCNConv`'s.  ``load_state_dict`` also reads PyG's ``lin.weight`` (transposed into
-    ``theta[0]``) and ``lin.bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
+    Basis: the power :math:`\hat A^K` of the GCN-normalised graph (:func:`structconv.gcn_basis`), a
+    :class:`~structconv.PolynomialBasis` (K = 1)
+
+    Θ: ``theta``, one channel map, a tensor as :meth:`parameter` returns it (K, P, Q)
+
+    .. math::
+
+        y = (\hat A^K)^\top x\,\Theta + \beta,
+        \qquad \hat A = \tilde D^{-1/2}(A + I)\tilde D^{-1/2}.
+
+    (The exponent :math:`K` is the constructor's ``K``; the basis has one member whatever it is.)
+    Equals PyG's ``SGConv`` built with the same arguments when ``theta[0]`` is its ``lin.weight``
+    transposed and ``bias`` its ``lin.bias`` (``load_state_dict`` does both), for every ``K``,
+    ``add_self_loops``, ``flow``, edge weights and sparse ``adj_t``
+    (``tests/peers/test_pyg_graph.py``); PyG's ``cached`` has no counterpart.  Options past
+    ``in_channels, out_channels`` are keyword-only: ``SGConv(16, 32, 2)``, which PyG reads as
+    ``K=2``, raises a ``TypeError`` (write ``SGConv(16, 32, K=2)``).
+
+    The powers are applied by repeated sparse products, never formed.  Self-loops as
+    :class:`GCNConv`'s.  Weights and bias as ``torch.nn.Linear`` (as PyG's ``SGConv``).
+    ``load_state_dict`` also reads PyG's ``lin.weight`` (transposed into ``theta[0]``) and
+    ``lin.bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
+
+    Parameters
+    ----------
+    in_channels : int
+        :math:`P`, the width of the node features.
+    out_channels : int
+        :math:`Q`, the width of the output.
+    K : int, default 1
+        The number of hops, the power of :math:`\hat A`.
+    add_self_loops : bool, default True
+        Add :math:`I` before normalising.
+    bias : bool, default True
+        Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
+    flow : {"source_to_target", "target_to_source"}
+        The direction of an ``edge_index``'s edges, as PyG's ``flow``.
+
+    Shapes
+    ------
+    - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or a static batch
+      :math:`(B, |\mathcal{V}|, F_{in})`, edge indices :math:`(2, |\mathcal{E}|)` or a sparse
+      adjacency :math:`(|\mathcal{V}|, |\mathcal{V}|)` (PyG's ``adj_t``) or a prebuilt
+      :class:`~structconv.Basis`, edge weights :math:`(|\mathcal{E}|)` *(optional)*
+    - **output:** node features :math:`(|\mathcal{V}|, F_{out})` (:math:`(B, |\mathcal{V}|, F_{out})`
+      for a batch)
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import SGConv
+    >>> x = torch.randn(4, 3)
+    >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
+    >>> layer = SGConv(3, 2, K=2)
+    >>> A = torch.eye(4)
+    >>> A[edge_index[0], edge_index[1]] = 1.0
+    >>> d = A.sum(0).rsqrt()
+    >>> A_hat = d[:, None] * A * d
+    >>> y = (A_hat @ A_hat).T @ x @ layer.theta[0] + layer.bias
+    >>> torch.allclose(layer(x, edge_index), y, atol=1e-6)
+    True
     """
 
     def __init__(
         self,
         in_channels: int,
         out_channels: int,
+        *,
         K: int = 1,
         add_self_loops: bool = True,
         bias: bool = True,
         flow: str = "source_to_target",
     ) -> None:
-        self.K = _positive(K, "K", "SGConv")
-        super().__init__(in_channels, out_channels, 1, bias, flow)
+        self.K = positive_int(K, "K", where="SGConv")
+        super().__init__(in_channels, out_channels, 1, bias=bias, flow=flow)
         self.add_self_loops = add_self_loops
         self.reset_parameters()
 
@@ -95,5 +217,7 @@ class SGConv(_GraphLayer):
 
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         edges = _read(graph, x, edge_weight, "SGConv")
-        edges = _gcn_edges(edges, is_matrix_graph(graph), edge_weight is not None, False, self.add_self_loops)
+        matrix, weighted = is_matrix_graph(graph), edge_weight is not None
+        rule = {"improved": False, "add_self_loops": self.add_self_loops, "normalize": True}
+        edges = gcn_edges(edges, matrix=matrix, weighted=weighted, **rule)
         return PolynomialBasis(edges.to_basis(), [self.K], "powers")

@@ -17,10 +17,9 @@ matrix graph (torch sparse COO/CSR/CSC, ``scipy.sparse`` or a dense floating mat
 (The basis builders of :mod:`structconv.structures.graph` read a matrix as the adjacency itself, ``[m, n]``
 for :math:`m \to n`, unless given ``adj_t=True``.)  PyG's ``EdgeIndex`` is an ``edge_index``.
 
-**Self-loops.**  Where a layer adds self-loops (GCN, SG), an ``edge_index`` gets PyG's
-*remaining* loops (a node's existing loop keeps its weight; ``improved`` gives added loops weight
-2 only when ``edge_weight`` is given), while a matrix graph gets :math:`A + I` (``2I`` when
-``improved``), summed with existing loops, as PyG's ``gcn_norm`` does for sparse input.
+**Self-loops.**  Where a layer adds self-loops (GCN, SG), it follows
+:func:`structconv.structures.graph.gcn_edges`, the one rule that :func:`structconv.gcn_basis`
+follows too: PyG's ``gcn_norm``.
 """
 
 from __future__ import annotations
@@ -31,18 +30,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..backend.checks import positive_int
 from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
-from ..engine.contract import conv
-from ..structures.graph import (
-    Edges,
-    add_remaining_self_loops,
-    add_self_loops,
-    as_edges,
-    gcn_normalize,
-    host_like,
-    is_matrix_graph,
-)
+from ..structures.graph import Edges, as_edges, host_like, is_matrix_graph
+from ._module import CompiledRuns
 from .pyg_state import PyGKey, PyGState, member_keys
 
 FLOWS = ("source_to_target", "target_to_source")
@@ -78,9 +70,8 @@ def _check_basis(basis: Basis, x: torch.Tensor, layer: str) -> Basis:
 
 
 def _positive(value: Any, name: str, layer: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{layer}: {name} must be a positive integer, got {value!r}")
-    return int(value)
+    """:func:`~structconv.backend.checks.positive_int` naming the layer (kept for :mod:`~structconv.nn.gat`)."""
+    return positive_int(value, name, where=layer)
 
 
 def _check_flow(flow: Any, layer: str) -> str:
@@ -128,26 +119,14 @@ def _check_empty(graph: Any, layer: str) -> None:
         raise ValueError(f"{layer}: x has 0 nodes but edge_index has {edges} edges")
 
 
-def _gcn_edges(
-    edges: Edges, matrix: bool, weighted: bool, improved: bool, loops: bool, normalize: bool = True
-) -> Edges:
-    """PyG's ``gcn_norm``: loops (remaining for an ``edge_index``, :math:`+I` for a matrix), then the normalisation."""
-    if loops:
-        if matrix:
-            edges = add_self_loops(edges, 2.0 if improved else 1.0)
-        else:  # PyG's add_remaining_self_loops uses the fill value only when there are edge weights
-            edges = add_remaining_self_loops(edges, 2.0 if improved and weighted else 1.0)
-    return gcn_normalize(edges, add_self_loops=False) if normalize else edges
-
-
-class _GraphLayer(PyGState):
-    def __init__(self, in_channels: int, out_channels: int, members: int, bias: bool, flow: str) -> None:
+class _GraphLayer(CompiledRuns, PyGState):
+    def __init__(self, in_channels: int, out_channels: int, members: int, *, bias: bool, flow: str) -> None:
         super().__init__()
         name = type(self).__name__
-        self.in_channels = _positive(in_channels, "in_channels", name)
-        self.out_channels = _positive(out_channels, "out_channels", name)
+        self.in_channels = positive_int(in_channels, "in_channels", where=name)
+        self.out_channels = positive_int(out_channels, "out_channels", where=name)
         self.flow = _check_flow(flow, name)
-        self.theta = nn.Parameter(torch.empty(members, in_channels, out_channels))
+        self.theta = nn.Parameter(torch.empty(members, self.in_channels, self.out_channels))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
 
     def reset_parameters(self) -> None:
@@ -201,8 +180,7 @@ class _GraphLayer(PyGState):
         # On meta, orders that read the basis' entries (a materialised polynomial, A·Θ's pairs) cannot
         # run; A·x first reads none, and nothing is computed there anyway.
         order = "ax" if x.device.type == "meta" else "auto"
-        y: torch.Tensor = conv(basis, x, self.parameter(), order)
-        return y if self.bias is None else y + self.bias
+        return self.contract(basis, x, self.parameter(), bias=self.bias, order=order)
 
     def forward(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         """Apply the layer to ``x`` (``(N, P)`` or ``(B, N, P)``) on ``edge_index`` (or a prebuilt basis)."""
@@ -217,6 +195,7 @@ def _pair(channels: int | tuple[int, int], layer: str) -> tuple[int, int]:
     if isinstance(channels, tuple | list):
         if len(channels) != 2:
             raise ValueError(f"{layer}: in_channels must be an int or a pair (source, target), got {channels!r}")
-        return _positive(channels[0], "in_channels[0]", layer), _positive(channels[1], "in_channels[1]", layer)
-    c = _positive(channels, "in_channels", layer)
+        first = positive_int(channels[0], "in_channels[0]", where=layer)
+        return first, positive_int(channels[1], "in_channels[1]", where=layer)
+    c = positive_int(channels, "in_channels", where=layer)
     return c, c

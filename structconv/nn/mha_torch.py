@@ -18,13 +18,6 @@ from ..backend import of
 _NAME = "MultiHeadSelfAttention"
 
 
-def positive_int(name: str, value: Any) -> int:
-    """``value`` if it is a positive integer (not a bool); otherwise a ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{_NAME}: {name} must be a positive integer, got {value!r}")
-    return value
-
-
 def split_mask(mask: torch.Tensor, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """torch's mask (bool: ``True`` = masked; float: added) -> (``allowed``, finite additive part or None)."""
     if mask.dtype == torch.bool:

@@ -5,7 +5,7 @@ per channel, so it evaluates :math:`A^\top x` (:func:`structconv.apply_shifts`: 
 ``F.avg_pool{d}d`` or depthwise ``F.conv{d}d`` on torch, slicing otherwise) instead of spending a
 GEMM on the identity.  The layers take torch's layouts (``(B, C, *grid)`` or unbatched
 ``(C, *grid)``) and torch's constructor arguments, ``ceil_mode`` and ``divisor_override``
-included.
+included (those past ``kernel_size`` keyword-only).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..backend.checks import positive_int
 from ..bases.grid import GridBasis, Size, _ints
 from ..structures.grid import Padding, apply_shifts, avg_pool_basis
 from ._grid_common import BasisCache, grid_and_like, split_input
@@ -25,6 +26,7 @@ class _AvgPoolNd(NotScriptable, nn.Module):
     def __init__(
         self,
         kernel_size: Size,
+        *,
         stride: Size | None = None,
         padding: Padding = 0,
         ceil_mode: bool = False,
@@ -34,8 +36,8 @@ class _AvgPoolNd(NotScriptable, nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if divisor_override is not None and (isinstance(divisor_override, bool) or divisor_override <= 0):
-            raise ValueError(f"{name}: divisor_override must be a positive int or None, got {divisor_override!r}")
+        if divisor_override is not None:
+            divisor_override = positive_int(divisor_override, "divisor_override", where=name)
         d = self._ndim
         self.kernel_size = _ints(kernel_size, d, "kernel_size", 1)
         self.stride = self.kernel_size if stride is None else _ints(stride, d, "stride", 1)
@@ -59,8 +61,8 @@ class _AvgPoolNd(NotScriptable, nn.Module):
             # values included) is formed on the host, then placed beside the input as an explicit scale.
             meta = like.device.type == "meta"
             b = avg_pool_basis(
-                grid, self.kernel_size, self.stride, self.padding, self.count_include_pad,
-                like=torch.empty(0, dtype=like.dtype) if meta else like, ceil_mode=self.ceil_mode,
+                grid, self.kernel_size, stride=self.stride, padding=self.padding, ceil_mode=self.ceil_mode,
+                count_include_pad=self.count_include_pad, like=torch.empty(0, dtype=like.dtype) if meta else like,
             )  # fmt: skip
             g = b.geometry
             if meta and self.divisor_override is None:
@@ -88,7 +90,7 @@ class _AvgPoolNd(NotScriptable, nn.Module):
         basis = self.basis(tuple(int(s) for s in xb.shape[2:]), xb)
         flat = xb.flatten(2).transpose(1, 2)
         # An empty batch (or no channels): apply_shifts refuses empty arrays, the slicing kernel does not.
-        y: torch.Tensor = (apply_shifts(basis, flat, self.method) if B and C else basis.apply_each(flat))[:, 0]
+        y: torch.Tensor = (apply_shifts(basis, flat, order=self.method) if B and C else basis.apply_each(flat))[:, 0]
         y = y.transpose(1, 2).reshape(B, C, *basis.out_grid)
         return y[0] if unbatched else y
 
@@ -98,18 +100,182 @@ class _AvgPoolNd(NotScriptable, nn.Module):
 
 
 class AvgPool1d(_AvgPoolNd):
-    """``torch.nn.AvgPool1d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
+    r"""``torch.nn.AvgPool1d`` as a one-member shift basis: the mean of each window, channel by channel.
+
+    Basis: the strided window mean :math:`A = \frac{1}{|W|}\sum_{o \in W} \mathcal A_{-o}`, by
+    :func:`structconv.avg_pool_basis` (K = 1)
+
+    Θ: :math:`I` per channel, never formed: pooling has no :meth:`parameter` (K, P, Q) = ``(1, C, C)``
+
+    .. math::
+
+        y_{:, c} = A^\top x_{:, c} \quad \text{for every channel } c.
+
+    Equals ``torch.nn.AvgPool1d`` built with the same arguments, for every ``stride``,
+    ``padding``, ``ceil_mode``, ``count_include_pad`` and unbatched or empty input
+    (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``).  Options past
+    ``kernel_size`` are keyword-only: ``AvgPool1d(3, 2, 1)``, which torch reads as ``stride=2,
+    padding=1``, raises a ``TypeError``.
+
+    The layer evaluates :math:`A^\top x` by :func:`structconv.apply_shifts` (the native
+    ``F.avg_pool1d`` or a depthwise ``F.conv1d`` on torch, slicing otherwise) instead of
+    spending a GEMM on the identity; :meth:`basis` is the one member.  ``ceil_mode``: see
+    :func:`~structconv.avg_pool_basis`.
+
+    Parameters
+    ----------
+    kernel_size : int or tuple of int
+        The window, :math:`k`.
+    stride : int or tuple of int, optional
+        The windows' step; ``kernel_size`` by default, as in torch.
+    padding : int or tuple
+        Zeros around the grid, at most half the window: an int, one per dimension, or
+        ``(before, after)`` pairs.
+    ceil_mode : bool, default False
+        Keep a last, partial window (torch's rule).
+    count_include_pad : bool, default True
+        Count the padded zeros in each window's divisor.
+    divisor_override : int, optional
+        Divide every window's sum by this instead (torch's ``AvgPool1d`` has no such
+        argument; ours equals ``F.avg_pool2d`` with it on a height-1 image).
+    method : {"auto", "native", "shift"}, default "auto"
+        How :math:`A^\top x` runs, :func:`structconv.apply_shifts`'s ``order``: ``"native"``
+        (``F.avg_pool1d`` or a depthwise ``F.conv1d``), ``"shift"`` (slicing) or ``"auto"``.
+
+    Shapes
+    ------
+    - **input:** :math:`(B, C, L_{in})` or unbatched :math:`(C, L_{in})`
+    - **output:** :math:`(B, C, L_{out})` or unbatched :math:`(C, L_{out})`, the sizes as torch's
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import AvgPool1d
+    >>> x = torch.randn(2, 3, 9)
+    >>> layer = AvgPool1d(3, stride=2, padding=1)
+    >>> torch.allclose(layer(x), torch.nn.AvgPool1d(3, stride=2, padding=1)(x), atol=1e-6)
+    True
+    """
 
     _ndim = 1
 
 
 class AvgPool2d(_AvgPoolNd):
-    """``torch.nn.AvgPool2d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
+    r"""``torch.nn.AvgPool2d`` as a one-member shift basis: the mean of each window, channel by channel.
+
+    Basis: the strided window mean :math:`A = \frac{1}{|W|}\sum_{o \in W} \mathcal A_{-o}`, by
+    :func:`structconv.avg_pool_basis` (K = 1)
+
+    Θ: :math:`I` per channel, never formed: pooling has no :meth:`parameter` (K, P, Q) = ``(1, C, C)``
+
+    .. math::
+
+        y_{:, c} = A^\top x_{:, c} \quad \text{for every channel } c.
+
+    Equals ``torch.nn.AvgPool2d`` built with the same arguments, for every ``stride``,
+    ``padding``, ``ceil_mode``, ``count_include_pad``, ``divisor_override`` and unbatched or
+    empty input (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``).  Options past
+    ``kernel_size`` are keyword-only: ``AvgPool2d(3, 2, 1)``, which torch reads as ``stride=2,
+    padding=1``, raises a ``TypeError``.
+
+    The layer evaluates :math:`A^\top x` by :func:`structconv.apply_shifts` (the native
+    ``F.avg_pool2d`` or a depthwise ``F.conv2d`` on torch, slicing otherwise) instead of
+    spending a GEMM on the identity; :meth:`basis` is the one member.  ``ceil_mode``: see
+    :func:`~structconv.avg_pool_basis`.
+
+    Parameters
+    ----------
+    kernel_size : int or tuple of int
+        The window, :math:`(k_1, k_2)` (an int for every dimension).
+    stride : int or tuple of int, optional
+        The windows' step; ``kernel_size`` by default, as in torch.
+    padding : int or tuple
+        Zeros around the grid, at most half the window: an int, one per dimension, or
+        ``(before, after)`` pairs.
+    ceil_mode : bool, default False
+        Keep a last, partial window (torch's rule).
+    count_include_pad : bool, default True
+        Count the padded zeros in each window's divisor.
+    divisor_override : int, optional
+        Divide every window's sum by this instead.
+    method : {"auto", "native", "shift"}, default "auto"
+        How :math:`A^\top x` runs, :func:`structconv.apply_shifts`'s ``order``: ``"native"``
+        (``F.avg_pool2d`` or a depthwise ``F.conv2d``), ``"shift"`` (slicing) or ``"auto"``.
+
+    Shapes
+    ------
+    - **input:** :math:`(B, C, H_{in}, W_{in})` or unbatched :math:`(C, H_{in}, W_{in})`
+    - **output:** :math:`(B, C, H_{out}, W_{out})` or unbatched :math:`(C, H_{out}, W_{out})`, the sizes as torch's
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import AvgPool2d
+    >>> x = torch.randn(2, 3, 7, 6)
+    >>> layer = AvgPool2d(3, stride=2, padding=1)
+    >>> torch.allclose(layer(x), torch.nn.AvgPool2d(3, stride=2, padding=1)(x), atol=1e-6)
+    True
+    """
 
     _ndim = 2
 
 
 class AvgPool3d(_AvgPoolNd):
-    """``torch.nn.AvgPool3d`` as a one-member shift basis (``ceil_mode``: see :func:`~structconv.avg_pool_basis`)."""
+    r"""``torch.nn.AvgPool3d`` as a one-member shift basis: the mean of each window, channel by channel.
+
+    Basis: the strided window mean :math:`A = \frac{1}{|W|}\sum_{o \in W} \mathcal A_{-o}`, by
+    :func:`structconv.avg_pool_basis` (K = 1)
+
+    Θ: :math:`I` per channel, never formed: pooling has no :meth:`parameter` (K, P, Q) = ``(1, C, C)``
+
+    .. math::
+
+        y_{:, c} = A^\top x_{:, c} \quad \text{for every channel } c.
+
+    Equals ``torch.nn.AvgPool3d`` built with the same arguments, for every ``stride``,
+    ``padding``, ``ceil_mode``, ``count_include_pad``, ``divisor_override`` and unbatched or
+    empty input (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``).  Options past
+    ``kernel_size`` are keyword-only: ``AvgPool3d(3, 2, 1)``, which torch reads as ``stride=2,
+    padding=1``, raises a ``TypeError``.
+
+    The layer evaluates :math:`A^\top x` by :func:`structconv.apply_shifts` (the native
+    ``F.avg_pool3d`` or a depthwise ``F.conv3d`` on torch, slicing otherwise) instead of
+    spending a GEMM on the identity; :meth:`basis` is the one member.  ``ceil_mode``: see
+    :func:`~structconv.avg_pool_basis`.
+
+    Parameters
+    ----------
+    kernel_size : int or tuple of int
+        The window, :math:`(k_1, k_2, k_3)` (an int for every dimension).
+    stride : int or tuple of int, optional
+        The windows' step; ``kernel_size`` by default, as in torch.
+    padding : int or tuple
+        Zeros around the grid, at most half the window: an int, one per dimension, or
+        ``(before, after)`` pairs.
+    ceil_mode : bool, default False
+        Keep a last, partial window (torch's rule).
+    count_include_pad : bool, default True
+        Count the padded zeros in each window's divisor.
+    divisor_override : int, optional
+        Divide every window's sum by this instead.
+    method : {"auto", "native", "shift"}, default "auto"
+        How :math:`A^\top x` runs, :func:`structconv.apply_shifts`'s ``order``: ``"native"``
+        (``F.avg_pool3d`` or a depthwise ``F.conv3d``), ``"shift"`` (slicing) or ``"auto"``.
+
+    Shapes
+    ------
+    - **input:** :math:`(B, C, D_{in}, H_{in}, W_{in})` or unbatched :math:`(C, D_{in}, H_{in}, W_{in})`
+    - **output:** :math:`(B, C, D_{out}, H_{out}, W_{out})` or unbatched :math:`(C, D_{out}, H_{out}, W_{out})`,
+      the sizes as torch's
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import AvgPool3d
+    >>> x = torch.randn(1, 2, 5, 4, 6)
+    >>> layer = AvgPool3d(3, stride=2, padding=1)
+    >>> torch.allclose(layer(x), torch.nn.AvgPool3d(3, stride=2, padding=1)(x), atol=1e-6)
+    True
+    """
 
     _ndim = 3

@@ -3,6 +3,9 @@ r"""Relative-position multi-head self-attention on a grid: the layer of Cordonni
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -13,125 +16,196 @@ from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 from ..bases.grid_args import _grid
-from ..engine.contract import conv
-from ..structures.attention import BiAffine, Mechanism, attention_basis
-from ..structures.positional import (
-    GaussianPosition,
-    LearnedPosition,
-    PositionalMechanism,
-    QuadraticPosition,
-    RelativeAttention,
-)
-from ._module import NotScriptable
-from .positional_params import ENCODINGS, WIDTHS, _positive_int, check_options, register_encoding
+from ..structures.attention import Mechanism, attention_basis
+from ..structures.grid import BOUNDARIES
+from ..structures.positional import PositionalMechanism
+from ._module import CompiledRuns, NotScriptable
+from .positional_base import optional_positive_int, positive_int
+from .positional_content import ContentHeads
+from .positional_heads import PositionalHeads, heads_of
 
-__all__ = ["ENCODINGS", "WIDTHS", "PositionalAttention"]
+__all__ = ["PositionalAttention", "legacy_key", "upgrade_state_dict"]
+
+V = TypeVar("V")
+
+#: Where the parameters of the layer's encodings went when they became modules (``heads``,
+#: ``content``): before, the layer held them itself, under these names.
+_LEGACY = {
+    **{k: f"heads.{k}" for k in ("centres", "log_alpha", "spread", "inv_sqrt_cov", "weight", "rel_key", "u", "v")},
+    **{k: f"content.{k}" for k in ("key", "query", "key_bias", "query_bias")},
+}
 
 
-class PositionalAttention(NotScriptable, nn.Module):
-    r"""Multi-head self-attention over the positions of a grid, :math:`y = \sum_h A_h^\top x\,\Theta_h + \beta`.
+def legacy_key(name: str) -> str | None:
+    """The name now of a layer's former state-dict entry ``name`` (relative to the layer); ``None``: unchanged."""
+    table, dot, index = name.partition(".")
+    if table == "tables" and dot and index.isdigit():
+        return f"heads.tables.{index}"
+    return _LEGACY.get(name)
 
-    The heads :math:`A_h` come from a relative-position encoding (:mod:`structconv.structures.positional`):
 
-    * ``"quadratic"``: isotropic Gaussians :math:`-\alpha_h\lVert\delta - \Delta_h\rVert^2`
-      (learnable centres, initialised :math:`\mathcal N(0, \mathrm{centre\_var}\,I)`, and widths:
-      ``width="exp"`` learns :math:`\log\alpha_h`, started at ``alpha``; ``width="spread"``
-      learns :math:`s_h` with :math:`\alpha_h = s_h^2/2`, started at :math:`\sqrt{2\alpha}` plus
-      :math:`\mathcal N(0, \mathrm{width\_noise}^2)`, as Cordonnier et al.'s code does);
-    * ``"gaussian"``: non-isotropic Gaussians :math:`-\tfrac12\lVert S_h(\delta - \Delta_h)\rVert^2`,
-      :math:`\Sigma_h^{-1} = S_h^\top S_h`, started at :math:`S_h = \sqrt{2\alpha}\,I` plus
-      :math:`\mathcal N(0, \mathrm{width\_noise}^2)` per entry;
-    * ``"learned"``: learned per-axis relative embeddings (:math:`D_p` = ``positional_dim`` in all,
-      split evenly over the axes; default ``embed_dim``) scored by one vector per head and axis.
+def upgrade_state_dict(state: Mapping[str, V], module: nn.Module) -> dict[str, V]:
+    """``state``, a ``state_dict`` of ``module``, with the entries of every :class:`PositionalAttention` in it renamed.
 
-    ``content=True`` adds content-based attention.  With ``relative_terms=True`` (``"learned"``
-    only) these are the four terms of Eq. 5 (:class:`~structconv.structures.positional.RelativeAttention`);
-    otherwise a scaled dot product :math:`(x W^q_h + b^q_h)\cdot(x W^k_h + b^k_h)/\sqrt{D}`
-    (``key_dim`` :math:`= D`, biases when ``content_bias``) added to the positional scores, as in
-    the paper's code.  Without content the heads do not depend on the input, so they are built
-    once per forward for the whole batch: exactly, as a Kronecker product of per-axis softmaxes
-    for separable heads (quadratic, learned), else as truncated renormalised shift bases when
-    that is cheaper (``threshold``, see
-    :meth:`~structconv.structures.positional.PositionalMechanism.basis`; ``None`` keeps the exact
-    softmax).
+    Checkpoints written before the encodings were modules hold the layer's encoding parameters
+    under flat names (``centres``, ``tables.0``, ``key``, ...; see :func:`legacy_key`).  The order
+    of ``state`` and its ``_metadata`` (the modules' versions) are kept; an entry already under its
+    new name is left alone.
+    """
+    found = [f"{n}." if n else "" for n, m in module.named_modules() if isinstance(m, PositionalAttention)]
+    prefixes = sorted(found, key=len, reverse=True)  # the innermost layer's names first
+    out: OrderedDict[str, V] = OrderedDict()
+    for key, value in state.items():
+        for prefix in prefixes:
+            new = legacy_key(key[len(prefix) :]) if key.startswith(prefix) else None
+            if new is not None and prefix + new not in state:
+                key = prefix + new
+                break
+        out[key] = value
+    metadata = getattr(state, "_metadata", None)
+    if metadata is not None:  # torch reads each module's version from it (the names of modules are unchanged)
+        out._metadata = metadata  # type: ignore[attr-defined]
+    return out
 
-    The parameter is :math:`\Theta_h` of shape ``(H, E, E)`` when ``head_dim`` is ``None`` (the
+
+class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
+    r"""Multi-head self-attention over the positions of a grid, its heads given by relative-position encodings.
+
+    Basis: the heads' attention matrices :math:`A_h` over the :math:`M` grid positions, ``(K, M, M)``
+    shared by the batch, or ``(B, K, M, M)`` with content (:math:`K` = ``num_heads``).
+
+    Θ: :math:`\Theta_h`, ``(K, P, Q)`` = ``(num_heads, embed_dim, embed_dim)``; of rank ``head_dim`` when set.
+
+    .. math::
+
+        y = \sum_h A_h^\top x\,\Theta_h + \beta, \qquad
+        (A_h)_{mn} = \operatorname{softmax}_m\bigl(a_{hmn}\bigr),
+
+    where the score :math:`a_{hmn}` of key :math:`m` for query :math:`n` is given by the encoding
+    ``heads`` as a function of their offset :math:`\delta_{mn}` (:class:`QuadraticHeads`,
+    :class:`GaussianHeads`, :class:`LearnedHeads`), plus, with ``content``, a score of their
+    features (:class:`ContentHeads`).  Without content the heads do not depend on the input, so
+    they are built once per forward for the whole batch: exactly, as a Kronecker product of
+    per-axis softmaxes for separable heads (quadratic, learned), else as truncated renormalised
+    shift bases when that is cheaper (``threshold``, see
+    :meth:`~structconv.structures.positional.PositionalMechanism.basis`; ``None`` keeps the
+    exact softmax).
+
+    The parameter is :math:`\Theta_h` of shape ``(K, E, E)`` when ``head_dim`` is ``None`` (the
     paper's :math:`D_h = D_{\mathrm{out}}`: every head averages the raw input, then one linear
     map of the concatenated heads), otherwise :math:`\Theta_h = W^v_h W^{o\top}_h` of rank
     ``head_dim`` (:class:`~structconv.LowRank`).
 
-    ``attention_dropout`` drops attention weights in training, after the softmax (scaled by
-    :math:`1/(1-p)`).  ``dropout_shared=None`` (the default) does what Cordonnier et al.'s code
-    does: position-only heads are one ``(H, M, M)`` tensor with no batch axis, and one mask per
-    step is drawn for it, shared by every image of the batch (the heads stay one shared basis);
-    content heads are per image, and so are their masks.  ``dropout_shared=False`` draws a mask
-    per image for position-only heads too (another regulariser: the shared heads become one
-    ``(B, H, M, M)`` basis per batch, which costs the sharing); ``True`` is the default's rule
-    for position-only heads and changes nothing for content heads, whose weights are per image.
+    Parameters
+    ----------
+    grid : tuple of int
+        The grid sizes; fixed at construction.
+    embed_dim : int
+        :math:`E`, the width of the input and the output.
+    num_heads : int
+        :math:`K`.
+    heads : PositionalHeads or {"quadratic", "gaussian", "learned"}
+        The relative-position encoding, bound to this layer (the encoding given is left unbound
+        and may configure other layers); a name stands for that encoding at its defaults.
+        The bound encoding is :attr:`heads`.
+    content : ContentHeads, optional
+        Content-based scores added to the positional ones (with :class:`LearnedHeads`
+        ``(relative_terms=True)``, the four terms of Eq. 5 instead); bound as :attr:`content`.
+    attention_dropout : float, default 0.0
+        Drops attention weights in training, after the softmax (scaled by :math:`1/(1-p)`).
+    dropout_shared : bool, optional
+        ``None`` (the default) does what Cordonnier et al.'s code does: position-only heads are
+        one ``(K, M, M)`` tensor with no batch axis, and one mask per step is drawn for it,
+        shared by every image of the batch (the heads stay one shared basis); content heads are
+        per image, and so are their masks.  ``False`` draws a mask per image for position-only
+        heads too (another regulariser, which costs the sharing); ``True`` is the default's rule
+        for position-only heads and changes nothing for content heads.
+    head_dim : int, optional
+        The rank of each :math:`\Theta_h` (``value`` and ``out``, ``(K, E, head_dim)`` each);
+        ``None``: the full ``theta``.
+    bias : bool, default True
+        Whether to add the output bias :math:`\beta`.
+    boundary : {"zero", "periodic"}
+        The grid's offsets: within its box, or wrapped around it.
+    threshold : float or None, default 1e-7
+        The truncation of position-only Gaussian heads to shift bases (``None``: exact).
 
-    Input is ``(B, *grid, E)`` or the flattened ``(B, M, E)``; ``grid`` is fixed at construction.
+    Shapes
+    ------
+    - **input:** :math:`(B, *\mathrm{grid}, E)` or the flattened :math:`(B, M, E)`, :math:`M` the grid's positions
+    - **output:** the input's shape
+    - **parameters:** ``theta`` :math:`(K, E, E)`, or ``value`` and ``out`` :math:`(K, E, D_h)` with
+      ``head_dim`` :math:`D_h`; ``bias`` :math:`(E,)`; the encodings' own (see each encoding)
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import PositionalAttention, QuadraticHeads
+    >>> layer = PositionalAttention((8, 8), 64, 9, heads=QuadraticHeads(alpha=1.0))
+    >>> layer  # doctest: +NORMALIZE_WHITESPACE
+    PositionalAttention(grid=(8, 8), embed_dim=64, num_heads=9,
+                        heads=QuadraticHeads(alpha=1.0, width='exp'), content=None, head_dim=None)
+    >>> x = torch.randn(2, 8, 8, 64)
+    >>> layer(x).shape
+    torch.Size([2, 8, 8, 64])
+    >>> from structconv import conv
+    >>> flat = x.reshape(2, 64, 64)
+    >>> y = conv(layer.basis(flat), flat, layer.parameter()) + layer.bias
+    >>> torch.allclose(y, layer(flat), atol=1e-6)
+    True
     """
 
-    # Registered by register_encoding, depending on the encoding and the content terms.
-    centres: nn.Parameter
-    log_alpha: nn.Parameter
-    spread: nn.Parameter
-    inv_sqrt_cov: nn.Parameter
-    tables: nn.ParameterList
-    weight: nn.Parameter
-    rel_key: nn.Parameter
-    u: nn.Parameter
-    v: nn.Parameter
-    key: nn.Parameter
-    query: nn.Parameter
-    key_bias: nn.Parameter
-    query_bias: nn.Parameter
+    heads: PositionalHeads
+    content: ContentHeads | None
 
     def __init__(
         self,
         grid: tuple[int, ...],
         embed_dim: int,
         num_heads: int,
-        encoding: str = "quadratic",
-        content: bool = False,
-        head_dim: int | None = None,
-        key_dim: int | None = None,
-        positional_dim: int | None = None,
-        boundary: str = "zero",
-        threshold: float | None = 1e-7,
-        alpha: float = 1.0,
-        centre_var: float = 2.0,
-        bias: bool = True,
-        width: str = "exp",
-        width_noise: float = 0.0,
-        relative_terms: bool = True,
-        content_bias: bool = False,
+        *,
+        heads: PositionalHeads | str = "quadratic",
+        content: ContentHeads | None = None,
         attention_dropout: float = 0.0,
         dropout_shared: bool | None = None,
+        head_dim: int | None = None,
+        bias: bool = True,
+        boundary: str = "zero",
+        threshold: float | None = 1e-7,
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        check_options(name, encoding, boundary, alpha, threshold, width, attention_dropout, width_noise, centre_var)
         try:
             self.grid = _grid(grid)
         except (TypeError, ValueError) as error:  # the layer's name first, like its other arguments
             raise type(error)(f"{name}: {error}") from None
-        E = self.embed_dim = _positive_int(name, "embed_dim", embed_dim)
-        H = self.num_heads = _positive_int(name, "num_heads", num_heads)
-        self.encoding, self.content, self.boundary, self.threshold = encoding, bool(content), boundary, threshold
-        self.width = width
-        self.relative_terms = bool(relative_terms) and encoding == "learned"
+        E = self.embed_dim = positive_int(name, "embed_dim", embed_dim)
+        H = self.num_heads = positive_int(name, "num_heads", num_heads)
+        encoding = heads_of(name, heads)
+        if content is not None and not isinstance(content, ContentHeads):
+            raise TypeError(
+                f"{name}: content must be None or a ContentHeads, got {type(content).__name__} {content!r:.60}"
+            )
+        if boundary not in BOUNDARIES:
+            raise ValueError(f"{name}: boundary must be one of {BOUNDARIES}, got {boundary!r}")
+        if threshold is not None and not 0.0 < threshold < 1.0:
+            raise ValueError(f"{name}: threshold must lie in (0, 1) or be None, got {threshold!r}")
+        if not 0.0 <= attention_dropout < 1.0:
+            raise ValueError(f"{name}: attention_dropout must lie in [0, 1), got {attention_dropout!r}")
+        self.boundary, self.threshold = boundary, threshold
         self.attention_dropout = float(attention_dropout)
         self.dropout_shared = None if dropout_shared is None else bool(dropout_shared)
-        self.key_dim = _positive_int(name, "key_dim", key_dim or max(1, E // H))
-        self.head_dim = None if head_dim is None else _positive_int(name, "head_dim", head_dim)
+        self.head_dim = optional_positive_int(name, "head_dim", head_dim)
         if self.head_dim is None:
             self.theta = nn.Parameter(torch.empty(H, E, E))
         else:
             self.value = nn.Parameter(torch.empty(H, E, self.head_dim))
             self.out = nn.Parameter(torch.empty(H, E, self.head_dim))
         self.bias = nn.Parameter(torch.empty(E)) if bias else None
-        register_encoding(self, alpha, centre_var, width_noise, positional_dim, content_bias)
+        # The encodings draw their initial values in this order (positions, then content), then Θ
+        # and the bias: the order of the layer's flat parameters before, so a seed gives the same layer.
+        self.heads = encoding.bind(self.grid, H, E, boundary, content=content)
+        self.content = None if content is None else content.bind(H, E)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -147,47 +221,58 @@ class PositionalAttention(NotScriptable, nn.Module):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
+    def extra_repr(self) -> str:
+        shown = [
+            f"grid={self.grid}",
+            f"embed_dim={self.embed_dim}",
+            f"num_heads={self.num_heads}",
+            f"heads={self.heads!r}",
+            f"content={self.content!r}",
+            f"head_dim={self.head_dim}",
+        ]
+        settings = {
+            "attention_dropout": (self.attention_dropout, 0.0),
+            "dropout_shared": (self.dropout_shared, None),
+            "bias": (self.bias is not None, True),
+            "boundary": (self.boundary, "zero"),
+            "threshold": (self.threshold, 1e-7),
+        }
+        shown += [f"{k}={v!r}" for k, (v, default) in settings.items() if v != default]
+        return ", ".join(shown)
+
+    def __repr__(self) -> str:
+        # One line: the encodings are shown by extra_repr, so they are not listed again as children.
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # torch hands this module the entries under its prefix before its children read theirs:
+        # entries of a checkpoint written before the encodings were modules move to their names now.
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            new = legacy_key(key[len(prefix) :])
+            if new is not None and prefix + new not in state_dict:
+                state_dict[prefix + new] = state_dict.pop(key)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
     def positional_parameters(self) -> list[nn.Parameter]:
         """The centres and widths of Gaussian heads (kept out of weight decay in the CIFAR study)."""
-        names = ("centres", "log_alpha", "spread", "inv_sqrt_cov")
-        return [p for n, p in self.named_parameters(recurse=False) if n in names]
-
-    def alpha(self) -> torch.Tensor:
-        r""":math:`\alpha_h` of the quadratic heads (``(H,)``): :math:`e^{\log\alpha_h}` or :math:`s_h^2/2`."""
-        if self.encoding != "quadratic":
-            raise ValueError(f"{type(self).__name__}: alpha() belongs to the quadratic encoding, not {self.encoding!r}")
-        return self.log_alpha.exp() if self.width == "exp" else 0.5 * self.spread * self.spread
-
-    @torch.no_grad()
-    def set_alpha(self, alpha: float | torch.Tensor) -> None:
-        r"""Set :math:`\alpha_h` (a number or ``(H,)`` values, all positive) in the layer's width parametrisation."""
-        values = torch.as_tensor(alpha, dtype=self.centres.dtype, device=self.centres.device).expand(self.num_heads)
-        if self.encoding != "quadratic" or not bool((values > 0).all()):
-            raise ValueError(f"{type(self).__name__}: set_alpha needs the quadratic encoding and positive values")
-        if self.width == "exp":
-            self.log_alpha.copy_(values.log())
-        else:
-            self.spread.copy_((2 * values).sqrt())
+        return self.heads.positional_parameters()
 
     def mechanism(self) -> Mechanism:
-        """The heads' mechanism (position-only, or content and position)."""
-        position: PositionalMechanism
-        if self.encoding == "learned":
-            tables = tuple(self.tables)
-            if self.content and self.relative_terms:
-                return RelativeAttention(
-                    self.grid, tables, self.key, self.query, self.rel_key, self.u, self.v, self.boundary,
-                    scale=1.0 / math.sqrt(self.key_dim),
-                )  # fmt: skip
-            position = LearnedPosition(self.grid, tables, self.weight, self.boundary)
-        elif self.encoding == "quadratic":
-            position = QuadraticPosition(self.grid, self.centres, self.alpha(), self.boundary, positive=True)
-        else:
-            position = GaussianPosition(self.grid, self.centres, self.inv_sqrt_cov, self.boundary)
-        if not self.content:
-            return position
-        biases = {"key_bias": getattr(self, "key_bias", None), "query_bias": getattr(self, "query_bias", None)}
-        return BiAffine(key=self.key, query=self.query, scale=1.0 / math.sqrt(self.key_dim), **biases) + position
+        """The heads' mechanism: position-only, or content and position."""
+        if self.content is None:
+            return self.heads.mechanism()
+        return self.heads.with_content(self.content)
 
     def parameter(self) -> torch.Tensor | LowRank:
         r""":math:`\Theta`: ``(H, E, E)``, or ``LowRank(value, out)`` when ``head_dim`` is set."""
@@ -211,7 +296,7 @@ class PositionalAttention(NotScriptable, nn.Module):
         return x.reshape(shape[0], M, self.embed_dim)
 
     def basis(self, x: torch.Tensor | None = None) -> Basis:
-        """The heads: shared ``(H, M, M)`` without content, ``(B, H, M, M)`` for ``x`` with content."""
+        """The heads: shared ``(K, M, M)`` without content, ``(B, K, M, M)`` for ``x`` with content."""
         mech = self.mechanism()
         if isinstance(mech, PositionalMechanism):
             # Shared by the batch and cheap: built in the parameters' precision even under autocast
@@ -246,12 +331,11 @@ class PositionalAttention(NotScriptable, nn.Module):
         """Attend over the grid positions of ``x``."""
         flat = self._flat(x)
         check_input_dtype(flat, self.theta if self.head_dim is None else self.value, type(self).__name__)
-        heads = self.basis(flat)
-        basis = self.dropped(heads, int(flat.shape[0]))
+        built = self.basis(flat)
+        basis = self.dropped(built, int(flat.shape[0]))
         # Heads dropped out per image are stored for the x-Theta-first order's batched GEMM, which
         # reads them in place (see structconv.backend.torch._instance_gemms); otherwise the engine plans.
-        per_image = basis is not heads and basis.batch is not None and self.head_dim is None
-        y: torch.Tensor = conv(basis, flat, self.parameter(), order="xtheta" if per_image else "auto")
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)  # under autocast, as torch.nn.Linear's bias: no float32 copy
-        return y.reshape(x.shape)
+        per_image = basis is not built and basis.batch is not None and self.head_dim is None
+        order = "xtheta" if per_image else "auto"
+        # Under autocast the bias joins y's dtype, as torch.nn.Linear's does: no float32 copy.
+        return self.contract(basis, flat, self.parameter(), bias=self.bias, order=order).reshape(x.shape)

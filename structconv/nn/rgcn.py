@@ -8,13 +8,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from ..backend.checks import positive_int
 from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..bases.factor import Separable
-from ..engine.contract import conv
 from ..structures.graph import Edges, as_edges, is_matrix_graph, relational_basis
-from ._module import NotScriptable, check_parameter_memory
-from .graph_common import _features, _pair, _positive, glorot_
+from ._module import CompiledRuns, NotScriptable, check_parameter_memory
+from .graph_common import _features, _pair, glorot_
 
 
 def _segment_max(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
@@ -23,26 +23,78 @@ def _segment_max(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.
     return out.scatter_reduce(0, index[:, None].expand_as(values), values, "amax", include_self=False)
 
 
-class RGCNConv(NotScriptable, nn.Module):
-    r"""Relational graph convolution (Schlichtkrull et al.): one member per relation plus the root.
+class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
+    r"""Relational graph convolution (Schlichtkrull et al.): one member per relation, plus the root.
+
+    Basis: the mean (or sum) adjacency of each relation, then :math:`I` for the root, by
+    :func:`structconv.structures.graph.relational_basis` (K = ``num_relations + 1``)
+
+    Θ: :math:`\Theta_r` per relation, then ``root``: a tensor, or a :class:`~structconv.Separable` with ``num_bases``,
+    as :meth:`parameter` returns it (K, P, Q)
 
     .. math::
-       y_n = x_n\Theta_{\mathrm{root}}
-       + \sum_r \frac{1}{|\mathcal N_r(n)|}\sum_{m \in \mathcal N_r(n)} x_m\Theta_r + \beta,
 
-    i.e. the basis of :func:`structconv.structures.graph.relational_basis` with the identity appended.
-    ``num_bases`` shares :math:`\Theta_r = \sum_b a_{rb} V_b` (a
-    :class:`~structconv.Separable` parameter, contracted without forming :math:`\Theta_r`);
-    ``num_blocks`` makes each :math:`\Theta_r` block-diagonal.  Arguments and initialisation as
-    PyG's ``RGCNConv``: ``aggr`` ``"mean"`` (default), ``"sum"``/``"add"`` (members weighted 1)
-    or ``"max"`` (:math:`\sum_r (\max_{m\in\mathcal N_r(n)} x_m)\Theta_r`, elementwise maximum,
-    0 for no neighbour; not linear in :math:`x`, so computed directly, not by the engine).
+        y_n = x_n\Theta_{\mathrm{root}}
+        + \sum_r \frac{1}{|\mathcal N_r(n)|}\sum_{m \in \mathcal N_r(n)} x_m\Theta_r + \beta.
 
-    ``x`` is node features ``(N, P)``, a node index vector (featureless: row :math:`i` of
-    :math:`\Theta_r` is node :math:`i`'s embedding, i.e. one-hot features), ``None`` (all
-    ``in_channels`` nodes, featureless), or a bipartite pair ``(x_src, x_dst)`` with
-    ``in_channels=(P_src, P_dst)``.  The parameters have PyG's names and shapes (``weight``,
-    ``comp``, ``root``, ``bias``), so either library's ``state_dict`` loads into the other as it is.
+    Equals PyG's ``RGCNConv`` built with the same arguments and the same ``state_dict`` (the
+    parameters have PyG's names and shapes, ``weight``, ``comp``, ``root``, ``bias``, so either
+    library's loads into the other as it is), for every ``aggr``, ``num_bases``, ``num_blocks``,
+    featureless and bipartite ``x`` (``tests/peers/test_pyg_graph.py``); PyG's ``SparseTensor``
+    ``adj_t`` carrying the relations is not read.  Options past ``in_channels, out_channels,
+    num_relations`` are keyword-only: ``RGCNConv(16, 32, 4, 2)``, which PyG reads as
+    ``num_bases=2``, raises a ``TypeError``.
+
+    ``num_bases`` shares :math:`\Theta_r = \sum_b a_{rb} V_b` (a :class:`~structconv.Separable`
+    parameter, contracted without forming :math:`\Theta_r`); ``num_blocks`` makes each
+    :math:`\Theta_r` block-diagonal.  ``aggr`` ``"max"`` takes
+    :math:`\sum_r (\max_{m\in\mathcal N_r(n)} x_m)\Theta_r` (elementwise maximum, 0 for no
+    neighbour), which is not linear in :math:`x`, so it is computed directly, not by the engine,
+    and has no :meth:`basis`.  Initialisation as PyG's.
+
+    Parameters
+    ----------
+    in_channels : int or tuple of int
+        :math:`P`; a pair ``(P_src, P_dst)`` for a bipartite graph (the root maps the targets).
+        For a featureless ``x`` (an index vector or ``None``) it is the number of nodes.
+    out_channels : int
+        :math:`Q`, the width of the output.
+    num_relations : int
+        :math:`R`, the number of edge types.
+    num_bases : int, optional
+        Share the relations' maps as combinations of this many (basis decomposition).
+    num_blocks : int, optional
+        Make each relation's map block-diagonal with this many blocks (not with ``num_bases``).
+    aggr : {"mean", "sum", "add", "max"}, default "mean"
+        How each relation aggregates its neighbours (``"sum"`` and ``"add"`` weigh them 1).
+    root_weight : bool, default True
+        Whether to add the root term :math:`x_n\Theta_{\mathrm{root}}` (the identity member).
+    bias : bool, default True
+        Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
+
+    Shapes
+    ------
+    - **input:** node features :math:`(|\mathcal{V}|, F_{in})`, or node indices
+      :math:`(|\mathcal{V}|)` or ``None`` (featureless), or a bipartite pair
+      :math:`((|\mathcal{V}_s|, F_{s}), (|\mathcal{V}_t|, F_{t}))`; edge indices
+      :math:`(2, |\mathcal{E}|)`, edge types :math:`(|\mathcal{E}|)`
+    - **output:** node features :math:`(|\mathcal{V}_t|, F_{out})`
+
+    Examples
+    --------
+    On a cycle every node has one neighbour, so the mean is that neighbour:
+
+    >>> import torch
+    >>> from structconv.nn import RGCNConv
+    >>> x = torch.randn(4, 3)
+    >>> edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    >>> edge_type = torch.tensor([0, 1, 0, 1])
+    >>> layer = RGCNConv(3, 2, num_relations=2)
+    >>> A = torch.zeros(2, 4, 4)
+    >>> A[edge_type, edge_index[0], edge_index[1]] = 1.0
+    >>> y = x @ layer.root + torch.einsum("rmn,mp,rpq->nq", A, x, layer.weight) + layer.bias
+    >>> torch.allclose(layer(x, edge_index, edge_type), y, atol=1e-6)
+    True
     """
 
     def __init__(
@@ -50,6 +102,7 @@ class RGCNConv(NotScriptable, nn.Module):
         in_channels: int | tuple[int, int],
         out_channels: int,
         num_relations: int,
+        *,
         num_bases: int | None = None,
         num_blocks: int | None = None,
         aggr: str = "mean",
@@ -61,25 +114,27 @@ class RGCNConv(NotScriptable, nn.Module):
         self.in_channels = in_channels
         P, P_dst = _pair(in_channels, name)
         self.in_channels_l = P
-        self.out_channels = _positive(out_channels, "out_channels", name)
-        self.num_relations = _positive(num_relations, "num_relations", name)
+        self.out_channels = positive_int(out_channels, "out_channels", where=name)
+        self.num_relations = positive_int(num_relations, "num_relations", where=name)
         if aggr not in ("mean", "sum", "add", "max"):
             raise ValueError(f"RGCNConv: aggr must be 'mean', 'sum', 'add' or 'max', got {aggr!r}")
         self.aggr = aggr
         if num_bases is not None and num_blocks is not None:
             raise ValueError("RGCNConv: give num_bases or num_blocks, not both")
+        if num_bases is not None:
+            num_bases = positive_int(num_bases, "num_bases", where=name)
+        if num_blocks is not None:
+            num_blocks = positive_int(num_blocks, "num_blocks", where=name)
         self.num_bases, self.num_blocks = num_bases, num_blocks
-        R, Q = num_relations, out_channels
+        R, Q = self.num_relations, self.out_channels
         members = num_bases if num_bases is not None else R
         sizes = f"num_relations={R}, in_channels={in_channels}, out_channels={Q}"
         check_parameter_memory(name, members * P * Q + (R * members if num_bases else 0), sizes)
         self.comp: nn.Parameter | None = None
         if num_bases is not None:
-            _positive(num_bases, "num_bases", name)
             self.weight = nn.Parameter(torch.empty(num_bases, P, Q))
             self.comp = nn.Parameter(torch.empty(R, num_bases))
         elif num_blocks is not None:
-            _positive(num_blocks, "num_blocks", name)
             if P % num_blocks or Q % num_blocks:
                 raise ValueError(f"RGCNConv: in_channels and out_channels must be divisible by num_blocks={num_blocks}")
             self.weight = nn.Parameter(torch.empty(R, num_blocks, P // num_blocks, Q // num_blocks))
@@ -98,7 +153,7 @@ class RGCNConv(NotScriptable, nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def parameter(self, root: bool = True) -> torch.Tensor | Separable:
+    def parameter(self, *, root: bool = True) -> torch.Tensor | Separable:
         """:math:`\\Theta` over the members (relations, then the root if ``root``), full or separable."""
         R = self.num_relations
         with_root = root and self.root is not None
@@ -214,7 +269,7 @@ class RGCNConv(NotScriptable, nn.Module):
             if self.root is not None:
                 y = y + h_dst @ self.root
         else:
-            y = conv(self._relational(edges, edge_type, square), h_src, self.parameter(root=square))
+            y = self.contract(self._relational(edges, edge_type, square), h_src, self.parameter(root=square))
             if not square and self.root is not None:
                 y = y + h_dst @ self.root
         return y if self.bias is None else y + self.bias

@@ -9,29 +9,50 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..backend.checks import check_backend
+from ..backend.checks import check_backend, positive_int
 from ..bases.base import Basis
 from ..bases.convert import as_basis
-from ..engine.contract import conv
-from ._module import NotScriptable
+from ._module import CompiledRuns, NotScriptable
 
 
-class StructConv(NotScriptable, nn.Module):
-    r"""Convolution :math:`y_b = \sum_k A_k^\top x_b \Theta_k + \beta` over a fixed basis.
+class StructConv(CompiledRuns, NotScriptable, nn.Module):
+    r"""Convolution over a fixed basis: the formula itself, with a learnable :math:`\Theta` and bias.
 
-    Basis: the one given, :meth:`basis` (K = its members).  Θ: ``theta`` (K, P, Q), :meth:`parameter`.
+    Basis: the one given, any torch :class:`~structconv.Basis` or dense tensor, as :meth:`basis` returns it
+    (K = its members)
+
+    Θ: ``theta``, a tensor as :meth:`parameter` returns it (K, P, Q)
+
+    .. math::
+
+        y_b = \sum_k A_k^\top x_b\,\Theta_k + \beta.
+
+    Equals :func:`structconv.conv` of the basis, ``x`` and ``theta``, plus ``bias``, and
+    ``torch.nn.Linear(P, Q)`` when the basis is one identity, ``(1, M, M)``, and ``theta[0]`` is
+    the linear layer's ``weight`` transposed (the initialisation is ``Linear``'s too, see below).
+    Options past ``basis, in_channels, out_channels`` are keyword-only (``bias=False``; a
+    positional ``StructConv(basis, 3, 4, False)`` raises a ``TypeError``).
 
     Parameters
     ----------
-    basis
+    basis : Basis or torch.Tensor
         A torch :class:`~structconv.Basis` (or dense tensor) of shape ``(K, M, N)``.  It moves
         with the module (``.to``, ``.double``, ``.cuda``) but is not a parameter.
-    in_channels, out_channels
-        ``P`` and ``Q``.
-    bias
+    in_channels : int
+        :math:`P`, the width of the input.
+    out_channels : int
+        :math:`Q`, the width of the output.
+    bias : bool, default True
         Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
-    order
-        Passed to :func:`structconv.conv` (``"auto"`` by default).
+    order : str, default "auto"
+        Passed to :func:`structconv.conv`.
+    device, dtype : optional
+        Where and in what dtype the parameters and the basis live; the basis' own by default.
+
+    Shapes
+    ------
+    - **input:** :math:`(B, M, P)` or :math:`(M, P)`
+    - **output:** :math:`(B, N, Q)` or :math:`(N, Q)`
 
     Notes
     -----
@@ -48,9 +69,17 @@ class StructConv(NotScriptable, nn.Module):
     --------
     >>> import torch
     >>> from structconv.nn import StructConv
-    >>> layer = StructConv(torch.eye(5).expand(2, 5, 5), in_channels=3, out_channels=4)
+    >>> layer = StructConv(torch.eye(5).expand(2, 5, 5), 3, 4)
     >>> layer(torch.randn(8, 5, 3)).shape
     torch.Size([8, 5, 4])
+    >>> linear = torch.nn.Linear(3, 4)
+    >>> layer = StructConv(torch.eye(5)[None], 3, 4)
+    >>> with torch.no_grad():
+    ...     layer.theta[0] = linear.weight.T
+    ...     layer.bias[:] = linear.bias
+    >>> x = torch.randn(5, 3)
+    >>> torch.allclose(layer(x), linear(x), atol=1e-6)
+    True
     """
 
     def __init__(
@@ -58,6 +87,7 @@ class StructConv(NotScriptable, nn.Module):
         basis: Basis | torch.Tensor,
         in_channels: int,
         out_channels: int,
+        *,
         bias: bool = True,
         order: str = "auto",
         device: Any = None,
@@ -70,9 +100,8 @@ class StructConv(NotScriptable, nn.Module):
             raise ValueError(
                 "basis must be shared by the batch, shape (K, M, N); per-instance bases go to structconv.conv"
             )
-        for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        in_channels = positive_int(in_channels, "in_channels", where="StructConv")
+        out_channels = positive_int(out_channels, "out_channels", where="StructConv")
         factory = {"device": device if device is not None else basis.device, "dtype": dtype or basis.dtype}
         self._fixed_basis = basis.to(device=factory["device"], dtype=factory["dtype"])
         self.in_channels = in_channels
@@ -103,8 +132,7 @@ class StructConv(NotScriptable, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer to ``x`` of shape ``(B, M, P)`` or ``(M, P)``."""
-        y: torch.Tensor = conv(self.basis(x), x, self.parameter(), order=self.order)
-        return y if self.bias is None else y + self.bias
+        return self.contract(self.basis(x), x, self.parameter(), bias=self.bias, order=self.order)
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> StructConv:
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
@@ -114,7 +142,7 @@ class StructConv(NotScriptable, nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "basis" in state:  # a layer pickled when the basis was the attribute ``basis``
             state["_fixed_basis"] = state.pop("basis")
-        super().__setstate__(state)  # type: ignore[no-untyped-call]
+        super().__setstate__(state)
 
     def extra_repr(self) -> str:
         b = self._fixed_basis

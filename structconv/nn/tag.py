@@ -8,32 +8,90 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..backend.checks import positive_int
 from ..bases.base import Basis
 from ..structures.graph import PolynomialBasis, gcn_normalize
-from .graph_common import _GraphLayer, _positive, _read
+from .graph_common import _GraphLayer, _read
 
 
 class TAGConv(_GraphLayer):
-    r"""Topology-adaptive graph convolution (Du et al.): :math:`y = \sum_{k=0}^{K} (S^k)^\top x\,\Theta_k + \beta`.
+    r"""Topology-adaptive graph convolution (Du et al.): one member per power of the normalised adjacency.
 
-    :math:`S = D^{-1/2}AD^{-1/2}` without added loops; the basis is a
-    :class:`~structconv.PolynomialBasis` applied by repeated sparse products.  Weights as
+    Basis: the powers :math:`S^0 = I, S^1, \dots, S^K` of :math:`S = D^{-1/2}AD^{-1/2}`, a
+    :class:`~structconv.PolynomialBasis` (K = ``K + 1``)
+
+    Θ: ``theta``, one channel map per power, a tensor as :meth:`parameter` returns it (K, P, Q)
+
+    .. math::
+
+        y = \sum_{k=0}^{K} (S^k)^\top x\,\Theta_k + \beta,
+        \qquad S = D^{-1/2} A D^{-1/2} \ \text{(no added loops)}.
+
+    Equals PyG's ``TAGConv`` built with the same arguments when ``theta[k]`` is its
+    ``lins.k.weight`` transposed and ``bias`` its ``bias`` (``load_state_dict`` does both), for
+    every ``K``, ``normalize``, ``flow``, edge weights and sparse ``adj_t``
+    (``tests/peers/test_pyg_graph.py``).  Options past ``in_channels, out_channels`` are
+    keyword-only: ``TAGConv(16, 32, 2)``, which PyG reads as ``K=2``, raises a ``TypeError``
+    (write ``TAGConv(16, 32, K=2)``).
+
+    The basis is applied by repeated sparse products, never formed.  Weights as
     ``torch.nn.Linear`` (as PyG's ``TAGConv``), zero bias; ``x`` may be ``(B, N, P)``.
     ``load_state_dict`` also reads PyG's ``lins.k.weight`` (transposed into ``theta[k]``) and
     ``bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
+
+    Parameters
+    ----------
+    in_channels : int
+        :math:`P`, the width of the node features.
+    out_channels : int
+        :math:`Q`, the width of the output.
+    K : int, default 3
+        The largest power (hops); the basis has :math:`K + 1` members.
+    bias : bool, default True
+        Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
+    normalize : bool, default True
+        Use :math:`S = D^{-1/2}AD^{-1/2}`; ``False`` takes the raw (weighted) adjacency.
+    flow : {"source_to_target", "target_to_source"}
+        The direction of an ``edge_index``'s edges, as PyG's ``flow``.
+
+    Shapes
+    ------
+    - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or a static batch
+      :math:`(B, |\mathcal{V}|, F_{in})`, edge indices :math:`(2, |\mathcal{E}|)` or a sparse
+      adjacency :math:`(|\mathcal{V}|, |\mathcal{V}|)` (PyG's ``adj_t``) or a prebuilt
+      :class:`~structconv.Basis`, edge weights :math:`(|\mathcal{E}|)` *(optional)*
+    - **output:** node features :math:`(|\mathcal{V}|, F_{out})` (:math:`(B, |\mathcal{V}|, F_{out})`
+      for a batch)
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import TAGConv
+    >>> x = torch.randn(4, 3)
+    >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
+    >>> layer = TAGConv(3, 2, K=2)
+    >>> A = torch.zeros(4, 4)
+    >>> A[edge_index[0], edge_index[1]] = 1.0
+    >>> d = A.sum(0).rsqrt()
+    >>> S = d[:, None] * A * d
+    >>> t = layer.theta
+    >>> y = x @ t[0] + S.T @ x @ t[1] + (S @ S).T @ x @ t[2] + layer.bias
+    >>> torch.allclose(layer(x, edge_index), y, atol=1e-6)
+    True
     """
 
     def __init__(
         self,
         in_channels: int,
         out_channels: int,
+        *,
         K: int = 3,
         bias: bool = True,
         normalize: bool = True,
         flow: str = "source_to_target",
     ) -> None:
-        self.K = _positive(K, "K", "TAGConv")
-        super().__init__(in_channels, out_channels, K + 1, bias, flow)
+        self.K = positive_int(K, "K", where="TAGConv")
+        super().__init__(in_channels, out_channels, self.K + 1, bias=bias, flow=flow)
         self.normalize = normalize
         self.reset_parameters()
 

@@ -20,13 +20,13 @@ A column with no allowed entry is all zeros (it attends to nothing), never ``NaN
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, field, fields
 
-from ..backend import Array, device_of, dtype_name, einsum, find, is_floating, namespace, of, shape_str, zeros
+from ..backend import Array, einsum, namespace, shape_str, zeros
 from ..backend.checks import check_array, check_same_placement
-from ..bases.attention import AttentionBasis, Projections, allowed_mask, check_placement, finite_real
-from ..bases.attention import masked_softmax as _masked_softmax
+from ..bases.attention import AttentionBasis, Projections
+from ..bases.scores import check_placement, finite_real
+from .masks import MASK_SHAPES, check_mask, masked_softmax
 
 __all__ = [
     "AttentionBasis",
@@ -54,7 +54,20 @@ class Mechanism:
         raise NotImplementedError
 
     def scores(self, x: Array, z: Array) -> Array:
-        """Scores of shape ``(B or 1, K, M, N)`` for ``x`` (``(B, M, P)``) and ``z`` (``(B, N, P')``)."""
+        r"""The scores :math:`a(x_b, z_b; \Xi_k)_{mn}` of every head.
+
+        Parameters
+        ----------
+        x
+            The main input, ``(B, M, P)``.
+        z
+            The auxiliary input, ``(B, N, P')`` (``x`` again for self-attention).
+
+        Returns
+        -------
+        Array
+            ``(B, K, M, N)``, or ``(1, K, M, N)`` for scores that do not depend on the content.
+        """
         raise NotImplementedError
 
     @property
@@ -67,19 +80,29 @@ class Mechanism:
         return {}
 
     def __add__(self, other: Mechanism) -> Mechanism:
-        return Combined(self, other, "sum")
+        return Combined(self, other, op="sum")
 
     def __mul__(self, other: Mechanism) -> Mechanism:
-        return Combined(self, other, "product")
+        return Combined(self, other, op="product")
 
 
 @dataclass(frozen=True, eq=False)
 class Combined(Mechanism):
-    """The entry-wise sum or product of two mechanisms with the same number of heads."""
+    """The entry-wise sum or product of two mechanisms with the same number of heads.
+
+    Built by ``left + right`` and ``left * right``.
+
+    Parameters
+    ----------
+    left, right
+        The two mechanisms (:class:`Mechanism`), with the same number of heads.
+    op
+        ``"sum"`` or ``"product"``.
+    """
 
     left: Mechanism
     right: Mechanism
-    op: str = "sum"
+    op: str = field(default="sum", kw_only=True)
 
     def __post_init__(self) -> None:
         for name, part in (("left", self.left), ("right", self.right)):
@@ -112,9 +135,11 @@ class Combined(Mechanism):
         return a + b if self.op == "sum" else a * b
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class BiAffine(Mechanism):
     r"""A bi-affine mechanism with ``K`` heads (Def. 6), every term optional.
+
+    Every argument is a keyword (no term comes first).
 
     Parameters
     ----------
@@ -211,7 +236,15 @@ class BiAffine(Mechanism):
         return (None if p is None else int(p)), (None if q is None else int(q))
 
     def check_inputs(self, x: Array, z: Array) -> None:
-        """Raise a ``ValueError`` naming ``x`` or ``z`` if its width does not match the mechanism."""
+        """Raise a ``ValueError`` naming ``x`` or ``z`` if its width does not match the mechanism.
+
+        Parameters
+        ----------
+        x
+            The main input, ``(..., M, P)``.
+        z
+            The auxiliary input, ``(..., N, P')``.
+        """
         p, q = self._widths()
         if p is not None and int(x.shape[-1]) != p:
             raise ValueError(f"x has width P={int(x.shape[-1])} but the mechanism expects P={p}")
@@ -219,7 +252,20 @@ class BiAffine(Mechanism):
             raise ValueError(f"z has width P'={int(z.shape[-1])} but the mechanism expects P'={q}")
 
     def projections(self, x: Array, z: Array) -> tuple[Array, Array]:
-        """Keys ``(B, K, M, D)`` and queries ``(B, K, N, D)``, biases included."""
+        """Keys ``(B, K, M, D)`` and queries ``(B, K, N, D)``, biases included.
+
+        Parameters
+        ----------
+        x
+            The main input, ``(B, M, P)``: the keys.
+        z
+            The auxiliary input, ``(B, N, P')``: the queries.
+
+        Raises
+        ------
+        ValueError
+            If the mechanism has no key and query projections.
+        """
         return self.projector()(x, z)
 
     def projector(self) -> Projections:
@@ -227,7 +273,7 @@ class BiAffine(Mechanism):
         if self.key is None or self.query is None:
             raise ValueError("this mechanism has no key and query projections")
         scale = self.scale if self.transformer else 1.0
-        return Projections(self.key, self.query, self.key_bias, self.query_bias, scale)
+        return Projections(self.key, self.query, key_bias=self.key_bias, query_bias=self.query_bias, scale=scale)
 
     def scores(self, x: Array, z: Array) -> Array:
         self.check_inputs(x, z)
@@ -290,7 +336,8 @@ class ScoreBias(Mechanism):
 def attention_basis(
     x: Array,
     z: Array | None = None,
-    mechanism: Mechanism | None = None,
+    *,
+    mechanism: Mechanism,
     mask: Array | None = None,
     leaky_relu: float | None = None,
     normalize: bool = True,
@@ -305,7 +352,8 @@ def attention_basis(
         Auxiliary input ``(B, N, P')``; ``None`` for self-attention (:math:`z = x`).
     mechanism
         A :class:`Mechanism`, e.g. :class:`BiAffine` (its heads are the members), a
-        relative-position mechanism from :mod:`structconv.structures.positional`, or a sum of them.
+        relative-position mechanism from :mod:`structconv.structures.positional`, or a sum of
+        them; required (a keyword, like every argument after ``z``).
     mask
         Boolean (``True`` = may attend) or floating additive (only :math:`-\infty` = masked and
         0 = allowed), on the backend and device of ``x``, of shape ``(M, N)``, ``(K, M, N)`` or
@@ -337,8 +385,6 @@ def attention_basis(
     >>> A.shape, bool(np.allclose(A.to_dense().sum(2), 1.0))
     ((2, 4, 5, 5), True)
     """
-    if mechanism is None:
-        raise ValueError("mechanism is required (e.g. structconv.BiAffine)")
     if not isinstance(mechanism, Mechanism):
         raise TypeError(f"mechanism must be a structconv Mechanism (e.g. BiAffine), got {type(mechanism).__name__}")
     check_array(x, "x", (2, 3), ("(B, M, P)", "(M, P)"))
@@ -353,89 +399,11 @@ def attention_basis(
         mechanism.check_inputs(x3, z3)
     shape = (int(x3.shape[0]), mechanism.heads, int(x3.shape[1]), int(z3.shape[1]))
     if mask is not None:
-        _check_mask(mask, x3, shape, "x", "(B, K, M, N)", _MASK_SHAPES, (2, 4))
+        check_mask(mask, x3, shape, arg="x", layout="(B, K, M, N)", expected=MASK_SHAPES, ranks=(2, 4))
     if leaky_relu is not None:
         leaky_relu = finite_real(leaky_relu, "leaky_relu", "the LeakyReLU's negative slope, e.g. 0.2, or None")
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be True or False, got {type(normalize).__name__} {normalize!r}")
     if isinstance(mechanism, BiAffine) and mechanism.transformer:
-        return AttentionBasis(x3, z3, mechanism.projector(), mask, leaky_relu, normalize)
-    return AttentionBasis(x3, z3, mechanism.scores(x3, z3), mask, leaky_relu, normalize)
-
-
-def masked_softmax(scores: Array, mask: Array | None = None) -> Array:
-    r"""Column-wise softmax over :math:`m` (axis ``-2``) with log-domain masking.
-
-    .. math:: w_{mn} = \frac{\mathbb 1_{\Omega}(m, n)\, e^{s_{mn} - c_n}}
-              {\sum_{m'} \mathbb 1_{\Omega}(m', n)\, e^{s_{m'n} - c_n}},
-              \qquad c_n = \max_{m:\,(m, n)\in\Omega} s_{mn},
-
-    over the allowed set :math:`\Omega`; a column :math:`n` with no allowed entry is 0.
-
-    Parameters
-    ----------
-    scores
-        Floating-point scores, at least 2-D; the softmax runs over axis ``-2``.
-    mask
-        On the backend and device of ``scores``, broadcasting to them without enlarging them (each
-        dimension that of the scores or 1, at most as many dimensions): booleans (``True`` =
-        allowed) or additive values in :math:`\{-\infty, 0\}`.
-
-    Returns
-    -------
-    Array
-        Weights of the dtype of ``scores``.  A column with no allowed entry gives zeros (never
-        ``NaN``) in every floating dtype, and its gradient is zero.  Weights below the dtype's
-        smallest normal number are flushed to zero.
-    """
-    if find(scores) is None:
-        raise TypeError(f"scores must be a numpy.ndarray or a torch.Tensor, got {type(scores).__name__}")
-    if not is_floating(scores):
-        raise TypeError(f"scores must hold floating-point numbers, got dtype {dtype_name(scores)}")
-    shape = tuple(int(s) for s in scores.shape)
-    if len(shape) < 2:
-        raise ValueError(
-            f"scores must have at least 2 dimensions (the softmax runs over axis -2), got shape {shape_str(shape)}"
-        )
-    if mask is not None:
-        expected = f"a shape that broadcasts to {shape_str(shape)}, each dimension that of the scores or 1"
-        _check_mask(mask, scores, shape, "scores", "", expected, (0, len(shape)))
-    return _masked_softmax(scores, mask)
-
-
-_MASK_SHAPES = "(M, N), (K, M, N) or (B, K, M, N), each dimension that of the scores or 1"
-
-
-def _check_mask(
-    mask: object, like: Array, shape: tuple[int, ...], arg: str, layout: str, expected: str, ranks: tuple[int, int]
-) -> None:
-    """Raise a ``TypeError`` or ``ValueError`` naming ``mask`` unless it is a mask of the scores ``shape``.
-
-    ``like`` (named ``arg``) gives the backend and device; ``layout`` spells the scores' axes and
-    ``expected`` the shapes accepted, of ``ranks`` (least, most) dimensions.
-    """
-    if find(mask) is None:
-        raise TypeError(f"mask must be a numpy.ndarray or a torch.Tensor (like {arg}), got {type(mask).__name__}")
-    arr: Any = mask
-    if of(arr).name != of(like).name:
-        raise TypeError(
-            f"mask is a {of(arr).name} array but {arg} is a {of(like).name} array; give the mask on {arg}'s backend"
-        )
-    if device_of(arr) != device_of(like):
-        raise ValueError(f"mask is on device {device_of(arr)} but {arg} is on {device_of(like)}; move the mask")
-    got = tuple(int(s) for s in arr.shape)
-    if not ranks[0] <= len(got) <= ranks[1]:
-        raise ValueError(
-            f"mask must have {ranks[0]} to {ranks[1]} dimensions, got shape {shape_str(got)}; expected {expected}"
-        )
-    if any(g not in (1, want) for g, want in zip(got, shape[len(shape) - len(got) :], strict=True)):
-        raise ValueError(
-            f"mask of shape {shape_str(got)} does not broadcast to the scores {shape_str(shape)} {layout}".rstrip()
-            + f" without enlarging them; expected {expected}"
-        )
-    if not (dtype_name(arr) == "bool" or is_floating(arr)):
-        raise TypeError(
-            f"mask must be boolean (True = may attend) or floating (additive: -inf = masked, 0 = allowed), "
-            f"got dtype {dtype_name(arr)}"
-        )
-    allowed_mask(arr)
+        return AttentionBasis(x3, z3, mechanism.projector(), mask=mask, leaky_relu=leaky_relu, normalize=normalize)
+    return AttentionBasis(x3, z3, mechanism.scores(x3, z3), mask=mask, leaky_relu=leaky_relu, normalize=normalize)

@@ -7,29 +7,38 @@ accepted graph form into it, checking it on the way.  Graph conventions are thos
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..backend import REGISTRY, Array, device_of, find, is_integer_array, namespace, of, shape_str
-from ..backend.checks import check_finite, check_readable
+from ..backend.checks import check_finite, check_readable, positive_int
 from ..bases.sparse import MAX_ENTRIES, SparseBasis
 
 
 @dataclass(frozen=True)
 class Edges:
-    """A graph as edge lists on one backend: ``src``, ``dst`` (int64, ``(E,)``), ``weight`` (``(E,)``).
+    """A graph as edge lists on one backend; build it with :func:`as_edges`, which checks it.
 
-    ``num_nodes`` counts the sources; ``num_targets`` the targets of a bipartite graph (``None``:
-    the same nodes).
+    Parameters
+    ----------
+    src, dst
+        The source and target node of each edge, int64 ``(E,)``.
+    weight
+        The weight of each edge, floating ``(E,)``.
+    num_nodes
+        The number of (source) nodes.
+    num_targets
+        The number of target nodes of a bipartite graph; ``None`` (the default): the same
+        ``num_nodes`` nodes.  A keyword.
     """
 
     src: Array
     dst: Array
     weight: Array
     num_nodes: int
-    num_targets: int | None = None
+    num_targets: int | None = field(default=None, kw_only=True)
 
     @property
     def targets(self) -> int:
@@ -41,12 +50,19 @@ class Edges:
         return of(self.weight).name
 
     def with_edges(self, src: Array, dst: Array, weight: Array) -> Edges:
-        return Edges(src, dst, weight, self.num_nodes, self.num_targets)
+        """The same nodes with other edges (what a normalisation returns).
+
+        Parameters
+        ----------
+        src, dst, weight
+            The new edges, as for :class:`Edges`.
+        """
+        return Edges(src, dst, weight, self.num_nodes, num_targets=self.num_targets)
 
     def reversed(self) -> Edges:
         """Every edge ``m -> n`` turned into ``n -> m`` (the source and target counts swap)."""
         back = None if self.num_targets is None else self.num_nodes
-        return Edges(self.dst, self.src, self.weight, self.targets, back)
+        return Edges(self.dst, self.src, self.weight, self.targets, num_targets=back)
 
     def to_basis(self) -> SparseBasis:
         """The adjacency as a one-member :class:`~structconv.SparseBasis`, shape ``(1, N, N)``."""
@@ -61,6 +77,11 @@ def checked_basis(edges: Edges) -> SparseBasis:
 
     Their nodes are in range and their weights finite (the normalisations keep both), so the
     basis a layer builds on every call skips :class:`~structconv.SparseBasis`' own checks.
+
+    Parameters
+    ----------
+    edges
+        Edges from :func:`as_edges`, possibly renormalised (never built by hand).
     """
     return SparseBasis._from_checked(edges._index(), edges.weight, (1, edges.num_nodes, edges.targets))
 
@@ -73,6 +94,13 @@ def host_like(like: Array | None, *graph: Any) -> Array | None:
     (the device of the first torch array of ``graph``, else the CPU) and the caller moves the
     basis to the meta device (:meth:`~structconv.Basis.to`).  A graph on the meta device itself
     is left to :func:`as_edges`, which refuses it.
+
+    Parameters
+    ----------
+    like
+        The ``like`` a graph basis was asked for, or ``None``.
+    *graph
+        The graph's arrays (``edge_index``, weights); ``None`` and non-arrays are skipped.
     """
     if like is None or find(like) is None or device_of(like) != "meta":
         return like
@@ -85,7 +113,13 @@ def host_like(like: Array | None, *graph: Any) -> Array | None:
 
 
 def is_matrix_graph(graph: Any) -> bool:
-    """Whether ``graph`` is a matrix (torch sparse, ``scipy.sparse``, dense floating), not an ``edge_index``."""
+    """Whether ``graph`` is a matrix (torch sparse, ``scipy.sparse``, dense floating), not an ``edge_index``.
+
+    Parameters
+    ----------
+    graph
+        A graph as :func:`as_edges` takes it.
+    """
     backend = find(graph)
     if backend is not None:
         return backend.is_sparse(graph) or not backend.is_integer(graph)
@@ -96,8 +130,8 @@ def as_edges(
     graph: Any,
     num_nodes: int | None = None,
     edge_weight: Array | None = None,
-    like: Array | None = None,
     *,
+    like: Array | None = None,
     adj_t: bool = False,
     num_targets: int | None = None,
 ) -> Edges:
@@ -267,8 +301,7 @@ def _from_edge_index(
         if not E:
             raise ValueError("num_nodes must be given for a graph without edges")
         num_nodes = _inferred_nodes(hi, E)
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int | np.integer) or num_nodes <= 0:
-        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    num_nodes = positive_int(num_nodes, "num_nodes")
     if num_targets is not None and (
         isinstance(num_targets, bool) or not isinstance(num_targets, int | np.integer) or num_targets < 0
     ):
@@ -299,4 +332,5 @@ def _from_edge_index(
         if tuple(weight.shape) != (E,):
             raise ValueError(f"edge_weight must have shape (E,) = ({E},), got {shape_str(tuple(weight.shape))}")
         check_finite(weight, "edge weights" if weight_name == "graph" else "edge_weight")
-    return Edges(index[0], index[1], weight, int(num_nodes), None if num_targets is None else int(num_targets))
+    targets_given = None if num_targets is None else int(num_targets)
+    return Edges(index[0], index[1], weight, int(num_nodes), num_targets=targets_given)

@@ -21,6 +21,7 @@ The graph's input forms are read by :mod:`~structconv.structures.edge_list` and 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,8 @@ from .normalize import (
     walk_normalize,
 )
 
+_add_loops = add_self_loops  # gcn_edges' argument of the same name hides it there
+
 KINDS = ("adjacency", "gcn", "powers", "chebyshev", "diffusion", "relational")
 
 
@@ -52,9 +55,58 @@ def _check_K(K: Any, minimum: int) -> int:
     return int(K)
 
 
+def gcn_edges(
+    edges: Edges, *, matrix: bool, weighted: bool, improved: bool, add_self_loops: bool, normalize: bool
+) -> Edges:
+    r"""The GCN rule, PyG's ``gcn_norm``, used by :func:`gcn_basis` and the layers alike.
+
+    Self-loops first, when ``add_self_loops``: a sparse adjacency (``matrix``) gets
+    :math:`A + fI`, an ``edge_index`` a loop of weight :math:`f` on every node without one (a
+    loop it has keeps its weight), with :math:`f = 2` for ``improved`` and 1 otherwise.  Then,
+    when ``normalize``, :math:`\tilde D^{-1/2}\tilde A\tilde D^{-1/2}` with in-degrees.
+
+    PyG fills the loops of an ``edge_index`` given without ``edge_weight`` with 1 even when
+    ``improved``; this rule does the same, so that a basis and a layer equal PyG's on the same
+    arguments, and says so with a :class:`UserWarning`.  Pass ``edge_weight`` (ones) for the
+    loops of weight 2 of the improved GCN.
+
+    Parameters
+    ----------
+    edges
+        The graph as read by :func:`~structconv.structures.edge_list.as_edges`.
+    matrix
+        Whether it was given as an adjacency matrix (dense, SciPy or torch sparse).
+    weighted
+        Whether ``edge_weight`` was given (an ``edge_index`` only).
+    improved, add_self_loops, normalize
+        As PyG's ``gcn_norm`` / ``GCNConv``.
+
+    Returns
+    -------
+    Edges
+        The graph of the one GCN member :math:`\hat A`.
+    """
+    if add_self_loops:
+        fill = 2.0 if improved else 1.0
+        if matrix:
+            edges = _add_loops(edges, fill=fill)
+        else:
+            if improved and not weighted:
+                warnings.warn(
+                    "improved=True on an edge_index without edge_weight adds self-loops of weight 1, as PyG's "
+                    "gcn_norm does; pass edge_weight (e.g. ones) for the improved GCN's loops of weight 2",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                fill = 1.0
+            edges = add_remaining_self_loops(edges, fill=fill)
+    return gcn_normalize(edges, add_self_loops=False) if normalize else edges
+
+
 def gcn_basis(
     graph: Any,
     num_nodes: int | None = None,
+    *,
     edge_weight: Array | None = None,
     improved: bool = False,
     add_self_loops: bool | None = None,
@@ -63,10 +115,34 @@ def gcn_basis(
 ) -> SparseBasis:
     r"""The one-member GCN basis :math:`\tilde D^{-1/2}(A + I)\tilde D^{-1/2}` (Kipf & Welling).
 
-    Matches PyG's ``gcn_norm``: self-loops are added only where missing (weight 2 when
-    ``improved``), degrees are counted at the target, isolated nodes give 0.  With
-    ``normalize=False`` the adjacency is used as is (self-loops are then added only if
-    ``add_self_loops=True``; by default they go with the normalisation, as in PyG).
+    The same rule as :class:`structconv.nn.GCNConv` and PyG's ``gcn_norm``
+    (:func:`gcn_edges`): self-loops are added only where missing for an ``edge_index`` (all of
+    them, :math:`A + I`, for an adjacency matrix), degrees are counted at the target, isolated
+    nodes give 0.
+
+    Parameters
+    ----------
+    graph
+        An ``edge_index`` ``(2, E)`` (sources, targets), or an adjacency matrix ``(N, N)``
+        (dense, ``scipy.sparse`` or torch sparse; entry :math:`(m, n)` is the edge :math:`m \to n`).
+    num_nodes
+        :math:`N`; by default one more than the largest node number (or the matrix' size).
+    edge_weight
+        ``(E,)`` non-negative weights of an ``edge_index``.
+    improved
+        Self-loops of weight 2 (:math:`A + 2I`); on an ``edge_index`` only with ``edge_weight``,
+        as in PyG (a warning says so otherwise).
+    add_self_loops
+        Add the loops; by default they go with ``normalize``, as in PyG.
+    normalize
+        Apply :math:`\tilde D^{-1/2}\cdot\tilde D^{-1/2}`; ``False`` keeps the adjacency as is.
+    like
+        An array whose backend, dtype and device the basis takes (default: the graph's).
+
+    Returns
+    -------
+    SparseBasis
+        One member, shape ``(1, N, N)``.
 
     Examples
     --------
@@ -79,15 +155,14 @@ def gcn_basis(
     """
     host = host_like(like, graph, edge_weight)
     if host is not like:  # a meta like: normalised where the graph's values are, then placed
-        return gcn_basis(graph, num_nodes, edge_weight, improved, add_self_loops, normalize, host).to(device_of(like))
-    edges = as_edges(graph, num_nodes, edge_weight, like)
-    if add_self_loops is None:
-        add_self_loops = normalize
-    if normalize:
-        edges = gcn_normalize(edges, add_self_loops, improved)
-    elif add_self_loops:
-        edges = add_remaining_self_loops(edges, 2.0 if improved else 1.0)
-    return edges.to_basis()
+        again = gcn_basis(graph, num_nodes, edge_weight=edge_weight, improved=improved, add_self_loops=add_self_loops,
+                          normalize=normalize, like=host)  # fmt: skip
+        return again.to(device_of(like))
+    edges = as_edges(graph, num_nodes, edge_weight, like=like)
+    loops = normalize if add_self_loops is None else add_self_loops
+    matrix, weighted = is_matrix_graph(graph), edge_weight is not None
+    rule = {"improved": improved, "add_self_loops": loops, "normalize": normalize}
+    return gcn_edges(edges, matrix=matrix, weighted=weighted, **rule).to_basis()
 
 
 def graph_basis(
@@ -133,7 +208,7 @@ def graph_basis(
     if host is not like:  # a meta like: built where the graph's values are, then placed
         args = (graph, kind, K, num_nodes, edge_weight, normalization, lambda_max, edge_type, num_relations, walks)
         return graph_basis(*args, like=host).to(device_of(like))
-    edges = as_edges(graph, num_nodes, edge_weight, like)
+    edges = as_edges(graph, num_nodes, edge_weight, like=like)
     if kind == "adjacency":
         return edges.to_basis()
     if kind == "gcn":
@@ -154,7 +229,7 @@ def graph_basis(
         return ConcatBasis([forward, backward])
     if kind == "chebyshev":
         K = _check_K(K, 1)
-        laplacian, _ = scaled_laplacian(edges, normalization, lambda_max)
+        laplacian, _ = scaled_laplacian(edges, normalization, lambda_max=lambda_max)
         return PolynomialBasis(laplacian.to_basis(), range(K), "chebyshev")
     return relational_basis(edges, edge_type, num_relations, walks)
 
@@ -251,6 +326,7 @@ __all__ = [
     "add_self_loops",
     "as_edges",
     "gcn_basis",
+    "gcn_edges",
     "gcn_normalize",
     "graph_basis",
     "host_like",

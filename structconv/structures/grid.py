@@ -110,9 +110,10 @@ def _layout_window(
 def grid_basis(
     grid: Size,
     kernel: Size | None = None,
+    *,
     stride: Size = 1,
-    dilation: Size = 1,
     padding: Padding = 0,
+    dilation: Size = 1,
     offsets: Any = None,
     boundary: str = "zero",
     like: Array | None = None,
@@ -131,12 +132,15 @@ def grid_basis(
     kernel
         Kernel sizes (an int is used along every dimension).  Give either ``kernel`` or
         ``offsets``.
-    stride, dilation
-        Positive ints or per-dimension tuples.
+    stride
+        A positive int or a per-dimension tuple: output :math:`n` reads from input position
+        :math:`s\odot n` on.
     padding
         ``"valid"``, ``"same"`` (stride 1 only; an odd total is split with the extra entry
         after, as torch does), an int, a per-dimension tuple, or per-dimension
         ``(before, after)`` pairs.
+    dilation
+        A positive int or a per-dimension tuple: the spacing of the kernel's entries.
     offsets
         An irregular kernel: ``(K, d)`` integer positions of the kernel entries (e.g. a cross).
         They are placed inside their bounding window, which padding and "same" then treat like
@@ -196,34 +200,64 @@ def grid_basis(
         window = window.astype(np.int64) - window.min(0)
         out, before = _layout_window(g, tuple(int(e) + 1 for e in window.max(0)), st, padding)
     taps = window - np.asarray(before, dtype=np.int64)
-    return GridBasis(g, out, taps, st, boundary, like=like)
+    return GridBasis(g, out, taps, stride=st, boundary=boundary, like=like)
 
 
 def avg_pool_basis(
     grid: Size,
     kernel: Size,
+    *,
     stride: Size | None = None,
     padding: Padding = 0,
+    ceil_mode: bool = False,
     count_include_pad: bool = True,
     boundary: str = "zero",
     like: Array | None = None,
-    ceil_mode: bool = False,
 ) -> GridBasis:
     r"""Average pooling as a one-member basis: :math:`A = \frac1{|W|}\sum_{o \in W}\mathcal A_{-o}` (strided).
 
     With :math:`\Theta = I` (channel by channel), :math:`A^\top x` equals ``F.avg_pool{d}d`` with
-    the same kernel, stride (default: the kernel) and padding.  ``count_include_pad=False``
-    divides by the in-grid entries of each window instead (a normalised basis).
+    the same kernel, stride and padding (:func:`apply_shifts` applies it so).
 
-    ``like`` gives the backend, dtype and device of the tap weights (default NumPy float64).
-    ``ceil_mode=True`` is torch's rule: along each dimension
-    :math:`N_i = \lceil (S_i + p_i + p'_i - k_i)/s_i \rceil + 1`, less one if the last window
-    would start past the input (at or after :math:`S_i + p_i` in padded coordinates), so every
-    window starts inside the input or the left padding.  Windows may then run past the right
-    padding; those reads are missing entries, and the divisor is what torch divides by: with
-    ``count_include_pad`` the window's entries inside the padded grid
-    :math:`\prod_i (\min(t_i + k_i, S_i + p'_i) - t_i)` (:math:`t_i = s_i n_i - p_i`, an
-    explicit column scale), otherwise its in-grid entries.
+    Parameters
+    ----------
+    grid
+        Input grid sizes :math:`(S_1, \dots, S_d)` (an int for a 1-D sequence).
+    kernel
+        Window sizes :math:`k_i` (an int is used along every dimension).
+    stride
+        A positive int or a per-dimension tuple; ``None`` (the default) is the kernel, as in
+        torch.
+    padding
+        An int, a per-dimension tuple or per-dimension ``(before, after)`` pairs, each at most
+        half the kernel (as in torch); no ``"same"`` or ``"valid"``.
+    ceil_mode
+        Torch's rule for the last window: along each dimension
+        :math:`N_i = \lceil (S_i + p_i + p'_i - k_i)/s_i \rceil + 1`, less one if the last window
+        would start past the input (at or after :math:`S_i + p_i` in padded coordinates), so
+        every window starts inside the input or the left padding.  Windows may then run past
+        the right padding; those reads are missing entries.
+    count_include_pad
+        Divide by :math:`|W|`, padded entries included (the default, as torch; with
+        ``ceil_mode`` a window's entries inside the padded grid,
+        :math:`\prod_i (\min(t_i + k_i, S_i + p'_i) - t_i)` with :math:`t_i = s_i n_i - p_i`, an
+        explicit column scale); ``False`` divides by each window's in-grid entries instead (a
+        normalised basis).
+    boundary
+        ``"zero"`` or ``"periodic"``, as for :func:`grid_basis`.
+    like
+        An array whose backend, dtype and device the tap weights take (default NumPy float64).
+
+    Returns
+    -------
+    GridBasis
+        Shape ``(1, M, N)`` with :math:`M = \prod_i S_i` and :math:`N` the output grid volume.
+
+    Raises
+    ------
+    ValueError, TypeError
+        For non-positive sizes or strides, string or over-large padding, or a window that
+        leaves no output.
 
     Examples
     --------
@@ -257,7 +291,8 @@ def avg_pool_basis(
     scale: Array | None = None
     if count_include_pad and counts is not None and bool((counts != J).any()):
         scale = backend.asarray(J / counts, weights)
-    return GridBasis(g, out, taps, st, boundary, weights=weights, normalize=not count_include_pad, scale=scale)
+    normalize = not count_include_pad
+    return GridBasis(g, out, taps, stride=st, boundary=boundary, weights=weights, normalize=normalize, scale=scale)
 
 
 def _ceil_layout(
@@ -283,12 +318,30 @@ def _ceil_layout(
     return tuple(out), taps, counts.reshape(-1)
 
 
-def shift_matrix(grid: Size, d: Size, boundary: str = "zero", like: Array | None = None) -> GridBasis:
+def shift_matrix(grid: Size, d: Size, *, boundary: str = "zero", like: Array | None = None) -> GridBasis:
     r"""The shift matrix :math:`\mathcal A_{\mathbf d}` of Def. 1 as a one-member basis.
 
     :math:`(\mathcal A_{\mathbf d})_{mn} = 1` iff grid position :math:`n` minus position
     :math:`m` is :math:`\mathbf d` (row-major flattening), i.e. output :math:`n` reads input
-    :math:`n - \mathbf d`; with ``boundary="periodic"`` positions wrap around.
+    :math:`n - \mathbf d`.
+
+    Parameters
+    ----------
+    grid
+        Grid sizes :math:`(S_1, \dots, S_d)` (an int for a 1-D sequence); input and output
+        share the grid.
+    d
+        The shift :math:`\mathbf d`, one integer per grid dimension (an int for a 1-D grid).
+        Any integers: a shift beyond the grid gives an all-zero matrix under ``"zero"``.
+    boundary
+        ``"zero"`` (reads outside the grid are zero) or ``"periodic"`` (positions wrap around).
+    like
+        An array whose backend, dtype and device the basis reports (default NumPy float64).
+
+    Returns
+    -------
+    GridBasis
+        Shape ``(1, M, M)`` with :math:`M = \prod_i S_i`.
 
     Examples
     --------
@@ -303,21 +356,45 @@ def shift_matrix(grid: Size, d: Size, boundary: str = "zero", like: Array | None
     if isinstance(d, int | np.integer) and len(g) != 1:
         raise ValueError(f"d must have one entry per grid dimension ({len(g)}), got {d!r}")
     shift = _ints(d, len(g), "d", -(2**62))  # any integer offset; those beyond the grid give an empty matrix
-    return GridBasis(g, g, -np.asarray([shift], dtype=np.int64), 1, boundary, like=like)
+    return GridBasis(g, g, -np.asarray([shift], dtype=np.int64), stride=1, boundary=boundary, like=like)
 
 
-def apply_shifts(basis: GridBasis, x: Array, method: str = "auto") -> Array:
+def apply_shifts(basis: GridBasis, x: Array, *, order: str = "auto") -> Array:
     r""":math:`A_k^\top x` for every member, channel by channel: ``(B, M, C) -> (B, K, N, C)``.
 
-    This is the "A·x" side of the triangle with :math:`\Theta = I` per channel, the whole of a
-    pooling layer (so no identity GEMM is spent).  ``method`` is ``"native"`` (``F.avg_pool*d``
-    or a depthwise ``F.conv*d``, torch only), ``"shift"`` (slicing), or ``"auto"`` (native when
-    available).
+    This is the "A·x" side of the triangle with :math:`\Theta = I` per channel,
+    :math:`R_{bknc} = \sum_m A_{kmn} x_{bmc}`: the whole of a pooling layer (so no identity GEMM
+    is spent).
+
+    Parameters
+    ----------
+    basis
+        A :class:`GridBasis` of shape ``(K, M, N)``.
+    x
+        ``(B, M, C)``, floating, with the basis' backend, dtype and device (build the basis
+        with ``like=x``).
+    order
+        How it runs, as :func:`structconv.conv`'s ``order`` says it: ``"native"`` (``F.avg_pool*d``
+        or a depthwise ``F.conv*d``, torch on a 1- to 3-D grid only), ``"shift"`` (slicing), or
+        ``"auto"`` (native where available).
+
+    Returns
+    -------
+    Array
+        ``(B, K, N, C)``.
+
+    Raises
+    ------
+    TypeError
+        If ``basis`` is not a :class:`GridBasis`, or ``x`` is not placed like it.
+    ValueError
+        For another ``order``, ``"native"`` where it is not available, or ``x`` of the wrong
+        shape.
     """
     if not isinstance(basis, GridBasis):
         raise TypeError(f"basis must be a GridBasis, got {type(basis).__name__}")
-    if method not in ("auto", "native", "shift"):
-        raise ValueError(f"method must be 'auto', 'native' or 'shift', got {method!r}")
+    if order not in ("auto", "native", "shift"):
+        raise ValueError(f"order must be 'auto', 'native' or 'shift', got {order!r}")
     backend = check_array(x, "x", (3,), ("(B, M, C)",))
     basis = basis.placed_like(x)
     if (
@@ -331,8 +408,8 @@ def apply_shifts(basis: GridBasis, x: Array, method: str = "auto") -> Array:
         )
     if int(x.shape[1]) != basis.M:
         raise ValueError(f"x has {int(x.shape[1])} entries (dim 1) but the basis grid {basis.grid} has M={basis.M}")
-    if method == "native" and not basis.native_available():
-        raise ValueError("method='native' needs a torch basis on a 1-, 2- or 3-D grid")
-    if method == "shift" or not basis.native_available():
+    if order == "native" and not basis.native_available():
+        raise ValueError("order='native' needs a torch basis on a 1-, 2- or 3-D grid")
+    if order == "shift" or not basis.native_available():
         return basis.apply_each(x)
     return basis._scaled(of(x).native_depthwise(x, basis.tap_weights(), basis.geometry))

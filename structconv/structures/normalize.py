@@ -59,8 +59,28 @@ def _inverse(deg: Array, power: float) -> Array:
     return (deg + ~positive) ** -power * positive
 
 
-def add_remaining_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
-    """Give every node exactly one self-loop: keep an existing loop's weight, else use ``fill``."""
+def add_remaining_self_loops(edges: Edges, *, fill: float = 1.0) -> Edges:
+    """Give every node exactly one self-loop: keep an existing loop's weight, else use ``fill``.
+
+    This is what PyG does to an ``edge_index`` (``add_remaining_self_loops``).
+
+    Parameters
+    ----------
+    edges
+        The graph, on any backend.
+    fill
+        The weight of the loops added (GCN's ``improved`` variant uses 2).
+
+    Returns
+    -------
+    Edges
+        The edges without their loops, then one loop per node (nodes in order).
+
+    Raises
+    ------
+    ValueError
+        If the edges are on the ``meta`` device (finding the loops reads them).
+    """
     _check_readable(edges, "adding the remaining self-loops")
     backend = of(edges.weight)  # resolved once: a graph layer runs this on every call
     xp = backend.namespace()
@@ -75,11 +95,23 @@ def add_remaining_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
     return edges.with_edges(xp.concat([src, nodes]), xp.concat([dst, nodes]), xp.concat([weight, loop_weight]))
 
 
-def add_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
+def add_self_loops(edges: Edges, *, fill: float = 1.0) -> Edges:
     r""":math:`A + \mathrm{fill}\cdot I`: a loop of weight ``fill`` on every node, added to any loop it already has.
 
     This is what PyG does to a sparse adjacency (``adj_t``); an ``edge_index`` instead gets
     :func:`add_remaining_self_loops`.
+
+    Parameters
+    ----------
+    edges
+        The graph, on any backend.
+    fill
+        The weight of the loops added.
+
+    Returns
+    -------
+    Edges
+        The edges, then one loop per node (nodes in order).
     """
     nodes = _nodes(edges)
     return edges.with_edges(
@@ -90,19 +122,58 @@ def add_self_loops(edges: Edges, fill: float = 1.0) -> Edges:
 
 
 def remove_self_loops(edges: Edges) -> Edges:
+    r"""The edges without their self-loops (``m -> m``), the others in their order.
+
+    Parameters
+    ----------
+    edges
+        The graph, on any backend.
+
+    Returns
+    -------
+    Edges
+        The edges ``m -> n`` with :math:`m \ne n`.
+
+    Raises
+    ------
+    ValueError
+        If the edges are on the ``meta`` device (finding the loops reads them).
+    """
     _check_readable(edges, "removing self-loops")
     keep = edges.src != edges.dst
     return edges.with_edges(edges.src[keep], edges.dst[keep], edges.weight[keep])
 
 
-def gcn_normalize(edges: Edges, add_self_loops: bool = True, improved: bool = False) -> Edges:
+def gcn_normalize(edges: Edges, *, add_self_loops: bool = True, improved: bool = False) -> Edges:
     r""":math:`\tilde D^{-1/2}\tilde A\tilde D^{-1/2}` with :math:`\tilde A = A + I` (loops added where missing).
 
-    ``improved`` uses weight 2 for the added loops; degrees are in-degrees (at the target).
+    Each edge :math:`m \to n` of weight :math:`a_{mn}` gets the weight
+    :math:`\tilde d_m^{-1/2}\, a_{mn}\, \tilde d_n^{-1/2}`, with :math:`\tilde d_n = \sum_m \tilde a_{mn}`
+    the in-degree (at the target) of :math:`\tilde A`; a node of degree 0 gives weight 0.
+
+    Parameters
+    ----------
+    edges
+        The graph, with non-negative weights.
+    add_self_loops
+        Give every node a loop first (:func:`add_remaining_self_loops`), as GCN does; ``False``
+        normalises :math:`A` itself.
+    improved
+        Added loops weigh 2 instead of 1 (:math:`\tilde A = A + 2I`, Kipf and Welling's variant).
+
+    Returns
+    -------
+    Edges
+        The normalised edges, differentiable in the weights.
+
+    Raises
+    ------
+    ValueError
+        If a weight is negative, or the edges are on the ``meta`` device.
     """
     _check_non_negative(edges, "gcn normalisation")
     if add_self_loops:
-        edges = add_remaining_self_loops(edges, 2.0 if improved else 1.0)
+        edges = add_remaining_self_loops(edges, fill=2.0 if improved else 1.0)
     backend = of(edges.weight)
     dinv = _inverse(backend.scatter_add(edges.weight, edges.dst, edges.num_nodes), 0.5)
     weight = backend.take(dinv, edges.src, 0) * edges.weight * backend.take(dinv, edges.dst, 0)  # PyG's order
@@ -112,9 +183,25 @@ def gcn_normalize(edges: Edges, add_self_loops: bool = True, improved: bool = Fa
 def walk_normalize(edges: Edges, direction: str = "forward") -> Edges:
     r"""Random-walk averaging, as diffusion convolution (DCRNN) uses it.
 
-    ``forward`` gives :math:`y = D_{\mathrm{out}}^{-1}A\,x`: each node averages its out-neighbours
-    (the member holds the reversed edges, since the formula gathers at targets); ``backward``
-    gives :math:`y = D_{\mathrm{in}}^{-1}A^\top x`: each node averages its in-neighbours.
+    Parameters
+    ----------
+    edges
+        The graph, with non-negative weights.
+    direction
+        ``"forward"`` gives :math:`y = D_{\mathrm{out}}^{-1}A\,x`: each node averages its
+        out-neighbours (the member holds the reversed edges, since the formula gathers at
+        targets); ``"backward"`` gives :math:`y = D_{\mathrm{in}}^{-1}A^\top x`: each node
+        averages its in-neighbours.
+
+    Returns
+    -------
+    Edges
+        The averaging edges; a node without neighbours averages nothing (its row is 0).
+
+    Raises
+    ------
+    ValueError
+        For another ``direction``, a negative weight, or edges on the ``meta`` device.
     """
     _check_non_negative(edges, "random-walk normalisation")
     if direction == "forward":
@@ -129,9 +216,27 @@ def walk_normalize(edges: Edges, direction: str = "forward") -> Edges:
 def laplacian(edges: Edges, normalization: str | None = "sym") -> Edges:
     r"""The graph Laplacian as edges: one loop per node plus the negated, normalised edges.
 
-    :math:`L = I - D^{-1/2}AD^{-1/2}` (``"sym"``), :math:`I - D^{-1}A` (``"rw"``) or
-    :math:`D - A` (``None``).  Self-loops of the input are dropped first; degrees are
-    out-degrees (at the source), as PyG's ``get_laplacian`` counts them.
+    Self-loops of the input are dropped first; degrees are out-degrees (at the source), as
+    PyG's ``get_laplacian`` counts them.
+
+    Parameters
+    ----------
+    edges
+        The graph (non-negative weights for a normalised Laplacian).
+    normalization
+        ``"sym"`` for :math:`L = I - D^{-1/2}AD^{-1/2}`, ``"rw"`` for :math:`I - D^{-1}A`, or
+        ``None`` for :math:`D - A`.
+
+    Returns
+    -------
+    Edges
+        The off-diagonal entries of :math:`L` (the edges, negated and normalised), then its
+        diagonal as one loop per node.
+
+    Raises
+    ------
+    ValueError
+        For another ``normalization``, or a negative weight under a normalised one.
     """
     if normalization not in ("sym", "rw", None):
         raise ValueError(f"normalization must be 'sym', 'rw' or None, got {normalization!r}")
@@ -155,14 +260,31 @@ def laplacian(edges: Edges, normalization: str | None = "sym") -> Edges:
 
 
 def scaled_laplacian(
-    edges: Edges, normalization: str = "sym", lambda_max: float | str | None = None
+    edges: Edges, normalization: str = "sym", *, lambda_max: float | str | None = None
 ) -> tuple[Edges, float]:
-    r"""The scaled Laplacian :math:`\hat L = 2L/\lambda_{\max} - I`.
+    r"""The scaled Laplacian :math:`\hat L = 2L/\lambda_{\max} - I`, ChebConv's operator.
 
-    :math:`L = I - D^{-1/2}AD^{-1/2}` (``sym``) or :math:`I - D^{-1}A` (``rw``), from
-    :func:`laplacian` (self-loops dropped, out-degrees).  ``lambda_max`` defaults to 2 (the
-    bound for ``sym``); ``"auto"`` computes the largest eigenvalue of :math:`L`.  Returns
-    :math:`\hat L` and :math:`\lambda_{\max}`.
+    Parameters
+    ----------
+    edges
+        The graph, with non-negative weights.
+    normalization
+        ``"sym"`` for :math:`L = I - D^{-1/2}AD^{-1/2}` or ``"rw"`` for :math:`I - D^{-1}A`,
+        from :func:`laplacian` (self-loops dropped, out-degrees).
+    lambda_max
+        :math:`\lambda_{\max}`: a positive finite number, ``None`` for 2 (the bound for
+        ``"sym"``), or ``"auto"`` to compute the largest eigenvalue of :math:`L` (SciPy's
+        ``eigs``, on the host).
+
+    Returns
+    -------
+    (Edges, float)
+        :math:`\hat L` and the :math:`\lambda_{\max}` used.
+
+    Raises
+    ------
+    ValueError
+        For another ``normalization`` or ``lambda_max``, or a negative weight.
     """
     if normalization not in ("sym", "rw"):
         raise ValueError(f"normalization must be 'sym' or 'rw', got {normalization!r}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -53,7 +53,13 @@ class RelativeOffsets:
     lengths: tuple[int, ...]
 
     def index_like(self, like: Array) -> Any:
-        """:attr:`index` as an integer array on the backend and device of ``like`` (see :func:`placed`)."""
+        """:attr:`index` as an integer array on the backend and device of ``like`` (see :func:`placed`).
+
+        Parameters
+        ----------
+        like
+            An array of the backend and device wanted.
+        """
         return placed(self, "index", like)
 
 
@@ -61,7 +67,26 @@ _RELATIVE: dict[tuple[tuple[int, ...], str], RelativeOffsets] = {}
 
 
 def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeOffsets:
-    """The :class:`RelativeOffsets` of ``grid`` under ``boundary`` (cached by value)."""
+    r"""The :class:`RelativeOffsets` of ``grid`` under ``boundary`` (cached by value).
+
+    Parameters
+    ----------
+    grid
+        Grid sizes :math:`(S_1, \dots, S_d)`.
+    boundary
+        ``"zero"``: offsets :math:`\delta_i \in [-(S_i - 1), S_i - 1]`; ``"periodic"``: offsets
+        taken modulo :math:`S_i`, in :math:`[-\lfloor S_i/2 \rfloor, \lceil S_i/2 \rceil - 1]`.
+
+    Returns
+    -------
+    RelativeOffsets
+        Read-only tables, shared by every caller of the same ``(grid, boundary)``.
+
+    Raises
+    ------
+    ValueError
+        For a bad grid or boundary, or tables larger than half the host's memory.
+    """
     # A plain dictionary, not functools.lru_cache: torch.compile honours a dictionary lookup (and
     # guards on it) but traces through an lru_cache into the NumPy construction below.
     key = (tuple(grid), boundary)
@@ -118,12 +143,27 @@ def _table(rel: RelativeOffsets, name: str) -> tuple[np.ndarray, str | None]:
 
 
 def placed(rel: RelativeOffsets, name: str, like: Array) -> Any:
-    """Table ``name`` of ``rel`` (``"index"``, ``"offsets"``, ``"axis_index_t<i>"``) on ``like``'s backend and device.
+    """Table ``name`` of ``rel`` on ``like``'s backend and device.
 
-    Integer tables are int64; ``"offsets"`` takes ``like``'s dtype.  Cached by value
-    (grid, boundary, table, backend, dtype, device), so a forward pass copies no table to its
-    device; a plain dictionary, not ``functools.lru_cache``: ``torch.compile`` honours a
-    dictionary lookup (and guards on it) but traces through an ``lru_cache``.
+    Cached by value (grid, boundary, table, backend, dtype, device), so a forward pass copies no
+    table to its device; a plain dictionary, not ``functools.lru_cache``: ``torch.compile``
+    honours a dictionary lookup (and guards on it) but traces through an ``lru_cache``.
+
+    Parameters
+    ----------
+    rel
+        The tables of a grid (:func:`relative_offsets`).
+    name
+        ``"index"`` (:attr:`RelativeOffsets.index`), ``"offsets"`` or ``"axis_index_t<i>"``
+        (axis ``i`` of :attr:`RelativeOffsets.axis_index`, transposed to ``(N, M)``).
+    like
+        An array of the backend, device (and, for ``"offsets"``, dtype) wanted.
+
+    Returns
+    -------
+    Array
+        The table: int64, except ``"offsets"`` in ``like``'s dtype.  Shared: read-only by
+        convention.
     """
     backend = of(like)
     key = (rel.grid, rel.boundary, name, backend.name, dtype_name(like), backend.device(like))
@@ -189,10 +229,31 @@ class RelativeAttention(Mechanism):
     ``rel_key``; ``key`` and ``u``; ``rel_key`` and ``v``).  The query-position term is computed
     per axis against the :math:`L_i` offsets of the axis and gathered, never through an
     ``(M, N, D)`` tensor of embeddings.
+
+    Parameters
+    ----------
+    grid
+        Grid sizes :math:`(S_1, \dots, S_d)`; the tokens are its positions, row-major.
+    tables
+        One ``(L_i, D_i)`` table per axis, :math:`L_i` the axis' offsets under ``boundary``
+        (:attr:`RelativeOffsets.lengths`).
+    key, query
+        :math:`W^k` and :math:`W^q`, ``(K, P, D)`` each.
+    rel_key
+        :math:`\hat W`, ``(K, D_p, D)`` with :math:`D_p = \sum_i D_i`.
+    u, v
+        ``(K, D)`` each.
+    boundary
+        ``"zero"`` or ``"periodic"`` (offsets wrap around the grid).
+    scale
+        The factor of the scores, e.g. :math:`1/\sqrt D`.
+
+    Everything after ``tables`` is a keyword.
     """
 
     grid: tuple[int, ...]
     tables: tuple[Array, ...]
+    _: KW_ONLY
     key: Array | None = None
     query: Array | None = None
     rel_key: Array | None = None

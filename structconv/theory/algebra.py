@@ -34,7 +34,25 @@ def _check_theta(theta: Array, basis: Basis, arg: str) -> None:
 def combine(a: Basis | Array, theta: Array) -> Array:
     r"""Return :math:`\Phi = \sum_k A_k\otimes\Theta_k`, shape ``(M, N, P, Q)`` (or with ``B`` first).
 
-    Then ``conv(a, x, theta)[b, n, q] == sum(x[b, m, p] * phi[m, n, p, q])``.
+    Then ``conv(a, x, theta)[b, n, q] == sum(x[b, m, p] * phi[m, n, p, q])``: the general linear
+    map of Eq. 6 that the convolution is (formed densely).
+
+    Parameters
+    ----------
+    a
+        A basis ``(K, M, N)`` or ``(B, K, M, N)``, or a dense array of that shape.
+    theta
+        :math:`\Theta`, ``(K, P, Q)``, placed like the basis.
+
+    Returns
+    -------
+    Array
+        :math:`\Phi_{mnpq} = \sum_k A_{kmn}\Theta_{kpq}`, ``(M, N, P, Q)`` or ``(B, M, N, P, Q)``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        If ``theta`` is not ``(K, P, Q)`` with the basis' ``K``, or is placed otherwise.
 
     Examples
     --------
@@ -112,6 +130,20 @@ def compose(a1: Basis | Array, theta1: Array, a2: Basis | Array, theta2: Array) 
 
     Dense and sparse operands give a basis of the same representation (sparse products are
     computed sparsely); other representations give a lazy :class:`~structconv.ComposedBasis`.
+
+    Parameters
+    ----------
+    a1, theta1
+        The first convolution: a basis :math:`\mathbf A'` ``(K', M', N')`` (or an array) and
+        :math:`\Theta'` ``(K', P', Q')``.
+    a2, theta2
+        The second: :math:`\mathbf A''` ``(K'', M'', N'')`` and :math:`\Theta''` ``(K'', P'', Q'')``.
+
+    Returns
+    -------
+    (Basis, Array)
+        :math:`A_{k'K''+k''} = A'_{k'}A''_{k''}`, ``(K'K'', M', N'')``, and
+        :math:`\Theta_{k'K''+k''} = \Theta'_{k'}\Theta''_{k''}`, ``(K'K'', P', Q'')``.
 
     Raises
     ------

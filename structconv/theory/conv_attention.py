@@ -28,7 +28,7 @@ from ..bases.factor import LowRank
 BORDERS = ("periodic", "zero", "padded")
 
 
-def attention_alpha_bound(dtype: Any, ndim: int = 2) -> float:
+def attention_alpha_bound(dtype: Any, *, ndim: int = 2) -> float:
     r"""The smallest :math:`\alpha` at which a soft quadratic head is one-hot to the precision of ``dtype``.
 
     In a column of a soft head the chosen offset has score 0 and its :math:`2d` nearest
@@ -39,6 +39,18 @@ def attention_alpha_bound(dtype: Any, ndim: int = 2) -> float:
     the off-target weights become exact zeros
     (the softmax flushes subnormal weights to zero: in float32 :math:`\alpha > 126\ln 2
     \approx 87.34`, measured in ``docs/attention.rst``).  Cordonnier et al.'s :math:`\alpha = 46` is neither.
+
+    Parameters
+    ----------
+    dtype
+        A floating NumPy or torch dtype (or its name).
+    ndim
+        :math:`d`, the dimensions of the grid.
+
+    Returns
+    -------
+    float
+        :math:`\ln(4d/\varepsilon)`.
     """
     eps = float(np.finfo(str(dtype).removeprefix("torch.")).eps) / 2
     return float(np.log(2 * ndim / eps))
@@ -54,7 +66,7 @@ def _padded_heads(grid: tuple[int, ...], pad: tuple[int, ...], centres: Any, alp
     from ..structures.positional import QuadraticPosition
 
     big = tuple(g + 2 * p for g, p in zip(grid, pad, strict=True))
-    heads = QuadraticPosition(big, centres, alpha, "zero").basis(form="dense").to_dense()
+    heads = QuadraticPosition(big, centres, alpha, boundary="zero").basis(form="dense").to_dense()
     inner = np.ravel_multi_index(
         tuple(np.meshgrid(*[np.arange(p, p + g) for g, p in zip(grid, pad, strict=True)], indexing="ij")), big
     ).reshape(-1)
@@ -66,6 +78,7 @@ def conv_to_attention(
     weight: Array,
     grid: Any,
     bias: Array | None = None,
+    *,
     alpha: float | None = None,
     boundary: str = "periodic",
     num_heads: int | None = None,
@@ -95,10 +108,16 @@ def conv_to_attention(
 
     Parameters
     ----------
-    weight, grid, bias
-        The kernel, the grid it runs on and its bias (``(Q,)`` or ``None``).
-    alpha, boundary
-        As above.
+    weight
+        The kernel, ``(Q, P, k_1, ..., k_d)`` with :math:`d \le 3`.
+    grid
+        The grid it runs on, :math:`(S_1, \dots, S_d)` (an int for :math:`d = 1`).
+    bias
+        Its bias, ``(Q,)``, or ``None``.
+    alpha
+        The inverse width :math:`\alpha > 0` of soft heads, or ``None`` for hard one-hot heads.
+    boundary
+        ``"periodic"``, ``"padded"`` or ``"zero"``, as above.
     num_heads
         If given, the head count the construction must produce: Lemma 1 uses
         :math:`N_h = K^2` heads for a square :math:`K\times K` kernel, so a kernel that is not
@@ -144,7 +163,7 @@ def conv_to_attention(
     if alpha is not None and boundary == "padded":
         basis: Basis = _padded_heads(g, tuple(k // 2 for k in kernel), centres, widths)
     else:
-        basis = positional_basis(g, centres, widths, "zero" if boundary == "padded" else boundary)
+        basis = positional_basis(g, centres, widths, boundary="zero" if boundary == "padded" else boundary)
     theta = namespace(weight).permute_dims(weight.reshape(Q, P, -1), (2, 1, 0))
     if head_dim is None and out_dim is None:
         return basis, theta, bias
@@ -190,8 +209,14 @@ class ConvolutionFit:
     distance: np.ndarray
     mass: np.ndarray
 
-    def is_convolution(self, tol: float = 1e-6) -> bool:
-        """Whether every head is within ``tol`` of a one-hot shift."""
+    def is_convolution(self, *, tol: float = 1e-6) -> bool:
+        """Whether every head is within ``tol`` of a one-hot shift.
+
+        Parameters
+        ----------
+        tol
+            The largest :attr:`distance` allowed (total variation, in :math:`[0, 1]`).
+        """
         return bool((self.distance <= tol).all())
 
 
@@ -202,6 +227,26 @@ def nearest_convolution(basis: Basis | Array, grid: Any, boundary: str = "zero")
     :math:`\frac1N\sum_n A_k[n + \delta, n]` (over instances too for a per-instance basis); the
     one-hot shift of that offset under ``boundary`` is then compared with the head column by
     column.  A "mixture of convolutions" diagnostic for trained attention heads.
+
+    Parameters
+    ----------
+    basis
+        Heads of shape ``(K, M, M)`` or ``(B, K, M, M)``, :math:`M = \prod_i S_i` (any basis, or
+        a dense array).
+    grid
+        The grid the tokens lie on, :math:`(S_1, \dots, S_d)` (an int for :math:`d = 1`).
+    boundary
+        ``"zero"`` or ``"periodic"``: the shifts compared with (and the offsets they may have).
+
+    Returns
+    -------
+    ConvolutionFit
+        Per head, the offset, the distance and the mass.
+
+    Raises
+    ------
+    ValueError
+        If the basis does not have :math:`M = N = \prod_i S_i`, or for a bad grid or boundary.
     """
     from ..bases.grid import GridBasis, _grid
     from ..structures.positional import relative_offsets
@@ -222,19 +267,33 @@ def nearest_convolution(basis: Basis | Array, grid: Any, boundary: str = "zero")
         per_offset = np.bincount(rel.index.reshape(-1), weights=mean[k].reshape(-1), minlength=len(rel.offsets))
         best = int(per_offset.argmax())
         offsets[k], mass[k] = rel.offsets[best], per_offset[best] / M
-    shifts = GridBasis(g, g, offsets, 1, boundary).to_dense()
+    shifts = GridBasis(g, g, offsets, stride=1, boundary=boundary).to_dense()
     distance = 0.5 * np.abs(dense - to_numpy(shifts)[None]).sum(axis=2).mean(axis=(0, 2))
     return ConvolutionFit(g, boundary, offsets, distance, mass)
 
 
 def attention_to_conv(
-    basis: Basis | Array, theta: Array, grid: Any, boundary: str = "zero", tol: float = 1e-6
+    basis: Basis | Array, theta: Array, grid: Any, boundary: str = "zero", *, tol: float = 1e-6
 ) -> tuple[Basis, Array]:
     r"""Heads that are one-hot on translations, as a grid basis and :math:`\Theta` (the converse of Lemma 1).
 
-    Returns the :class:`~structconv.GridBasis` of the heads' offsets (heads sharing an offset
-    are merged and their :math:`\Theta_h` summed) and the matching parameter, so that
-    ``conv(grid_basis, x, theta')`` equals ``conv(basis, x, theta)``.
+    Parameters
+    ----------
+    basis
+        The heads, ``(K, M, M)`` (as for :func:`nearest_convolution`).
+    theta
+        Their parameter :math:`\Theta`, ``(K, P, Q)``.
+    grid, boundary
+        As for :func:`nearest_convolution`.
+    tol
+        The largest distance of a head from its one-hot shift (total variation).
+
+    Returns
+    -------
+    (GridBasis, Array)
+        The :class:`~structconv.GridBasis` of the heads' offsets (heads sharing an offset are
+        merged and their :math:`\Theta_h` summed) and the matching parameter, so that
+        ``conv(grid_basis, x, theta')`` equals ``conv(basis, x, theta)``.
 
     Raises
     ------
@@ -260,4 +319,4 @@ def attention_to_conv(
     inverse = inverse.reshape(-1)
     merged = of(theta).scatter_add(theta, as_index(inverse, theta), len(unique))
     like = theta if is_floating(theta) else None
-    return GridBasis(fit.grid, fit.grid, unique, 1, boundary, like=like), merged
+    return GridBasis(fit.grid, fit.grid, unique, stride=1, boundary=boundary, like=like), merged

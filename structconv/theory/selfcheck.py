@@ -21,6 +21,7 @@ from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank, Separable
 from ..bases.sparse import SparseBasis
 from ..engine.contract import conv
+from ..engine.reference import dense_reference
 from .algebra import combine, compose, decompose
 
 REPRESENTATIONS = ("dense", "sparse", "concat")
@@ -85,12 +86,6 @@ def _cases(rng: np.random.Generator, count: int) -> Iterator[dict[str, Any]]:
         }
 
 
-def _reference(A: np.ndarray, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    eq = "bkmn,bmp,kpq->bnq" if A.ndim == 4 else "kmn,bmp,kpq->bnq"
-    out: np.ndarray = np.einsum(eq, A, x, theta)
-    return out
-
-
 def _named(name: str) -> Backend:
     """The backend registered as ``name`` (:data:`structconv.backend.REGISTRY`)."""
     backend: Backend = importlib.import_module(REGISTRY[name][1]).BACKEND
@@ -116,7 +111,7 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
     def against_einsum(c: dict[str, Any], backend: str, rep: str, order: str) -> float:
         cv = _on(backend)
         y = conv(build_basis(cv(c["A"]), rep), cv(c["x"]), cv(c["theta"]), order=order)
-        return _rel_error(y, _reference(c["A"], c["x"], c["theta"]))
+        return _rel_error(y, dense_reference(c["A"], c["x"], c["theta"]))
 
     for backend in backends:
         for rep in REPRESENTATIONS:
@@ -150,7 +145,7 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
         A = c["A"]
         At = np.swapaxes(A, -1, -2)
         xt = rng.normal(size=(c["x"].shape[0], A.shape[-1], c["x"].shape[2]))
-        return _rel_error(conv(SparseBasis.from_dense(A).T, xt, c["theta"]), _reference(At, xt, c["theta"]))
+        return _rel_error(conv(SparseBasis.from_dense(A).T, xt, c["theta"]), dense_reference(At, xt, c["theta"]))
 
     results.append(CheckResult("transpose swaps inputs and outputs", cases, _max_over(data, transpose), tol))
 
@@ -165,13 +160,13 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
             errs.append(
                 _rel_error(
                     conv(basis, c["x"], Separable(coef, chan), order=order),
-                    _reference(c["A"], c["x"], np.einsum("hk,hpq->kpq", coef, chan)),
+                    dense_reference(c["A"], c["x"], np.einsum("hk,hpq->kpq", coef, chan)),
                 )
             )
             errs.append(
                 _rel_error(
                     conv(basis, c["x"], LowRank(val, out), order=order),
-                    _reference(c["A"], c["x"], np.einsum("kpd,kqd->kpq", val, out)),
+                    dense_reference(c["A"], c["x"], np.einsum("kpd,kqd->kpq", val, out)),
                 )
             )
         return max(errs)
@@ -249,7 +244,7 @@ def _graph_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...
             dense = _np(basis.to_dense())
             x, theta = rng.normal(size=(2, N, 3)), rng.normal(size=(basis.K, 3, 2))
             for order in ("ax", "xtheta", "auto") + (("materialized",) if kind != "diffusion" else ()):
-                errs.append(_rel_error(conv(basis, cv(x), cv(theta), order=order), _reference(dense, x, theta)))
+                errs.append(_rel_error(conv(basis, cv(x), cv(theta), order=order), dense_reference(dense, x, theta)))
         return max(errs)
 
     def edges(g: tuple[int, np.ndarray, np.ndarray], backend: str) -> float:
@@ -260,7 +255,8 @@ def _graph_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...
         dense = np.stack([adjacency(N, index, w[:, k]) for k in range(3)])
         x, theta = rng.normal(size=(2, N, 3)), rng.normal(size=(3, 3, 2))
         return max(
-            _rel_error(conv(basis, cv(x), cv(theta), order=o), _reference(dense, x, theta)) for o in ("ax", "xtheta")
+            _rel_error(conv(basis, cv(x), cv(theta), order=o), dense_reference(dense, x, theta))
+            for o in ("ax", "xtheta")
         )
 
     for backend in backends:
@@ -297,7 +293,9 @@ def _grid_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...]
     out = []
 
     def basis(c: dict[str, Any], like: Any) -> Any:
-        return grid_basis(c["grid"], c["kernel"], c["stride"], padding=c["padding"], boundary=c["boundary"], like=like)
+        return grid_basis(
+            c["grid"], c["kernel"], stride=c["stride"], padding=c["padding"], boundary=c["boundary"], like=like
+        )
 
     for backend in backends:
         cv = _on(backend)
@@ -310,7 +308,7 @@ def _grid_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...]
                 A = basis(c, cv(np.zeros(1)))
                 y = conv(A, cv(c["x"]), cv(c["theta"]), order=order)
                 dense = basis(c, None).to_dense()
-                return _rel_error(y, _reference(dense, c["x"], c["theta"]))
+                return _rel_error(y, dense_reference(dense, c["x"], c["theta"]))
 
             out.append(CheckResult(f"grid conv = einsum [{backend}, {order}]", count, _max_over(cases, err), tol))
     for name in backends:  # comparisons with a backend's own convolution

@@ -325,15 +325,23 @@ def _reference(
     src, dst = g.src, g.dst
     A = refs.adjacency(src, dst, weight, n)
     if entry == "gcn_basis":
+        # The one GCN rule (PyG's gcn_norm): a matrix gets A + fI; an edge_index a loop where it has
+        # none, of weight 2 under improved only when edge_weight is given (PyG's fill).
         loops = p["normalize"] if p["add_self_loops"] is None else bool(p["add_self_loops"])
+        matrix = not p["form"].startswith(("edge_index", "torch_index"))
+        given = kwargs.get("edge_weight") is not None
+        fill = 2.0 if p["improved"] and (matrix or given) else 1.0
+        if loops and matrix:
+            A[np.arange(n), np.arange(n)] += fill
+        elif loops:
+            diag = np.full(n, fill)
+            is_loop = src == dst
+            diag[src[is_loop]] = weight[is_loop]
+            A[np.arange(n), np.arange(n)] = diag
         if not p["normalize"]:
-            if loops:
-                diag = np.full(n, 2.0 if p["improved"] else 1.0)
-                is_loop = src == dst
-                diag[src[is_loop]] = weight[is_loop]
-                A[np.arange(n), np.arange(n)] = diag
             return A[None]
-        return refs.gcn_dense(src, dst, weight, n, p["improved"], loops)
+        dinv = refs._inv(A.sum(0), 0.5)
+        return (dinv[:, None] * A * dinv[None, :])[None]
     K = int(kwargs["K"])
     if kind == "adjacency":
         return A[None]

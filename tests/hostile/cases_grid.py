@@ -397,9 +397,9 @@ def _apply_trial(p: dict[str, Any]) -> Trial:
     elif kind == "meta":
         x_backend, x_device, expect, names, words = "torch", "meta", EITHER, ("x", "device", "like"), "x on meta"
     if method not in ("auto", "shift", "native"):
-        expect, names, words = ERROR, ("method",), f"method={method!r}"
+        expect, names, words = ERROR, ("order",), f"order={method!r}"
     elif method == "native":
-        names = (*names, "method")
+        names = (*names, "order")
         expect = EITHER if backend != "torch" or x_backend != "torch" else expect
     x = make(values, x_backend, x_dtype, "contiguous", x_device) if kind != "list" else values.tolist()
     if kind == "list":
@@ -411,7 +411,7 @@ def _apply_trial(p: dict[str, Any]) -> Trial:
 
     def call() -> Any:
         basis = basis_arg if basis_arg is not None else sc.grid_basis(tuple(grid), tuple(kernel), like=like)
-        return sc.apply_shifts(basis, x, method=method)
+        return sc.apply_shifts(basis, x, order=method)
 
     def check(y: Any) -> str | None:
         taps = refs.window(kernel, [1] * d)
@@ -421,6 +421,6 @@ def _apply_trial(p: dict[str, Any]) -> Trial:
         return compare(y, ref, np.abs(ref), x_dtype, x_backend, int(A.shape[1]), x_device)
 
     describe = (
-        f"apply_shifts(grid_basis({tuple(grid)}, {tuple(kernel)}, like={p['like']}), x, method={method!r}); {words}"
+        f"apply_shifts(grid_basis({tuple(grid)}, {tuple(kernel)}, like={p['like']}), x, order={method!r}); {words}"
     )
     return Trial(describe, call, expect, names, check)

@@ -8,6 +8,7 @@ the docs cannot drift from the tests.
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,12 @@ from pathlib import Path
 EQUAL, REFUSED, NA = "equal", "refused", "n.a."
 STATUSES = (EQUAL, REFUSED, NA)
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "peers"
+
+
+def case_name() -> str:
+    """The running test's id (``test_conv_stride[dtype1]``), the case a comparison's messages name."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    return current.rsplit("::", 1)[-1].removesuffix(" (call)") or "a peer comparison"
 
 
 class PeerTable:

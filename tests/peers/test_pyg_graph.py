@@ -14,6 +14,7 @@ Hypothesis.  The fragment is generated from :data:`CASES`::
 
 from __future__ import annotations
 
+import inspect
 import sys
 import warnings
 from collections.abc import Callable
@@ -25,10 +26,11 @@ import scipy.sparse
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from peer_table import EQUAL, NA, REFUSED, PeerTable
+from peer_table import EQUAL, NA, REFUSED, PeerTable, case_name
 
 from structconv import nn as snn
 from structconv.nn.pyg_state import pyg_state_dict
+from structconv.testing import Link, compare_to_peer
 
 pyg_nn = pytest.importorskip("torch_geometric.nn")
 import torch_geometric  # noqa: E402
@@ -90,15 +92,12 @@ FIXED = torch.tensor([[0, 0, 0, 1, 2, 3], [1, 2, 3, 0, 0, 0]])  # PyG's test gra
 
 
 # --- building both layers -----------------------------------------------------------------------------
-Link = tuple[torch.Tensor, list[torch.Tensor], Callable[..., torch.Tensor]]
-
-
 def links(kind: str, ours: Any, ref: Any) -> list[Link]:
-    """(our parameter, PyG's parameters, how ours is made from theirs): used for values and gradients."""
+    """Each of our parameters as a function of PyG's (:class:`structconv.testing.Link`): for values and gradients."""
     T0: Callable[..., torch.Tensor] = lambda w: w.T[None]  # noqa: E731
     same: Callable[..., torch.Tensor] = lambda w: w  # noqa: E731
     stack: Callable[..., torch.Tensor] = lambda *ws: torch.stack([w.T for w in ws])  # noqa: E731
-    out: list[Link] = []
+    out: list[tuple[Any, ...]] = []
     if kind == "gcn":
         out = [(ours.theta, [ref.lin.weight], T0)]
     elif kind == "sg":
@@ -123,7 +122,7 @@ def links(kind: str, ours: Any, ref: Any) -> list[Link]:
             out.append((ours.res, [ref.res.weight], lambda w: w.T))
     if kind != "sg" and getattr(ref, "bias", None) is not None:
         out.append((ours.bias, [ref.bias], same))
-    return out
+    return [Link(*link) for link in out]
 
 
 CLASSES = {
@@ -136,6 +135,12 @@ CLASSES = {
 }
 
 
+def by_name(klass: type, args: tuple[Any, ...]) -> dict[str, Any]:
+    """PyG's positional arguments by their names in its signature: ours takes the options by keyword only."""
+    names = [name for name in inspect.signature(klass.__init__).parameters if name != "self"]
+    return dict(zip(names, args, strict=False))
+
+
 def pair(kind: str, dtype: torch.dtype, *args: Any, seed: int = 0, **kwargs: Any) -> tuple[Any, Any, list[Link]]:
     """PyG's layer with every parameter drawn (biases non-zero) and ours loaded from it."""
     torch.manual_seed(seed)
@@ -143,12 +148,12 @@ def pair(kind: str, dtype: torch.dtype, *args: Any, seed: int = 0, **kwargs: Any
     with torch.no_grad():
         for p in ref.parameters():
             p.normal_(0.0, 0.5)
-    ours = getattr(snn, CLASSES[kind][0])(*args, **kwargs).to(dtype)
+    ours = getattr(snn, CLASSES[kind][0])(**by_name(getattr(pyg_nn, CLASSES[kind][1]), args), **kwargs).to(dtype)
     pairs = links(kind, ours, ref)
-    assert {id(p) for p, _, _ in pairs} == {id(p) for p in ours.parameters()}, "every parameter is linked"
+    assert {id(link.ours) for link in pairs} == {id(p) for p in ours.parameters()}, "every parameter is linked"
     with torch.no_grad():
-        for mine, theirs, fn in pairs:
-            mine.copy_(fn(*theirs))
+        for link in pairs:
+            link.ours.copy_(link.fn(*link.peer))
     return ours, ref, pairs
 
 
@@ -165,38 +170,15 @@ def close(a: torch.Tensor | None, b: torch.Tensor | None, dtype: torch.dtype, wh
 def compare(
     ours: Any, ref: Any, pairs: list[Link], args: tuple[Any, ...], dtype: torch.dtype, **kwargs: Any
 ) -> tuple[Any, Any]:
-    """Run both on copies of ``args`` (float tensors require grad); outputs and all gradients must agree."""
+    """Run both on copies of ``args`` (float tensors require grad); outputs and all gradients must agree.
 
-    def copies() -> list[Any]:
-        made: dict[int, torch.Tensor] = {}  # one copy per tensor: ``(x, x)`` stays one tensor twice
-
-        def copy(t: Any) -> Any:
-            if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.layout == torch.strided):
-                return t
-            if id(t) not in made:
-                made[id(t)] = t.detach().clone().requires_grad_()
-            return made[id(t)]
-
-        return [tuple(copy(t) for t in a) if isinstance(a, tuple) else copy(a) for a in args]
-
-    mine, theirs = copies(), copies()
-    r1, r2 = ours(*mine, **kwargs), ref(*theirs, **kwargs)
-    y1, y2 = (r1[0], r2[0]) if isinstance(r2, tuple) else (r1, r2)
-    assert y1.shape == y2.shape, f"shape {tuple(y1.shape)} vs {tuple(y2.shape)}"
-    close(y1, y2.to(y1.dtype), dtype, "output")
-    if y2.numel():
-        grad = torch.randn(y2.shape, dtype=y2.dtype)
-        y1.backward(grad.to(y1.dtype))
-        y2.backward(grad)
-        for a, b in zip(mine, theirs, strict=True):
-            for t1, t2 in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,), strict=True):
-                if isinstance(t1, torch.Tensor) and t1.requires_grad:
-                    close(t1.grad, t2.grad, dtype, "input gradient")
-        for p, theirs_p, fn in pairs:
-            grads = [t.grad for t in theirs_p]
-            expected = None if any(g is None for g in grads) else fn(*grads)
-            close(p.grad, expected, dtype, "parameter gradient")
-    return r1, r2
+    :func:`structconv.testing.compare_to_peer` with our parameters linked to PyG's (``pairs``);
+    the absolute tolerance is relative to the larger of 1 and the tensor's largest value.
+    """
+    rtol, atol = TOL.get(dtype, (0.0, 8e-2))
+    return compare_to_peer(
+        ours, ref, *args, kwargs=kwargs, parameters_from=pairs, rtol=rtol, atol=atol, floor=1.0, name=case_name()
+    )
 
 
 def typed(index: torch.Tensor, weight: torch.Tensor, N: int, P: int, dtype: torch.dtype) -> tuple[Any, ...]:

@@ -13,19 +13,19 @@ Hypothesis.  The fragment is generated from :data:`CASES`::
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from peer_table import EQUAL, NA, REFUSED, PeerTable
+from peer_table import EQUAL, NA, REFUSED, PeerTable, case_name
 
 from structconv.nn import MultiHeadSelfAttention
+from structconv.testing import compare_to_peer
 
 TOLERANCES = {  # (rtol, atol relative to the largest reference value)
     torch.float64: (1e-7, 1e-9),
@@ -74,33 +74,6 @@ def layers(seed: int, dtype: torch.dtype, **kwargs: Any) -> tuple[torch.nn.Multi
     return ref.to(dtype), ours.to(dtype)
 
 
-def _run(
-    layer: torch.nn.Module,
-    inputs: list[torch.Tensor],
-    kwargs: dict[str, Any],
-    dtype: torch.dtype,
-    seed: int,
-    autocast: torch.dtype | None = None,
-) -> Any:
-    """Output, weights and the gradients of ``<y, g>`` w.r.t. the distinct inputs and the sorted parameters.
-
-    With ``autocast`` the call runs inside ``torch.autocast("cpu", dtype=autocast)``.
-    """
-    leaves: dict[int, torch.Tensor] = {}
-    for t in inputs:
-        leaves.setdefault(id(t), t.detach().to(dtype).requires_grad_())
-    args = [leaves[id(t)] for t in inputs]
-    kw = {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in kwargs.items()}
-    torch.manual_seed(seed)
-    with torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext():
-        y, w = layer(*args, **kw)
-    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(y.dtype)
-    named = dict(layer.named_parameters())
-    grads = torch.autograd.grad(y, [*leaves.values(), *(named[n] for n in sorted(named))], g)
-    names = [f"input {i}" for i in range(len(leaves))] + sorted(named)
-    return y.detach(), (None if w is None else w.detach()), dict(zip(names, grads, strict=True))
-
-
 def compare(
     ref: torch.nn.Module,
     ours: torch.nn.Module,
@@ -112,45 +85,33 @@ def compare(
 ) -> None:
     """``ours(*inputs, **kwargs)`` equals ``ref(...)``: output, weights, input and parameter gradients.
 
-    ``inputs`` are ``[query, key, value]``; repeated tensors stay the same object (self-attention).
-    In bfloat16, or under CPU ``autocast`` to a 16-bit dtype, both layers are measured against torch
-    in float64 on the same (rounded) values: ours must be within twice torch's own error plus 8 % of
-    the tensor's largest value plus :math:`2^{-6}` of the largest gradient (gradients) or parameter
-    (output, weights): the folded biases add terms that may cancel.  Every result must have
-    torch's dtype.
+    :func:`structconv.testing.compare_to_peer` loads ``ref``'s ``state_dict``, runs both and
+    compares; ``inputs`` are ``[query, key, value]``, repeated tensors one leaf (self-attention).
+    A tensor that cancels to far below the others (a query gradient through a nearly saturated
+    softmax, exactly 0 with one key) still carries the rounding of their terms, in torch's result
+    as in ours: its absolute tolerance is relative to at least 1/10 of the largest compared value
+    (in float32, about 17 units of rounding of that value; torch's fused path has left 2 units
+    where the exact answer, and ours, is 0).  In bfloat16, or under CPU ``autocast`` to a 16-bit
+    dtype, both layers are measured against torch in float64 on the same (rounded) values: ours
+    must be within twice torch's own error plus 8 % of the tensor's largest value plus
+    :math:`2^{-6}` of the largest gradient (gradients) or parameter (output, weights): the folded
+    biases add terms that may cancel.  Every result must have torch's dtype.
     """
     rtol, atol = TOLERANCES[dtype if autocast is None else torch.bfloat16]
-    assert sorted(dict(ref.named_parameters())) == sorted(dict(ours.named_parameters()))
-    y_ref, w_ref, g_ref = _run(ref, inputs, kwargs, dtype, seed, autocast)
-    y, w, g = _run(ours, inputs, kwargs, dtype, seed, autocast)
-    assert y.shape == y_ref.shape and y.dtype == y_ref.dtype
-    assert (w is None) == (w_ref is None) and (w is None or (w.shape, w.dtype) == (w_ref.shape, w_ref.dtype))
-    pairs = [("output", y, y_ref), ("weights", w, w_ref), *((n, g[n], g_ref[n]) for n in g_ref)]
-    assert all(a.dtype == b.dtype for _, a, b in pairs if a is not None), "a result differs from torch's in dtype"
+    run = {"kwargs": kwargs, "dtype": dtype, "seed": seed, "autocast": autocast, "rtol": rtol, "atol": atol}
     if dtype != torch.bfloat16 and autocast is None:
-        # A tensor that cancels to far below the others (a query gradient through a nearly
-        # saturated softmax, exactly 0 with one key) still carries the rounding of their terms,
-        # in torch's result as in ours: its absolute tolerance is relative to at least 1/10 of
-        # the largest compared value (in float32, about 17 units of rounding of that value; torch's
-        # fused path has left 2 units where the exact answer, and ours, is 0).
-        largest = max(float(b.abs().max()) for _, a, b in pairs if a is not None and b.numel())
-        for name, a, b in pairs:
-            if a is not None:
-                scale = max(float(b.abs().max()), largest / 10) or 1.0
-                torch.testing.assert_close(a, b, rtol=rtol, atol=atol * scale, msg=f"{name} differs")
+        compare_to_peer(ours, ref, *inputs, share=0.1, name=case_name(), **run)
         return
     exact = copy.deepcopy(ref).double()
-    y64, w64, g64 = _run(exact, [t.to(dtype) for t in inputs], kwargs, torch.float64, seed)
-    exact_of = {"output": y64, "weights": w64, **g64}
-    largest_grad = max(float(t.abs().max()) for t in g64.values())
-    largest = {"weights": 1.0, "output": max(float(p.abs().max()) for p in exact.parameters())}
-    for name, a, b in pairs:
-        if a is not None:
-            truth = exact_of[name]
-            ours_err, torch_err = (float((t.double() - truth).abs().max()) for t in (a, b))
-            floor = 2**-6 * (largest_grad if name in g64 else largest[name])  # terms may cancel
-            bound = 2 * torch_err + atol * (float(truth.abs().max()) or 1.0) + floor
-            assert ours_err <= bound, f"{name}: error {ours_err:.3g} > {bound:.3g} (torch's own: {torch_err:.3g})"
+    largest_parameter = max(float(p.detach().abs().max()) for p in exact.parameters())
+
+    def slack(key: str, truth: Mapping[str, Any]) -> float:
+        gradients = [t for k, t in truth.items() if not k.startswith("output")]
+        largest = {"output": largest_parameter, "output[1]": 1.0}  # the output, the weights
+        floor = 2**-6 * (max(float(t.abs().max()) for t in gradients) if key not in largest else largest[key])
+        return atol * (float(truth[key].abs().max()) or 1.0) + floor
+
+    compare_to_peer(ours, ref, *inputs, exact=exact, slack=slack, name=case_name(), **run)
 
 
 @st.composite

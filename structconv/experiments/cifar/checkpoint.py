@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ...data.atomic import atomic_write
+from ...nn.positional import upgrade_state_dict
 from .models import SelfAttentionNet, build_model
 from .presets import TrainConfig
 
@@ -165,7 +166,7 @@ def _check_contents(path: Path, state: dict[str, Any]) -> None:
                 f"{path}: 'history' row {number} is {row!r:.80}; expected a dict of metrics with 'epoch': {number}"
             )
     config = _config(path, state["config"])
-    _check_model(path, config, state["model"])
+    state["model"] = _check_model(path, config, state["model"])
 
 
 def _config(path: Path, saved: object) -> TrainConfig:
@@ -200,17 +201,21 @@ def _check_tokens(path: Path, options: dict[str, Any]) -> None:
         )
 
 
-def _check_model(path: Path, config: TrainConfig, model: object) -> None:
-    """The checkpoint's parameters against those of the model its config asks for, built on ``meta``."""
+def _check_model(path: Path, config: TrainConfig, model: object) -> dict[str, torch.Tensor]:
+    """The checkpoint's parameters against those of the model its config asks for, built on ``meta``.
+
+    Returns them under the names of this structconv (a checkpoint written before the attention
+    layers' encodings were modules holds theirs under the layers' flat names), in their order.
+    """
     if not isinstance(model, dict) or not all(isinstance(v, torch.Tensor) for v in model.values()):
         raise CheckpointError(f"{path}: 'model' is not a dict of tensors (a model's state_dict)")
     try:
         with torch.device("meta"):  # shapes without memory: the config's sizes are not trusted yet
-            wanted = {
-                k: tuple(v.shape) for k, v in build_model(config.model, **config.model_options).state_dict().items()
-            }
+            built = build_model(config.model, **config.model_options)
     except (TypeError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{path}: config model_options do not build model {config.model!r}: {err}") from err
+    wanted = {k: tuple(v.shape) for k, v in built.state_dict().items()}
+    model = upgrade_state_dict(model, built)
     held = {k: tuple(v.shape) for k, v in model.items()}
     if wanted != held:
         missing = sorted(set(wanted) - set(held))
@@ -224,3 +229,4 @@ def _check_model(path: Path, config: TrainConfig, model: object) -> None:
         raise CheckpointError(
             f"{path}: 'model' does not hold the parameters of the {config.model!r} its config describes ({details})"
         )
+    return model

@@ -226,7 +226,7 @@ def _eval(args: argparse.Namespace) -> int:
     from .train import evaluate, model_from_checkpoint
 
     device = _device(args.device)
-    test = load_cifar10(_data_dir(args.data), "test", args.cache)
+    test = load_cifar10(_data_dir(args.data), "test", cache_dir=args.cache)
     batches: dict[str, Batches] = {}  # per normalisation: built once for every run that uses it
     for run in args.runs:
         path = Path(run)
@@ -235,7 +235,7 @@ def _eval(args: argparse.Namespace) -> int:
         if config.normalization not in batches:
             mean, std = NORMALIZATIONS[config.normalization]
             batches[config.normalization] = Batches.from_arrays(
-                test.images, np.asarray(test.labels), 500, False, device, mean=mean, std=std
+                test.images, np.asarray(test.labels), 500, train=False, device=device, mean=mean, std=std
             )
         loss, acc = evaluate(model, batches[config.normalization], config, device)
         print(
@@ -251,7 +251,7 @@ def _sample_images(data: str | None, cache: str | None, count: int) -> Any:
         from ...data.augment import CIFAR10_MEAN, CIFAR10_STD, normalize
         from ...data.cifar import load_cifar10
 
-        test = load_cifar10(_data_dir(data), "test", cache)
+        test = load_cifar10(_data_dir(data), "test", cache_dir=cache)
     except (FileNotFoundError, PermissionError, ValueError):  # the figures simply go without
         return None
     import torch

@@ -55,10 +55,27 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from ...nn import GridConv2d, PositionalAttention
+from ...nn import (
+    ContentHeads,
+    GaussianHeads,
+    GridConv2d,
+    LearnedHeads,
+    PositionalAttention,
+    PositionalHeads,
+    QuadraticHeads,
+)
 from .names import MODEL_NAMES
 
-__all__ = ["MODELS", "ResNet18", "SelfAttentionNet", "build_model", "no_decay_parameters"]
+__all__ = [
+    "MODELS",
+    "PAPER_CONTENT",
+    "PAPER_HEADS",
+    "ResNet18",
+    "SelfAttentionNet",
+    "attention_encodings",
+    "build_model",
+    "no_decay_parameters",
+]
 
 
 class BasicBlock(nn.Module):
@@ -152,32 +169,97 @@ class AttentionBlock(nn.Module):
         return out
 
 
-#: The attention layer's settings in Cordonnier et al.'s code (see docs/cifar.rst, "paper code vs
-#: structconv"): centres N(0, 2^2 I); width alpha = s^2/2 with s started at 1 + N(0, 0.01^2);
-#: Gaussian precision A A^T with A = I + N(0, 0.01^2); learned tables of the full width per axis;
-#: content by full-width biased queries and keys added to the positional scores.
-PAPER_ATTENTION: dict[str, Any] = {
-    "centre_var": 4.0,
-    "alpha": 0.5,
-    "width": "spread",
-    "width_noise": 0.01,
-    "relative_terms": False,
-    "content_bias": True,
+#: The attention of Cordonnier et al.'s code (see docs/cifar.rst, "paper code vs structconv"), per
+#: encoding: centres N(0, 2^2 I); width alpha = s^2/2 with s started at 1 + N(0, 0.01^2); Gaussian
+#: precision A A^T with A = I + N(0, 0.01^2); learned tables of the full width per axis (the model
+#: sets positional_dim); content by full-width (the model sets key_dim) biased queries and keys
+#: added to the positional scores (PAPER_CONTENT).
+PAPER_HEADS: dict[str, PositionalHeads] = {
+    "quadratic": QuadraticHeads(alpha=0.5, width="spread", width_noise=0.01, centre_var=4.0),
+    "gaussian": GaussianHeads(alpha=0.5, width_noise=0.01, centre_var=4.0),
+    "learned": LearnedHeads(relative_terms=False),
 }
+PAPER_CONTENT = ContentHeads(bias=True)
+
+#: The settings of ``attention`` (a config's flat options: the layer's keywords before its encodings
+#: were modules) that belong to each encoding; ``content_bias`` is the content's ``bias``.  The rest
+#: are the layer's own (``dropout_shared``, ``boundary``, ...).
+_FLAT = {
+    "quadratic": ("alpha", "width", "width_noise", "centre_var"),
+    "gaussian": ("alpha", "width_noise", "centre_var"),
+    "learned": ("relative_terms",),
+}
+_FLAT_NAMES = {"content_bias", *(name for names in _FLAT.values() for name in names)}
+
+
+def attention_encodings(
+    encoding: str | PositionalHeads,
+    content: bool | ContentHeads,
+    width: int,
+    dims: int,
+    key_dim: int | None = None,
+    positional_dim: int | None = None,
+    attention: dict[str, Any] | None = None,
+) -> tuple[PositionalHeads, ContentHeads | None, dict[str, Any]]:
+    """The encodings of a model's attention layers, and the layers' own options, from the model's options.
+
+    An encoding given as an object is used as it is.  A name (``"quadratic"``, ``"gaussian"``,
+    ``"learned"``) and ``content=True`` give the paper's (:data:`PAPER_HEADS`,
+    :data:`PAPER_CONTENT`) at the model's full widths (``positional_dim``: ``width`` per axis of
+    the ``dims``-D grid, ``key_dim``: ``width``), with the flat settings of ``attention`` that
+    belong to them applied: this maps a config, old or new, once.  As the layer did when it
+    took them all, a setting of another encoding is ignored (one ``--option`` serves every
+    model), and so are ``width_noise`` for ``"exp"`` widths, ``relative_terms`` without content
+    and ``content_bias`` with relative terms.
+    """
+    flat = dict(attention or {})
+    layer = {k: v for k, v in flat.items() if k not in _FLAT_NAMES}
+    if isinstance(encoding, PositionalHeads):
+        given = sorted(k for k in flat if k in _FLAT_NAMES and k != "content_bias")
+        if given or positional_dim is not None:
+            extra = given + ["positional_dim"] * (positional_dim is not None)
+            raise ValueError(
+                f"the encoding {encoding!r} is given as an object: set {extra} in it, not as model options"
+            )
+        heads = encoding
+    elif encoding in PAPER_HEADS:
+        settings = {k: flat[k] for k in _FLAT[encoding] if k in flat}
+        if encoding == "quadratic" and settings.get("width") == "exp":
+            settings["width_noise"] = 0.0  # exp widths start at alpha exactly
+        if encoding == "learned":
+            settings["positional_dim"] = positional_dim or dims * width
+            if not content:
+                settings.pop("relative_terms", None)
+        heads = PAPER_HEADS[encoding].configured(**settings)
+    else:
+        raise ValueError(f"encoding must be one of {sorted(PAPER_HEADS)} or a PositionalHeads, got {encoding!r}")
+    relative = isinstance(heads, LearnedHeads) and heads.relative_terms
+    if isinstance(content, ContentHeads):
+        if key_dim is not None or "content_bias" in flat:
+            raise ValueError(f"the content {content!r} is given as an object: set key_dim and bias in it")
+        return heads, content, layer
+    if not content:
+        return heads, None, layer
+    bias = bool(flat.get("content_bias", PAPER_CONTENT.bias)) and not relative
+    return heads, PAPER_CONTENT.configured(key_dim=key_dim or width, bias=bias), layer
 
 
 class SelfAttentionNet(nn.Module):
     """The paper's fully attentional CIFAR model (see the module docstring); input ``(B, 3, 32, 32)``.
 
-    ``attention`` overrides :data:`PAPER_ATTENTION` (keyword arguments of
-    :class:`~structconv.nn.PositionalAttention`); ``key_dim`` and ``positional_dim`` default to the
-    paper's full widths (``width`` per head, ``width`` per axis).
+    ``encoding`` is the attention layers' encoding of positions: a name for the paper's
+    (:data:`PAPER_HEADS`), or an encoding (:class:`~structconv.nn.QuadraticHeads`, ...) used as
+    it is; ``content`` is ``True`` for the paper's content terms, or a
+    :class:`~structconv.nn.ContentHeads`.  ``key_dim`` and ``positional_dim`` default to the
+    paper's full widths (``width`` per head, ``width`` per axis), and ``attention`` holds flat
+    settings of the layers and of the paper's encodings (e.g. ``{"alpha": 0.3}``,
+    ``{"dropout_shared": False}``; see :func:`attention_encodings`).
     """
 
     def __init__(
         self,
-        encoding: str = "quadratic",
-        content: bool = False,
+        encoding: str | PositionalHeads = "quadratic",
+        content: bool | ContentHeads = False,
         heads: int = 9,
         width: int = 400,
         depth: int = 6,
@@ -202,13 +284,14 @@ class SelfAttentionNet(nn.Module):
         self.grid = (image // block, image // block)
         self.to_tokens = SpaceToDepth(block)
         self.embed = nn.Linear(channels * block * block, width)
-        settings = {**PAPER_ATTENTION, **(attention or {})}
+        positions, terms, options = attention_encodings(
+            encoding, content, width, len(self.grid), key_dim, positional_dim, attention
+        )
         self.blocks = nn.ModuleList(
             AttentionBlock(
                 PositionalAttention(
-                    self.grid, width, heads, encoding=encoding, content=content, head_dim=head_dim,
-                    key_dim=key_dim or width, positional_dim=positional_dim or len(self.grid) * width,
-                    threshold=threshold, attention_dropout=attention_dropout, **settings,
+                    self.grid, width, heads, heads=positions, content=terms, head_dim=head_dim,
+                    threshold=threshold, attention_dropout=attention_dropout, **options,
                 ),
                 ffn,
                 dropout,

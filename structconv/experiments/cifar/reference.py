@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from ...backend.torch_autocast import autocast_dtype, autocast_off
-from ...nn import PositionalAttention
+from ...nn import PositionalAttention, QuadraticHeads
 from .models import SelfAttentionNet
 
 __all__ = ["PaperDenseAttention", "dense_twin", "paper_dense", "position_probabilities"]
@@ -42,16 +42,17 @@ def position_probabilities(layer: PositionalAttention) -> torch.Tensor:
     Computed in the parameters' precision, with autocast off, like the layer's own heads: the
     scores of a 16x16 grid reach 450, which bf16 would round.
     """
-    if layer.encoding != "quadratic" or layer.content or len(layer.grid) != 2:
+    heads = layer.heads
+    if not isinstance(heads, QuadraticHeads) or layer.content is not None or len(layer.grid) != 2:
         raise ValueError("paper_dense implements the 2-D quadratic encoding without content only")
-    centres = layer.centres
+    centres = heads.centres
     rows, cols = layer.grid
     with autocast_off(centres.device.type):
         axes = (torch.arange(rows, device=centres.device), torch.arange(cols, device=centres.device))
         pos = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 2)
         delta = (pos[:, None, :] - pos[None, :, :]).to(centres.dtype)  # (M keys, N queries, 2)
         r = torch.cat([(delta**2).sum(-1, keepdim=True), delta], -1)  # the quadratic encoding, D_p = 3
-        alpha = layer.alpha()
+        alpha = heads.alpha()
         v = -alpha[:, None] * torch.cat([torch.ones_like(alpha)[:, None], -2 * centres], 1)  # (H, 3)
         scores = torch.einsum("hc,mnc->hmn", v, r)
         return torch.softmax(scores, dim=1)  # over the keys

@@ -94,7 +94,7 @@ def load_data(
     data_dir: str | os.PathLike[str] | None, cache_dir: str | os.PathLike[str] | None = None
 ) -> tuple[Cifar10, Cifar10]:
     """The training and test splits (see :func:`structconv.data.load_cifar10`)."""
-    return load_cifar10(data_dir, "train", cache_dir), load_cifar10(data_dir, "test", cache_dir)
+    return load_cifar10(data_dir, "train", cache_dir=cache_dir), load_cifar10(data_dir, "test", cache_dir=cache_dir)
 
 
 def _subset(data: Cifar10, size: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -135,6 +135,29 @@ def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.SGD:
     if exempt:
         groups.append({"params": [p for p in model.parameters() if id(p) in exempt], "weight_decay": 0.0})
     return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
+
+
+def _in_model_order(
+    saved: dict[str, Any], optimizer: torch.optim.Optimizer, model: nn.Module, stored: list[str]
+) -> dict[str, Any]:
+    """``saved``, an optimizer's ``state_dict``, for ``optimizer`` when a checkpoint holds parameters in another order.
+
+    torch numbers the optimizer's per-parameter state by position in its groups.  A checkpoint
+    written before the attention layers' encodings were modules stored those layers' parameters
+    in another order (content before the learned tables); ``stored`` is the checkpoint's order of
+    names, and each state moves to where its parameter is now.
+    """
+    names = {id(p): n for n, p in model.named_parameters()}
+    rank = {n: i for i, n in enumerate(k for k in stored if k in names.values())}
+    now = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+    then = [sorted(group, key=lambda n: rank[n]) for group in now]
+    if then == now:
+        return saved
+    position = {n: i for i, n in enumerate(n for group in then for n in group)}
+    state = saved["state"]
+    ordered = (n for group in now for n in group)
+    moved = {i: state[position[n]] for i, n in enumerate(ordered) if position[n] in state}
+    return {**saved, "state": moved}
 
 
 def _autocast(config: TrainConfig, device: str) -> contextlib.AbstractContextManager[Any]:
@@ -254,8 +277,8 @@ def _batches(data: tuple[Cifar10, Cifar10], config: TrainConfig, device: str, di
     mean, std = NORMALIZATIONS[config.normalization]
     kw = {"rank": dist.rank, "world": dist.world, "mean": mean, "std": std}
     return (
-        Batches.from_arrays(train_x, train_y, config.batch_size, True, device, **kw),
-        Batches.from_arrays(test_x, test_y, max(config.batch_size, 500 * dist.world), False, device, **kw),
+        Batches.from_arrays(train_x, train_y, config.batch_size, train=True, device=device, **kw),
+        Batches.from_arrays(test_x, test_y, max(config.batch_size, 500 * dist.world), train=False, device=device, **kw),
     )
 
 
@@ -327,7 +350,7 @@ def train(
         state = load_checkpoint(ckpt, config.as_dict())
         try:
             model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+            optimizer.load_state_dict(_in_model_order(state["optimizer"], optimizer, model, list(state["model"])))
         except (RuntimeError, ValueError, KeyError) as err:
             raise ValueError(f"{ckpt}: parameters do not fit model {config.model!r}: {err}") from err
         first, history = int(state["epoch"]), list(state["history"])

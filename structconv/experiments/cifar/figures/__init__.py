@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from ....nn import GaussianHeads, QuadraticHeads
 from ..models import SelfAttentionNet
 from .centres import head_gaussians, mahalanobis_radius, plot_centres, probability_contour
 from .common import DPI
@@ -102,9 +103,9 @@ def make_figures(root: Path, out: Path | None = None, images: torch.Tensor | Non
         if not isinstance(model, SelfAttentionNet) or not model.attention_layers():
             continue
         layers = model.attention_layers()
-        if all(layer.encoding in ("quadratic", "gaussian") for layer in layers):
+        if all(isinstance(layer.heads, QuadraticHeads | GaussianHeads) for layer in layers):
             paths.append(plot_centres(model, out / f"{run.name}_centres.png"))
-        if any(layer.content for layer in layers) and images is None:
+        if any(layer.content is not None for layer in layers) and images is None:
             warnings.warn(
                 f"{run.name}: content attention needs images; its attention maps and convolutionality are skipped",
                 UserWarning,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ....nn import PositionalAttention
+from ....nn import GaussianHeads, PositionalAttention, QuadraticHeads
 from ..models import SelfAttentionNet
 from .common import check_model, float64, new_figure, save
 
@@ -38,7 +38,7 @@ def head_gaussians(layer: PositionalAttention) -> tuple[np.ndarray, np.ndarray]:
     Parameters
     ----------
     layer
-        A layer with ``encoding`` ``"quadratic"`` or ``"gaussian"``.
+        A layer with :class:`~structconv.nn.QuadraticHeads` or :class:`~structconv.nn.GaussianHeads`.
 
     Returns
     -------
@@ -49,20 +49,21 @@ def head_gaussians(layer: PositionalAttention) -> tuple[np.ndarray, np.ndarray]:
     Raises
     ------
     ValueError
-        For a ``"learned"`` encoding, which has no centre.
+        For :class:`~structconv.nn.LearnedHeads`, which have no centre.
     """
-    centres = float64(layer.centres) if layer.encoding in ("quadratic", "gaussian") else None
-    if centres is None:
+    heads = layer.heads
+    if not isinstance(heads, QuadraticHeads | GaussianHeads):
         raise ValueError(
-            f"head centres exist for the quadratic and gaussian encodings only, not {layer.encoding!r} "
+            f"head centres exist for the quadratic and gaussian encodings only, not {heads.name!r} "
             "(plot its attention maps instead)"
         )
+    centres = float64(heads.centres)
     d = centres.shape[1]
-    if layer.encoding == "quadratic":
-        alpha = float64(layer.alpha())
+    if isinstance(heads, QuadraticHeads):
+        alpha = float64(heads.alpha())
         precisions = 2.0 * alpha[:, None, None] * np.eye(d)[None]
     else:
-        S = float64(layer.inv_sqrt_cov)
+        S = float64(heads.inv_sqrt_cov)
         precisions = np.einsum("hij,hik->hjk", S, S)
     return centres, precisions
 
@@ -167,7 +168,7 @@ def _centres_figure(model: SelfAttentionNet) -> Figure:
         Line2D([], [], linestyle=":", color="gray", label="90 % contour"),
     ]
     fig.legend(handles=handles, loc="outside right upper", fontsize="small")
-    fig.suptitle(f"attention centres ({layers[0].encoding} encoding)")
+    fig.suptitle(f"attention centres ({layers[0].heads.name} encoding)")
     return fig
 
 

@@ -102,7 +102,7 @@ def mean_heads(model: SelfAttentionNet, images: torch.Tensor | None, what: str) 
     forward pass.  Runs under ``torch.no_grad`` with the model in eval mode.
     """
     layers = model.attention_layers()
-    content = [a.content for a in layers]
+    content = [a.content is not None for a in layers]
     if any(content) and images is None:
         first = content.index(True)
         raise ValueError(
@@ -112,7 +112,7 @@ def mean_heads(model: SelfAttentionNet, images: torch.Tensor | None, what: str) 
     heads: dict[int, np.ndarray] = {}
     with _Evaluating(model):
         for i, attention in enumerate(layers):
-            if not attention.content:
+            if attention.content is None:
                 heads[i] = float64(attention.basis().to_dense())
         if images is not None and any(content):
             totals: dict[int, np.ndarray] = {}

@@ -137,6 +137,6 @@ def plot_attention_maps(
                 ax.set_title(f"head {h + 1}", fontsize=8)
             if h == 0:
                 ax.set_ylabel(f"layer {layer + 1}", fontsize=8)
-    kind = "averaged over images" if any(a.content for a in model.attention_layers()) else "position only"
+    kind = "averaged over images" if any(a.content is not None for a in model.attention_layers()) else "position only"
     fig.suptitle(f"attention at query pixel {q} ({kind})", fontsize=9)
     return save(fig, path)

@@ -1,0 +1,352 @@
+r"""Plan once, run many: :func:`contraction` binds a basis, the operands' shapes and an order.
+
+:func:`~structconv.conv` checks its operands, places the basis, reads the parameter and looks its
+plan up on every call.  A layer calls the same contraction with the same shapes thousands of
+times, so :func:`contraction` does that work once and returns a :class:`Contraction`: a callable
+bound to its order whose call compares shapes, dtype and device with what it was compiled for
+and runs the order (opt_einsum's ``contract_expression`` and einops' layers are built the same
+way).  The result is the same as :func:`~structconv.conv`'s, to the last bit, since the same
+order runs.
+
+Two layouts of ``x`` and ``y``:
+
+``"rows"``
+    :func:`~structconv.conv`'s: ``x`` ``(B, M, P)`` or ``(M, P)``, ``y`` ``(B, N, Q)`` or ``(N, Q)``.
+``"channels_first"``
+    torch's layout of images: ``x`` ``(B, P, *in_shape)``, ``y`` ``(B, Q, *out_shape)``, with the
+    entry shapes of the basis (:attr:`~structconv.Basis.entry_shapes`: a grid basis gives its
+    grids).  An order that runs on this layout (the grid's native convolution, for a
+    :class:`~structconv.ConvWeight`) takes ``x`` as it is, with the bias fused; any other order
+    sees ``x`` framed as rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..backend import Array, device_of, of, shape_str
+from ..bases.base import Basis
+from ..bases.conv_weight import ConvWeight
+from ..bases.convert import as_basis
+from ..bases.factor import LowRank, Parameter, Separable
+from .contract import _check_memory, _plan, conv
+from .operands import Param, Shaped, as_param, autocast, placed, prepare
+
+LAYOUTS = ("rows", "channels_first")
+
+Shape = tuple[int, ...]
+
+
+def _shape(value: Any, arg: str) -> Shape:
+    if not isinstance(value, tuple | list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in value):
+        raise TypeError(f"{arg} must be an array or a tuple of integers (its shape), got {type(value).__name__}")
+    if any(s <= 0 for s in value):
+        raise ValueError(f"{arg} must have positive sizes, got {tuple(value)}")
+    return tuple(value)
+
+
+def _operand_shapes(theta: Parameter | Shape) -> tuple[str, tuple[Shape, ...], int]:
+    """The kind, the operand shapes and the rank of a parameter (or of the shape of a full one)."""
+    if isinstance(theta, tuple | list):
+        shape = _shape(theta, "theta")
+        if len(shape) != 3:
+            raise ValueError(f"theta as a shape must be (K, P, Q), got {shape}")
+        return "full", (shape,), 0
+    prm = as_param(theta)
+    return prm.kind, tuple(tuple(int(s) for s in op.shape) for op in prm.operands), prm.R
+
+
+class Contraction:
+    r""":math:`y_b = \sum_k A_k^\top x_b \Theta_k` for one basis and fixed shapes, planned and checked once.
+
+    Made by :func:`contraction`; call it as ``c(x, theta, bias=None, basis=None)``.
+
+    Attributes
+    ----------
+    basis
+        The bound basis (placed on the compiled dtype and device).
+    plan
+        The :class:`~structconv.Plan` (what :func:`~structconv.explain` reports); ``plan.chosen``
+        is the order every call runs.
+    layout
+        ``"rows"`` or ``"channels_first"`` (see :mod:`structconv.engine.compiled`).
+    """
+
+    __slots__ = (
+        "_autocast",
+        "_bias_shape",
+        "_device",
+        "_dtype",
+        "_full",
+        "_key",
+        "_kind",
+        "_operand_shapes",
+        "_order",
+        "_placement",
+        "_rank",
+        "_squeeze",
+        "_verified",
+        "_x_shape",
+        "basis",
+        "layout",
+        "plan",
+    )
+
+    def __init__(
+        self,
+        basis: Basis,
+        x_shape: Shape,
+        theta: tuple[str, tuple[Shape, ...], int],
+        order: str,
+        layout: str,
+        dtype: Any,
+    ) -> None:
+        self.basis, self.layout = basis, layout
+        self._kind, self._operand_shapes, self._rank = theta
+        self._x_shape, self._squeeze = x_shape, len(x_shape) == 2
+        K, P, Q = _full_shape(self._kind, self._operand_shapes, self._rank)
+        rows = x_shape if layout == "rows" else (x_shape[0], basis.M, P)
+        B = 1 if self._squeeze else int(rows[0])
+        probe = Param(self._kind, tuple(Shaped(s) for s in self._operand_shapes), K, P, Q, self._rank)
+        self.plan, self._order = _plan(basis, Shaped((B,)), probe, order)
+        self._bias_shape = (Q,)
+        self._full = (K, P, Q)
+        self._key = basis.plan_key()
+        self._dtype = dtype  # of x: the basis may differ (mixed dtypes under autocast go through conv's rules)
+        self._placement = (basis.dtype, basis.device)
+        self._device: Any = None  # bound by the first call, after the full checks
+        self._verified = False
+        self._autocast: Any = None  # bound by the first call, for x's device
+
+    @property
+    def order(self) -> str:
+        """The order every call runs (``plan.chosen``)."""
+        return self.plan.chosen
+
+    def __call__(
+        self, x: Array, theta: Parameter, *, bias: Array | None = None, basis: Basis | None = None
+    ) -> Array:
+        """Contract ``x`` with ``theta`` (shapes, dtype and device as compiled), plus ``bias`` ``(Q,)`` if given.
+
+        ``basis`` replaces the bound basis for this call; it must have the same structure
+        (:meth:`~structconv.Basis.plan_key`), as a graph rebuilt on every call has.
+        """
+        b, placed_as_compiled = (self.basis, True) if basis is None else self._same_structure(basis)
+        if not self._verified:
+            self._verify(b, x, theta, bias)
+        elif x.shape != self._x_shape or x.dtype != self._dtype or x.device != self._device:
+            raise self._mismatch(x)
+        if not placed_as_compiled or (self._autocast is not None and self._autocast() is not None):
+            return self._general(b, x, theta, bias)  # operands converted, or refused, by conv's rules
+        prm = self._param(theta)
+        if bias is not None and (bias.shape != self._bias_shape or bias.dtype != self._dtype):
+            raise ValueError(
+                f"bias must have shape {shape_str(self._bias_shape)} and dtype {self._dtype}, got "
+                f"{shape_str(tuple(bias.shape))} and {bias.dtype}"
+            )
+        if self.layout == "channels_first":
+            return self._order.run_image(b, x, prm, bias)
+        y = self._order.run(b, x[None] if self._squeeze else x, prm)
+        if bias is not None:
+            y = y + bias
+        return y[0] if self._squeeze else y
+
+    # --- the checks -------------------------------------------------------------------------
+    def _rows(self, x: Array) -> Array:
+        """``x`` as :func:`~structconv.conv` takes it (a view)."""
+        if self.layout == "rows":
+            return x
+        xp = of(x).namespace()
+        return xp.permute_dims(xp.reshape(x, (int(x.shape[0]), int(x.shape[1]), -1)), (0, 2, 1))
+
+    def _verify(self, basis: Basis, x: Array, theta: Parameter, bias: Array | None) -> None:
+        """The first call: every check :func:`~structconv.conv` makes, then the device is bound."""
+        if tuple(int(s) for s in x.shape) != self._x_shape:
+            raise self._mismatch(x)
+        on_x = placed(basis, x)
+        if not isinstance(on_x, Basis) or on_x.plan_key() != self._key:
+            raise ValueError("the basis changed structure since it was compiled")
+        # Under autocast the operands are checked as conv checks them: converted first.
+        a, xr, full = autocast(on_x, self._rows(x), _as_parameter(theta, self._kind, self._rank))
+        _, x3, _, _ = prepare(a, xr, full)
+        if x.dtype != self._dtype:
+            raise TypeError(f"x has dtype {x.dtype} but the contraction was compiled for {self._dtype}")
+        if self.plan.requested != "auto":
+            _check_memory(self.plan, x3)
+        if bias is not None:
+            prepare_bias(bias, x, self._bias_shape)
+        self._device = x.device
+        self._autocast = of(x).autocast_probe(x)
+        self._verified = True
+
+    def _param(self, theta: Parameter) -> Param:
+        kind = self._kind
+        if kind == "full" or kind == "convweight":
+            op: Any = theta.weight if type(theta) is ConvWeight else theta
+            if op.shape != self._operand_shapes[0] or op.dtype != self._dtype or op.device != self._device:
+                raise self._theta_mismatch(op)
+            return Param(kind, (op,), *self._full, self._rank)
+        if kind == "lowrank" and isinstance(theta, LowRank):
+            ops: tuple[Array, ...] = (theta.value, theta.out)
+        elif kind == "separable" and isinstance(theta, Separable):
+            ops = (theta.basis_coef, theta.channel)
+        else:
+            raise TypeError(f"theta must be a {kind} parameter as compiled, got {type(theta).__name__}")
+        for op, shape in zip(ops, self._operand_shapes, strict=True):
+            if op.shape != shape or op.dtype != self._dtype or op.device != self._device:
+                raise self._theta_mismatch(op)
+        return Param(kind, ops, *self._full, self._rank)
+
+    def _theta_mismatch(self, op: Any) -> ValueError:
+        if not hasattr(op, "shape"):
+            return ValueError(f"theta must be a {self._kind} parameter as compiled, got {type(op).__name__}")
+        return ValueError(
+            f"theta's arrays must have shapes {', '.join(shape_str(s) for s in self._operand_shapes)}, "
+            f"dtype {self._dtype} and device {self._device} as compiled; got {shape_str(tuple(op.shape))}, "
+            f"{op.dtype} on {device_of(op)}"
+        )
+
+    def _same_structure(self, basis: Basis) -> tuple[Basis, bool]:
+        if not isinstance(basis, Basis) or basis.plan_key() != self._key:
+            raise ValueError(
+                f"basis must have the structure the contraction was compiled for ({self.basis!r}); "
+                f"got {basis!r}: compile another contraction for it"
+            )
+        return basis, (basis.dtype, basis.device) == self._placement
+
+    def _mismatch(self, x: Array) -> ValueError:
+        return ValueError(
+            f"x has shape {shape_str(tuple(x.shape))}, dtype {x.dtype} on {device_of(x)}, but the contraction was "
+            f"compiled for shape {shape_str(self._x_shape)}, dtype {self._dtype} "
+            f"on {self._device or self.basis.device}; "
+            "compile another contraction for these inputs"
+        )
+
+    def _general(self, basis: Basis, x: Array, theta: Parameter, bias: Array | None) -> Array:
+        """Under torch autocast: :func:`~structconv.conv`'s conversions, then the same layout."""
+        full = _as_parameter(theta, self._kind, self._rank)
+        if self.layout == "rows":
+            y = conv(basis, x, full, order=self.plan.requested)
+            return y if bias is None else y + bias.to(y.dtype)
+        a, x, full = autocast(placed(basis, x), x, full)
+        placed_basis, x3, prm, _ = prepare(a, self._rows(x), full)
+        bias = None if bias is None else bias.to(x3.dtype)
+        return self._order.run_image(placed_basis, x, prm, bias)
+
+    def __repr__(self) -> str:
+        return (
+            f"Contraction({self.basis!r}, x={shape_str(self._x_shape)}, theta={self._kind} "
+            f"{', '.join(shape_str(s) for s in self._operand_shapes)}, order={self.order!r}, layout={self.layout!r})"
+        )
+
+
+def _full_shape(kind: str, shapes: tuple[Shape, ...], rank: int) -> tuple[int, int, int]:
+    if kind == "full":
+        K, P, Q = shapes[0]
+    elif kind == "separable":
+        K, (_, P, Q) = shapes[0][1], shapes[1]
+    elif kind == "lowrank":
+        (K, P, _), Q = shapes[0], shapes[1][1]
+    else:  # convweight (Q, P/G, *kernel)
+        w = shapes[0]
+        K, P, Q = 1, w[1] * rank, w[0]
+        for s in w[2:]:
+            K *= s
+    return K, P, Q
+
+
+def _as_parameter(theta: Parameter, kind: str, rank: int) -> Parameter:
+    """``theta`` as :func:`~structconv.conv` takes it (a bare weight for a ``"convweight"`` contraction)."""
+    return ConvWeight(theta, rank) if kind == "convweight" and not isinstance(theta, ConvWeight) else theta
+
+
+def prepare_bias(bias: Array, x: Array, shape: Shape) -> None:
+    if tuple(int(s) for s in bias.shape) != shape:
+        raise ValueError(f"bias must have shape {shape_str(shape)}, got {shape_str(tuple(bias.shape))}")
+    if device_of(bias) != device_of(x):
+        raise ValueError(f"bias is on {device_of(bias)} but x is on {device_of(x)}")
+
+
+def contraction(
+    a: Basis | Array,
+    x: Array | Shape,
+    theta: Parameter | Shape,
+    *,
+    order: str = "auto",
+    layout: str = "rows",
+) -> Contraction:
+    r"""Compile :math:`y_b = \sum_k A_k^\top x_b \Theta_k` once for these shapes; call the result many times.
+
+    Parameters
+    ----------
+    a
+        The basis (a :class:`~structconv.Basis` or a dense ``(K, M, N)`` array), bound to the
+        contraction.
+    x
+        An input (its values are not read) or its shape: ``(B, M, P)`` or ``(M, P)`` in the
+        ``"rows"`` layout, ``(B, P, *in_shape)`` in ``"channels_first"``.  With an array the basis
+        is placed on its dtype and device now; with a shape the basis' own are used.
+    theta
+        A parameter (values not read) — an array ``(K, P, Q)``, :class:`~structconv.Separable`,
+        :class:`~structconv.LowRank` or :class:`~structconv.ConvWeight` — or the shape
+        ``(K, P, Q)`` of a full one.  Calls take the same kind; a ``ConvWeight`` contraction also
+        takes the bare weight.
+    order
+        As :func:`~structconv.conv`'s: ``"auto"`` picks the cheapest order for these shapes, now.
+    layout
+        ``"rows"`` (:func:`~structconv.conv`'s) or ``"channels_first"`` (torch's image layout).
+
+    Returns
+    -------
+    Contraction
+        ``c(x, theta, bias=None, basis=None)`` equals ``conv(a, x, theta, order) + bias`` in the
+        chosen layout.  The first call makes every check of :func:`~structconv.conv`; later calls
+        compare shapes, dtype and device with the first.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv import contraction, conv, grid_basis
+    >>> A = grid_basis((16, 16), 3, padding=1)
+    >>> x, theta = torch.randn(4, 256, 8), torch.randn(9, 8, 5)
+    >>> c = contraction(A, x, theta)
+    >>> c.order in c.plan.orders
+    True
+    >>> torch.equal(c(x, theta), conv(A, x, theta))
+    True
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if not isinstance(order, str):
+        raise TypeError(f"order must be a string such as 'auto' or 'ax', got {type(order).__name__}: {order!r}")
+    basis = as_basis(a)
+    if isinstance(x, tuple | list):
+        x_shape = _shape(x, "x")
+    else:
+        x_shape = tuple(int(s) for s in x.shape)
+        basis = basis.placed_like(x)
+    spec = _operand_shapes(theta)
+    _check_layout(basis, x_shape, spec, layout)
+    dtype = basis.dtype if isinstance(x, tuple | list) else x.dtype
+    return Contraction(basis, x_shape, spec, order, layout, dtype)
+
+
+def _check_layout(basis: Basis, x_shape: Shape, spec: tuple[str, tuple[Shape, ...], int], layout: str) -> None:
+    """Refuse an ``x`` or ``theta`` shape that does not fit the basis, naming the expected shape."""
+    K, P, _ = _full_shape(*spec)
+    if K != basis.K:
+        raise ValueError(f"theta has K={K} members but the basis has K={basis.K}")
+    if layout == "rows":
+        if len(x_shape) not in (2, 3) or x_shape[-2] != basis.M or x_shape[-1] != P:
+            raise ValueError(f"x must have shape (B, {basis.M}, {P}) or ({basis.M}, {P}), got {x_shape}")
+        if basis.batch is not None and len(x_shape) == 3 and x_shape[0] != basis.batch:
+            raise ValueError(f"the basis is per-instance with batch {basis.batch} but x has batch {x_shape[0]}")
+        return
+    in_shape = basis.entry_shapes[0]
+    if x_shape[1:] != (P, *in_shape):
+        raise ValueError(
+            f"x in the channels_first layout must have shape (B, {P}, {', '.join(map(str, in_shape))}), got {x_shape}"
+        )
+
+
+__all__ = ["LAYOUTS", "Contraction", "contraction"]

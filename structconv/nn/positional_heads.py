@@ -1,0 +1,413 @@
+r"""The relative-position encodings of :class:`~structconv.nn.PositionalAttention`'s heads.
+
+Each encoding is a small module configured by its own options only (an option of another
+encoding is not a parameter of its class); the layer binds it to its grid, heads and width,
+which creates its parameters, and asks it for its mechanism
+(:mod:`structconv.structures.positional`):
+
+======================  ===================================================================
+:class:`QuadraticHeads` isotropic Gaussians :math:`-\alpha_h\lVert\delta - \Delta_h\rVert^2`
+:class:`GaussianHeads`  non-isotropic Gaussians :math:`-\tfrac12\lVert S_h(\delta - \Delta_h)\rVert^2`
+:class:`LearnedHeads`   learned per-axis relative embeddings scored by one vector per head
+======================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Self
+
+import torch
+from torch import nn
+
+from ..bases.grid_args import _grid
+from ..structures.attention import Mechanism
+from ..structures.grid import BOUNDARIES
+from ..structures.positional import (
+    GaussianPosition,
+    LearnedPosition,
+    PositionalMechanism,
+    QuadraticPosition,
+    RelativeAttention,
+    relative_offsets,
+)
+from .positional_base import Encoding, flag, optional_positive_int, positive_int, real
+from .positional_content import ContentHeads
+
+__all__ = ["GaussianHeads", "LearnedHeads", "PositionalHeads", "QuadraticHeads", "heads_of"]
+
+WIDTHS = ("exp", "spread")
+
+
+class PositionalHeads(Encoding):
+    """An encoding of the heads' relative positions (the base of :class:`QuadraticHeads` and its siblings).
+
+    Unbound, it is a template of options; :meth:`bind` gives the module a layer holds, with
+    :attr:`grid`, :attr:`num_heads`, :attr:`embed_dim` and :attr:`boundary` set and its
+    parameters created.  A subclass sets :attr:`name` (its ``heads=`` shorthand), creates its
+    parameters in :meth:`_build` and returns its scores from :meth:`mechanism`.
+    """
+
+    #: The string that stands for this encoding at its defaults (``PositionalAttention(heads=...)``).
+    name: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grid: tuple[int, ...] = ()  # () until bound to a layer
+        self.num_heads = 0
+        self.embed_dim = 0
+        self.boundary = "zero"
+
+    def bind(
+        self, grid: Any, num_heads: int, embed_dim: int, boundary: str = "zero", *, content: ContentHeads | None = None
+    ) -> Self:
+        """A new encoding of these options, with its parameters for a layer's sizes at their initial values.
+
+        This encoding is left as it is (a template for other layers).
+
+        Parameters
+        ----------
+        grid
+            The layer's grid sizes.
+        num_heads, embed_dim
+            The layer's :math:`K` and :math:`E`.
+        boundary
+            ``"zero"`` or ``"periodic"``: the offsets the heads score.
+        content
+            The layer's content terms (unbound), or ``None``: :class:`LearnedHeads` with
+            ``relative_terms`` takes the width of their keys.
+        """
+        name = type(self).__name__
+        try:
+            sizes = _grid(grid)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{name}: {error}") from None
+        H = positive_int(name, "num_heads", num_heads)
+        E = positive_int(name, "embed_dim", embed_dim)
+        if boundary not in BOUNDARIES:
+            raise ValueError(f"{name}: boundary must be one of {BOUNDARIES}, got {boundary!r}")
+        bound: Self = self.configured(**self._resolved(len(sizes), E))
+        bound.grid, bound.num_heads, bound.embed_dim, bound.boundary = sizes, H, E, boundary
+        bound._build(content)
+        return bound
+
+    def _resolved(self, dims: int, embed_dim: int) -> dict[str, Any]:
+        """Options whose defaults depend on the layer, resolved for a ``dims``-D grid and width ``embed_dim``."""
+        return {}
+
+    def _build(self, content: ContentHeads | None) -> None:
+        """Create the parameters, at their initial values (the sizes are set)."""
+        raise NotImplementedError
+
+    def _check_bound(self) -> None:
+        if not self.grid:
+            raise ValueError(
+                f"{type(self).__name__} is not bound to a layer; give it to PositionalAttention(heads=...) or bind it"
+            )
+
+    def mechanism(self) -> PositionalMechanism:
+        """The position-only heads: scores that depend on the offset between key and query alone."""
+        raise NotImplementedError
+
+    def with_content(self, content: ContentHeads) -> Mechanism:
+        """The heads with ``content`` (bound to the same layer): its scores added to the positional ones."""
+        return content.mechanism() + self.mechanism()
+
+    def positional_parameters(self) -> list[nn.Parameter]:
+        """The centres and widths of Gaussian heads (kept out of weight decay in the CIFAR study); none here."""
+        return []
+
+
+class QuadraticHeads(PositionalHeads):
+    r"""Isotropic Gaussian heads, :math:`a_{hmn} = -\alpha_h\lVert\delta_{mn} - \Delta_h\rVert^2` (Lemma 2).
+
+    Every head attends around its own offset :math:`\Delta_h` with its own width; the scores are
+    a sum of per-axis terms, so the layer builds the heads exactly as a Kronecker product of
+    per-axis softmaxes (:class:`~structconv.QuadraticPosition`).  The centres start at
+    :math:`\mathcal N(0, \mathrm{centre\_var}\,I)`.
+
+    Parameters
+    ----------
+    alpha : float, default 1.0
+        The initial :math:`\alpha_h > 0` of every head.
+    width : {"exp", "spread"}
+        How the widths are learned: ``"exp"`` learns :math:`\log\alpha_h`, started at
+        :math:`\log\alpha`; ``"spread"`` learns :math:`s_h` with :math:`\alpha_h = s_h^2/2`,
+        started at :math:`\sqrt{2\alpha} + \mathcal N(0, \mathrm{width\_noise}^2)`, as
+        Cordonnier et al.'s code does.
+    width_noise : float, default 0.0
+        The spread of the initial :math:`s_h` (``width="spread"`` only: ``"exp"`` widths start at ``alpha``).
+    centre_var : float, default 2.0
+        The variance of the initial centres.
+
+    Shapes
+    ------
+    - **centres:** :math:`\Delta_h`, :math:`(K, d)` for a layer of :math:`K` heads on a :math:`d`-D grid
+    - **log_alpha** (``width="exp"``) or **spread** (``width="spread"``): :math:`(K,)`
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import PositionalAttention, QuadraticHeads
+    >>> layer = PositionalAttention((8, 8), 64, 9, heads=QuadraticHeads(alpha=1.0))
+    >>> layer.heads
+    QuadraticHeads(alpha=1.0, width='exp')
+    >>> layer.heads.centres.shape, layer.heads.alpha().shape
+    (torch.Size([9, 2]), torch.Size([9]))
+    >>> layer(torch.randn(2, 8, 8, 64)).shape
+    torch.Size([2, 8, 8, 64])
+    """
+
+    name = "quadratic"
+    shown = ("alpha", "width")
+    centres: nn.Parameter
+    log_alpha: nn.Parameter
+    spread: nn.Parameter
+
+    def __init__(
+        self, *, alpha: float = 1.0, width: str = "exp", width_noise: float = 0.0, centre_var: float = 2.0
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        self.initial_alpha = real(name, "alpha", alpha, positive=True)
+        if width not in WIDTHS:
+            raise ValueError(f"{name}: width must be one of {WIDTHS}, got {width!r}")
+        self.width = width
+        self.width_noise = real(name, "width_noise", width_noise, positive=False)
+        self.centre_var = real(name, "centre_var", centre_var, positive=False)
+        if width == "exp" and self.width_noise:
+            raise ValueError(f"{name}: width_noise needs width='spread' (widths learned as 'exp' start at alpha)")
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "alpha": self.initial_alpha,
+            "width": self.width,
+            "width_noise": self.width_noise,
+            "centre_var": self.centre_var,
+        }
+
+    def _build(self, content: ContentHeads | None) -> None:
+        H, d, alpha = self.num_heads, len(self.grid), self.initial_alpha
+        self.centres = nn.Parameter(torch.randn(H, d) * math.sqrt(self.centre_var))
+        if self.width == "exp":
+            self.log_alpha = nn.Parameter(torch.full((H,), math.log(alpha)))
+        else:
+            self.spread = nn.Parameter(math.sqrt(2 * alpha) + torch.randn(H) * self.width_noise)
+
+    def alpha(self) -> torch.Tensor:
+        r""":math:`\alpha_h`, ``(K,)``: :math:`e^{\log\alpha_h}` or :math:`s_h^2/2`."""
+        self._check_bound()
+        return self.log_alpha.exp() if self.width == "exp" else 0.5 * self.spread * self.spread
+
+    @torch.no_grad()
+    def set_alpha(self, alpha: float | torch.Tensor) -> None:
+        r"""Set :math:`\alpha_h` (a number or ``(K,)`` values, all positive) in this encoding's parametrisation."""
+        self._check_bound()
+        values = torch.as_tensor(alpha, dtype=self.centres.dtype, device=self.centres.device).expand(self.num_heads)
+        if not bool((values > 0).all()):
+            raise ValueError(f"{type(self).__name__}: set_alpha needs positive values")
+        if self.width == "exp":
+            self.log_alpha.copy_(values.log())
+        else:
+            self.spread.copy_((2 * values).sqrt())
+
+    def mechanism(self) -> QuadraticPosition:
+        self._check_bound()
+        # positive=True: alpha is positive by construction, so no value is read back from a GPU
+        return QuadraticPosition(self.grid, self.centres, self.alpha(), boundary=self.boundary, positive=True)
+
+    def positional_parameters(self) -> list[nn.Parameter]:
+        """The centres and widths (kept out of weight decay in the CIFAR study)."""
+        self._check_bound()
+        return [self.centres, self.log_alpha if self.width == "exp" else self.spread]
+
+
+class GaussianHeads(PositionalHeads):
+    r"""Non-isotropic Gaussian heads, :math:`a_{hmn} = -\tfrac12\lVert S_h(\delta_{mn} - \Delta_h)\rVert^2`.
+
+    Each head has its own precision :math:`\Sigma_h^{-1} = S_h^\top S_h`, positive semi-definite
+    for every value of :math:`S_h` (:class:`~structconv.GaussianPosition`).  The heads are not
+    separable by axis: without content the layer builds them as a dense softmax, or truncated to
+    shift bases (its ``threshold``).  :math:`S_h` starts at :math:`\sqrt{2\alpha}\,I` (the
+    quadratic heads of the same ``alpha``) plus :math:`\mathcal N(0, \mathrm{width\_noise}^2)` per
+    entry, the centres at :math:`\mathcal N(0, \mathrm{centre\_var}\,I)`.
+
+    Parameters
+    ----------
+    alpha : float, default 1.0
+        The initial isotropic width, :math:`S_h = \sqrt{2\alpha}\,I`.
+    width_noise : float, default 0.0
+        The spread of the initial entries of :math:`S_h`.
+    centre_var : float, default 2.0
+        The variance of the initial centres.
+
+    Shapes
+    ------
+    - **centres:** :math:`\Delta_h`, :math:`(K, d)` for a layer of :math:`K` heads on a :math:`d`-D grid
+    - **inv_sqrt_cov:** :math:`S_h`, :math:`(K, d, d)`
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import GaussianHeads, PositionalAttention
+    >>> layer = PositionalAttention((6, 6), 16, 4, heads=GaussianHeads(alpha=0.5, width_noise=0.01))
+    >>> layer.heads
+    GaussianHeads(alpha=0.5, width_noise=0.01)
+    >>> layer.heads.inv_sqrt_cov.shape
+    torch.Size([4, 2, 2])
+    >>> layer(torch.randn(3, 36, 16)).shape
+    torch.Size([3, 36, 16])
+    """
+
+    name = "gaussian"
+    shown = ("alpha",)
+    centres: nn.Parameter
+    inv_sqrt_cov: nn.Parameter
+
+    def __init__(self, *, alpha: float = 1.0, width_noise: float = 0.0, centre_var: float = 2.0) -> None:
+        super().__init__()
+        name = type(self).__name__
+        self.initial_alpha = real(name, "alpha", alpha, positive=True)
+        self.width_noise = real(name, "width_noise", width_noise, positive=False)
+        self.centre_var = real(name, "centre_var", centre_var, positive=False)
+
+    def options(self) -> dict[str, Any]:
+        return {"alpha": self.initial_alpha, "width_noise": self.width_noise, "centre_var": self.centre_var}
+
+    def _build(self, content: ContentHeads | None) -> None:
+        H, d = self.num_heads, len(self.grid)
+        self.centres = nn.Parameter(torch.randn(H, d) * math.sqrt(self.centre_var))
+        noise = torch.randn(H, d, d) * self.width_noise
+        self.inv_sqrt_cov = nn.Parameter(torch.eye(d).repeat(H, 1, 1) * math.sqrt(2 * self.initial_alpha) + noise)
+
+    def mechanism(self) -> GaussianPosition:
+        self._check_bound()
+        return GaussianPosition(self.grid, self.centres, self.inv_sqrt_cov, boundary=self.boundary)
+
+    def positional_parameters(self) -> list[nn.Parameter]:
+        """The centres and precisions' factors (kept out of weight decay in the CIFAR study)."""
+        self._check_bound()
+        return [self.centres, self.inv_sqrt_cov]
+
+
+class LearnedHeads(PositionalHeads):
+    r"""Learned relative embeddings, :math:`a_{hmn} = t_h\cdot r_{\delta_{mn}}`, one table per grid axis.
+
+    :math:`r_\delta` concatenates one row per axis, :math:`r^{(i)}_{\delta_i}` from table
+    :math:`i` (``(L_i, D_i)``, :math:`N(0, 1)`; :math:`D_p` = ``positional_dim`` in all, split
+    evenly over the axes), and each head scores it with its own vector :math:`t_h`
+    (``weight``, initialised as ``torch.nn.Linear``'s of the widest table;
+    :class:`~structconv.LearnedPosition`).  The scores are a sum of per-axis terms, so without
+    content the layer builds the heads exactly as a Kronecker product of per-axis softmaxes.
+
+    With ``relative_terms=True`` and content (:class:`ContentHeads`), the heads are the four
+    terms of Cordonnier et al.'s Eq. 5 instead (:class:`~structconv.RelativeAttention`): content,
+    query-position through :math:`\hat W` (``rel_key``), and the key and position biases
+    :math:`u_h, v_h` (``u``, ``v``, started at zero), which replace ``weight``.
+
+    Parameters
+    ----------
+    positional_dim : int, optional
+        :math:`D_p`, at least the grid's dimension; ``None`` gives the layer's ``embed_dim``.
+    relative_terms : bool, default False
+        The four terms of Eq. 5; needs the layer's content terms, and takes the width :math:`D`
+        of their keys (which then have no biases of their own: :math:`u_h` and :math:`v_h` are).
+
+    Shapes
+    ------
+    - **tables:** :math:`(L_i, D_i)` per axis :math:`i` of :math:`L_i` offsets, :math:`\sum_i D_i = D_p`
+    - **weight:** :math:`t_h`, :math:`(K, D_p)` for a layer of :math:`K` heads (without ``relative_terms``)
+    - **rel_key:** :math:`\hat W`, :math:`(K, D_p, D)`; **u**, **v:** :math:`(K, D)` (with ``relative_terms``)
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import ContentHeads, LearnedHeads, PositionalAttention
+    >>> layer = PositionalAttention((5, 5), 8, 2, heads=LearnedHeads(positional_dim=6))
+    >>> [tuple(t.shape) for t in layer.heads.tables], tuple(layer.heads.weight.shape)
+    ([(9, 3), (9, 3)], (2, 6))
+    >>> eq5 = PositionalAttention((5, 5), 8, 2, heads=LearnedHeads(relative_terms=True), content=ContentHeads())
+    >>> eq5.heads
+    LearnedHeads(positional_dim=8, relative_terms=True)
+    >>> eq5(torch.randn(3, 25, 8)).shape
+    torch.Size([3, 25, 8])
+    """
+
+    name = "learned"
+    shown = ("positional_dim",)
+    tables: nn.ParameterList
+    weight: nn.Parameter
+    rel_key: nn.Parameter
+    u: nn.Parameter
+    v: nn.Parameter
+
+    def __init__(self, *, positional_dim: int | None = None, relative_terms: bool = False) -> None:
+        super().__init__()
+        name = type(self).__name__
+        self.positional_dim = optional_positive_int(name, "positional_dim", positional_dim)
+        self.relative_terms = flag(name, "relative_terms", relative_terms)
+
+    def options(self) -> dict[str, Any]:
+        return {"positional_dim": self.positional_dim, "relative_terms": self.relative_terms}
+
+    def _resolved(self, dims: int, embed_dim: int) -> dict[str, Any]:
+        Dp = self.positional_dim or embed_dim
+        if Dp < dims:
+            raise ValueError(
+                f"{type(self).__name__}: positional_dim={Dp} must be at least the grid's {dims} dimensions"
+            )
+        return {"positional_dim": Dp}
+
+    def _build(self, content: ContentHeads | None) -> None:
+        name, H, d = type(self).__name__, self.num_heads, len(self.grid)
+        if self.relative_terms and content is None:
+            raise ValueError(
+                f"{name}: relative_terms are the content terms of Eq. 5; give the layer content=ContentHeads(...)"
+            )
+        if self.relative_terms and content is not None and content.bias:
+            raise ValueError(f"{name}: with relative_terms, u and v are the biases; give ContentHeads(bias=False)")
+        Dp = self.positional_dim
+        assert Dp is not None  # resolved by bind
+        widths = [Dp // d + (1 if i < Dp % d else 0) for i in range(d)]
+        lengths = relative_offsets(self.grid, self.boundary).lengths
+        self.tables = nn.ParameterList(nn.Parameter(torch.randn(n, w)) for n, w in zip(lengths, widths, strict=True))
+        if content is not None and self.relative_terms:
+            D = content.key_width(self.num_heads, self.embed_dim)
+            self.rel_key = nn.Parameter(torch.randn(H, Dp, D) / math.sqrt(Dp))
+            self.u = nn.Parameter(torch.zeros(H, D))
+            self.v = nn.Parameter(torch.zeros(H, D))
+        else:  # one key per head and axis, as a linear map of that axis' row (torch.nn.Linear's init)
+            bound = 1.0 / math.sqrt(max(widths))
+            self.weight = nn.Parameter(torch.empty(H, Dp).uniform_(-bound, bound))
+
+    def mechanism(self) -> LearnedPosition:
+        self._check_bound()
+        if self.relative_terms:
+            raise ValueError(f"{type(self).__name__}: relative_terms score the content too; use with_content")
+        return LearnedPosition(self.grid, tuple(self.tables), self.weight, boundary=self.boundary)
+
+    def with_content(self, content: ContentHeads) -> Mechanism:
+        """With ``relative_terms``, the four terms of Eq. 5; otherwise the content scores plus the positional ones."""
+        if not self.relative_terms:
+            return super().with_content(content)
+        self._check_bound()
+        assert content.key_dim is not None  # resolved when bound
+        return RelativeAttention(
+            self.grid, tuple(self.tables), key=content.key, query=content.query, rel_key=self.rel_key,
+            u=self.u, v=self.v, boundary=self.boundary, scale=1.0 / math.sqrt(content.key_dim),
+        )  # fmt: skip
+
+
+_BY_NAME: dict[str, type[PositionalHeads]] = {c.name: c for c in (QuadraticHeads, GaussianHeads, LearnedHeads)}
+
+
+def heads_of(owner: str, heads: Any) -> PositionalHeads:
+    """``heads`` as an encoding: itself, or the encoding a name (``"quadratic"``, ...) stands for, at its defaults."""
+    if isinstance(heads, PositionalHeads):
+        return heads
+    if isinstance(heads, str) and heads in _BY_NAME:
+        return _BY_NAME[heads]()
+    wanted = f"one of {tuple(_BY_NAME)} or a PositionalHeads (e.g. QuadraticHeads(alpha=1.0))"
+    raise (ValueError if isinstance(heads, str) else TypeError)(
+        f"{owner}: heads must be {wanted}, got {type(heads).__name__} {heads!r:.60}"
+    )

@@ -1,0 +1,291 @@
+r"""The layer contract: a layer of :mod:`structconv.nn` is :math:`y = \sum_k A_k^\top x \Theta_k` plus its bias.
+
+Every layer exposes its basis (``layer.basis(*inputs)``) and its parameter (``layer.parameter()``);
+:func:`check_layer` calls the layer and the *contract*, :func:`structconv.conv` on that basis and
+parameter with the bias added and the result put in the layer's layout, and compares the outputs
+and the gradients with respect to the inputs and every parameter.  Where ``forward`` reaches its
+output by another route (a fused aggregation, a native kernel, bias folding) this ties two
+computations; where it already calls ``conv``, it pins the layout and what is added.
+
+A contract is a function ``contract(layer, *inputs) -> Tensor``; :func:`contract_for` picks the
+one for a layer of the package by its type (:data:`CONTRACTS`), and a user's own layer passes its
+own, or gets :func:`node_contract` when it has ``basis`` and ``parameter``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from .. import nn as snn
+from ..engine.contract import conv
+from ..structures.grid import apply_shifts
+from ._values import assert_near, tolerances
+
+Contract = Callable[..., torch.Tensor]
+"""``contract(layer, *inputs)``: the layer's output computed through :func:`structconv.conv`."""
+
+
+def _plus_bias(layer: nn.Module, y: torch.Tensor) -> torch.Tensor:
+    bias = getattr(layer, "bias", None)
+    return y if bias is None else y + bias
+
+
+def node_contract(layer: Any, *inputs: Any) -> torch.Tensor:
+    """Graph layers and :class:`~structconv.nn.StructConv`: ``conv(layer.basis(*inputs), x, layer.parameter())`` + bias.
+
+    ``x = inputs[0]`` is already in the engine's layout, ``(N, P)`` or ``(B, N, P)``.
+    """
+    return _plus_bias(layer, conv(layer.basis(*inputs), inputs[0], layer.parameter()))
+
+
+def _batched(x: torch.Tensor, dims: int) -> tuple[torch.Tensor, bool]:
+    """``x`` as ``(B, C, *grid)`` for a ``dims``-dimensional grid, and whether it came unbatched."""
+    unbatched = x.ndim == dims + 1
+    return (x[None] if unbatched else x), unbatched
+
+
+def _grid_flat(x: torch.Tensor) -> torch.Tensor:
+    """``(B, C, *grid)`` as the engine's ``(B, M, C)``."""
+    return x.flatten(2).transpose(1, 2)
+
+
+def _grid_back(y: torch.Tensor, basis: Any) -> torch.Tensor:
+    """The engine's ``(B, M_out, Q)`` as ``(B, Q, *out_grid)``."""
+    return y.transpose(1, 2).reshape(int(y.shape[0]), int(y.shape[2]), *basis.out_grid)
+
+
+def _framing(layer: Any, grid: tuple[int, ...]) -> list[int]:
+    """``F.pad``'s list for torch's explicit framing (``padding_mode`` reflect or replicate), from torch's rules.
+
+    ``padding`` an int or one per dimension pads both sides alike; ``(before, after)`` pairs as
+    given; ``"same"`` splits :math:`d(k - 1)` with the extra entry after; ``"valid"`` pads nothing.
+    """
+    d = len(grid)
+    padding = layer.padding
+    if padding == "valid":
+        pairs = [(0, 0)] * d
+    elif padding == "same":
+        total = [dl * (k - 1) for k, dl in zip(layer.kernel_size, layer.dilation, strict=True)]
+        pairs = [(t // 2, t - t // 2) for t in total]
+    elif isinstance(padding, int):
+        pairs = [(padding, padding)] * d
+    else:
+        pairs = [(p, p) if isinstance(p, int) else (int(p[0]), int(p[1])) for p in padding]
+    return [side for before, after in reversed(pairs) for side in (before, after)]
+
+
+def grid_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
+    """Grid convolutions: ``(B, C, *grid)`` flattened to ``(B, M, C)``, ``conv``, back to ``(B, Q, *out_grid)``, + bias.
+
+    For ``padding_mode`` ``"reflect"``/``"replicate"`` the basis is on the framed grid, and ``x``
+    is framed by ``F.pad`` first; an unbatched ``(C, *grid)`` input gives an unbatched output.
+    """
+    basis = layer.basis(x)
+    xb, unbatched = _batched(x, len(basis.grid))
+    if tuple(xb.shape[2:]) != tuple(basis.grid):
+        xb = F.pad(xb, _framing(layer, tuple(xb.shape[2:])), mode=layer.padding_mode)
+    y = _grid_back(conv(basis, _grid_flat(xb), layer.parameter()), basis)
+    if layer.bias is not None:
+        y = y + layer.bias.reshape(-1, *([1] * len(basis.grid)))
+    return y[0] if unbatched else y
+
+
+def pool_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
+    r"""Average pooling: :math:`\Theta = I` per channel, so :math:`A^\top x` alone (:func:`structconv.apply_shifts`)."""
+    basis = layer.basis(x)
+    xb, unbatched = _batched(x, len(basis.grid))
+    flat = _grid_flat(xb)
+    # An empty batch (or no channels): apply_shifts refuses empty arrays, the basis' own hook does not.
+    y = apply_shifts(basis, flat, order=layer.method) if flat.numel() else basis.apply_each(flat)
+    back = _grid_back(y[:, 0], basis)
+    return back[0] if unbatched else back
+
+
+def _with_tokens(v: torch.Tensor, extra: int) -> torch.Tensor:
+    """``(B, S, P)`` -> ``(B, S + e, P + e)``: the value, then one identity row per appended token."""
+    if not extra:
+        return v
+    B, S, P = (int(s) for s in v.shape)
+    top = torch.cat([v, v.new_zeros(B, S, extra)], -1)
+    bottom = torch.cat([v.new_zeros(extra, P), torch.eye(extra, dtype=v.dtype, device=v.device)], -1)
+    return torch.cat([top, bottom.expand(B, extra, P + extra)], 1)
+
+
+def attention_contract(layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    r""":class:`~structconv.nn.MultiHeadSelfAttention`: ``conv(heads, value, parameter())`` + ``output_bias()``.
+
+    The value is taken batch first (``batch_first=False`` and unbatched inputs are moved there
+    and the output back) and widened by an identity row per token that ``add_bias_kv`` or
+    ``add_zero_attn`` appends (the basis has :math:`S + e` keys).  Valid in evaluation mode,
+    where every query may attend to some key.
+    """
+    basis = layer.basis(query, key, value)
+    batched = query.ndim == 3
+    v = (value if layer.batch_first else value.transpose(0, 1)) if batched else value[None]
+    y = conv(basis, _with_tokens(v, basis.M - int(v.shape[1])), layer.parameter())
+    bias = layer.output_bias()
+    y = y if bias is None else y + bias
+    out: torch.Tensor = (y if layer.batch_first else y.transpose(0, 1)) if batched else y[0]
+    return out
+
+
+def positional_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
+    """:class:`~structconv.nn.PositionalAttention`: ``x`` ``(B, *grid, E)`` as ``(B, M, E)``, ``conv``, + bias."""
+    flat = x.reshape(int(x.shape[0]), -1, layer.embed_dim)
+    return _plus_bias(layer, conv(layer.basis(flat), flat, layer.parameter())).reshape(x.shape)
+
+
+#: The contract of each layer class of :mod:`structconv.nn` (a subclass gets its base's).
+CONTRACTS: dict[type, Contract] = {
+    **{getattr(snn, f"AvgPool{d}d"): pool_contract for d in (1, 2, 3)},
+    **{getattr(snn, f"GridConv{d}d"): grid_contract for d in (1, 2, 3)},
+    snn.MultiHeadSelfAttention: attention_contract,
+    snn.PositionalAttention: positional_contract,
+    **{
+        klass: node_contract
+        for klass in (snn.ChebConv, snn.GATConv, snn.GCNConv, snn.RGCNConv, snn.SGConv, snn.StructConv, snn.TAGConv)
+    },
+}
+
+
+def contract_for(layer: nn.Module) -> Contract:
+    """The contract of ``layer``: from :data:`CONTRACTS` by its class (or a base class), else :func:`node_contract`.
+
+    Raises
+    ------
+    TypeError
+        For a layer of another class without ``basis`` and ``parameter`` methods.
+    """
+    for klass in type(layer).__mro__:
+        if klass in CONTRACTS:
+            return CONTRACTS[klass]
+    if callable(getattr(layer, "basis", None)) and callable(getattr(layer, "parameter", None)):
+        return node_contract
+    raise TypeError(
+        f"{type(layer).__name__} has no basis() and parameter(): pass contract=, a function "
+        "(layer, *inputs) -> the output computed through structconv.conv"
+    )
+
+
+def _output(out: Any) -> torch.Tensor:
+    """The output tensor (MultiHeadSelfAttention returns ``(output, weights)``)."""
+    y: torch.Tensor = out[0] if isinstance(out, tuple) else out
+    return y
+
+
+def _leaves(inputs: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[int, torch.Tensor]]:
+    """The inputs with each floating tensor a fresh leaf that requires grad (one per tensor: x may be q, k and v)."""
+    made: dict[int, torch.Tensor] = {}
+
+    def leaf(a: Any) -> Any:
+        if isinstance(a, tuple):
+            return tuple(leaf(t) for t in a)
+        if not (isinstance(a, torch.Tensor) and a.is_floating_point() and a.layout == torch.strided):
+            return a
+        if id(a) not in made:
+            made[id(a)] = a.detach().clone().requires_grad_()
+        return made[id(a)]
+
+    return tuple(leaf(a) for a in inputs), made
+
+
+def _gradients(y: torch.Tensor, leaves: list[torch.Tensor], weight: torch.Tensor) -> list[torch.Tensor]:
+    """The gradients of :math:`\\langle y, w \\rangle` (zero for a leaf ``y`` does not depend on)."""
+    if not y.requires_grad:
+        return [torch.zeros_like(leaf) for leaf in leaves]
+    grads = torch.autograd.grad((y * weight).sum(), leaves, allow_unused=True)
+    return [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves, strict=True)]
+
+
+def check_layer(
+    layer: nn.Module,
+    *inputs: Any,
+    contract: Contract | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    gradients: bool = True,
+    seed: int = 0,
+) -> torch.Tensor:
+    r"""Check that ``layer(*inputs)`` is :math:`\sum_k A_k^\top x \Theta_k` of its own basis and parameter.
+
+    The layer's output must equal ``contract(layer, *inputs)`` (:func:`contract_for` by default):
+    :func:`structconv.conv` on ``layer.basis(...)`` and ``layer.parameter()``, plus the bias, in
+    the layer's layout; and with ``gradients``, so must the gradients of
+    :math:`\langle y, w \rangle` (:math:`w` drawn with ``seed``) with respect to every floating
+    input and every parameter.  Each floating input is replaced by a fresh leaf (the same tensor
+    passed twice stays one leaf); the layer's mode is left as it is: put a layer that draws
+    dropout in evaluation mode.
+
+    Parameters
+    ----------
+    layer
+        The layer under test.
+    *inputs
+        Its positional inputs.
+    contract
+        ``contract(layer, *inputs) -> Tensor``, for a layer the defaults do not cover.
+    rtol, atol
+        Tolerances, by default from the output's dtype (float64: ``1e-10`` and ``1e-10``).
+    gradients
+        Whether to compare the gradients too.
+    seed
+        Seed of the weight :math:`w` of the gradients.
+
+    Returns
+    -------
+    torch.Tensor
+        The layer's output.
+
+    Raises
+    ------
+    AssertionError
+        Naming the layer, what differs (output, or the gradient of which input or parameter)
+        and the largest difference.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.nn import GCNConv
+    >>> from structconv.testing import check_layer
+    >>> layer = GCNConv(3, 4).double()
+    >>> x, edges = torch.randn(5, 3, dtype=torch.float64), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    >>> check_layer(layer, x, edges).shape
+    torch.Size([5, 4])
+    """
+    run = contract or contract_for(layer)
+    name = type(layer).__name__
+    args, made = _leaves(inputs)
+    y = _output(layer(*args))
+    expected = _output(run(layer, *args))
+    if (y.dtype, y.device) != (expected.dtype, expected.device):
+        raise AssertionError(f"{name}: output in {y.dtype} on {y.device}, the contract's in {expected.dtype}")
+    rtol, atol = tolerances(y.dtype, rtol, atol)
+    assert_near(y, expected, rtol=rtol, atol=atol, what=f"{name}: output against the contract")
+    named = [(n, p) for n, p in layer.named_parameters() if p.requires_grad]
+    leaves = [*made.values(), *(p for _, p in named)]
+    if gradients and leaves:
+        labels = [f"input {i}" for i in range(len(made))] + [n for n, _ in named]
+        generator = torch.Generator().manual_seed(seed)
+        weight = torch.randn(y.shape, generator=generator, dtype=torch.float64).to(y)
+        got, want = _gradients(y, leaves, weight), _gradients(expected, leaves, weight)
+        for label, a, b in zip(labels, got, want, strict=True):
+            assert_near(a, b, rtol=rtol, atol=atol, what=f"{name}: gradient of {label} against the contract")
+    return y
+
+
+__all__ = [
+    "CONTRACTS",
+    "Contract",
+    "attention_contract",
+    "check_layer",
+    "contract_for",
+    "grid_contract",
+    "node_contract",
+    "pool_contract",
+    "positional_contract",
+]

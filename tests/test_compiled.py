@@ -1,0 +1,219 @@
+"""The compiled form: ``contraction(...)`` is ``conv`` planned and checked once, in two layouts.
+
+Laws: a compiled call equals :func:`structconv.conv` with the same order (bit for bit: the same
+order runs) for every order and parameter kind; the ``"channels_first"`` layout with a
+:class:`~structconv.ConvWeight` equals torch's convolution with its bias; later calls neither
+re-check nor re-plan; anything that differs from what was compiled is refused with a message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from torch.nn import functional as F  # noqa: N812
+
+import structconv as sc
+from structconv import ConvWeight, LowRank, Separable, contraction, conv, explain, grid_basis
+from structconv.engine import compiled as compiled_module
+
+D64 = torch.float64
+
+
+def _theta(kind: str, K: int, P: int, Q: int, rng: np.random.Generator, lib: str) -> Any:
+    def arr(*shape: int) -> Any:
+        a = rng.standard_normal(shape)
+        return torch.from_numpy(a) if lib == "torch" else a
+
+    if kind == "lowrank":
+        return LowRank(arr(K, P, 2), arr(K, Q, 2))
+    if kind == "separable":
+        return Separable(arr(2, K), arr(2, P, Q))
+    return arr(K, P, Q)
+
+
+@given(
+    K=st.integers(1, 4),
+    M=st.integers(1, 6),
+    N=st.integers(1, 6),
+    P=st.integers(1, 4),
+    Q=st.integers(1, 4),
+    B=st.integers(1, 3),
+    kind=st.sampled_from(["full", "lowrank", "separable"]),
+    lib=st.sampled_from(["numpy", "torch"]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_compiled_call_is_conv_with_the_same_order(
+    K: int, M: int, N: int, P: int, Q: int, B: int, kind: str, lib: str, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    a, x = rng.standard_normal((K, M, N)), rng.standard_normal((B, M, P))
+    if lib == "torch":
+        a, x = torch.from_numpy(a), torch.from_numpy(x)
+    theta = _theta(kind, K, P, Q, rng, lib)
+    for order in ["auto", *explain(a, x, theta).orders]:
+        c = contraction(a, x, theta, order=order)
+        expected = conv(a, x, theta, order=order)
+        for _ in range(2):  # the first call checks; the second runs on what it bound
+            got = c(x, theta)
+            assert got.shape == expected.shape
+            assert np.array_equal(np.asarray(got), np.asarray(expected)), order
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("geometry", [{"padding": 1}, {"stride": 2, "padding": 1}, {"dilation": 2, "padding": 2}])
+def test_channels_first_with_a_conv_weight_is_torch_convolution(groups: int, geometry: dict[str, int]) -> None:
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(4, 6, 3, groups=groups, **geometry).double()
+    x = torch.randn(2, 4, 9, 8, dtype=D64)
+    A = grid_basis((9, 8), 3, like=x, **geometry)
+    theta = ConvWeight(ref.weight, groups=groups)
+    orders = explain(A, x.flatten(2).transpose(1, 2), theta).orders
+    assert "native" in orders
+    for order in orders:
+        c = contraction(A, x, theta, order=order, layout="channels_first")
+        torch.testing.assert_close(c(x, ref.weight, bias=ref.bias), ref(x), msg=order)
+        torch.testing.assert_close(c(x, theta, bias=ref.bias), ref(x), msg=order)  # the object or its weight
+
+
+@pytest.mark.parametrize("order", ["native", "ax", "xtheta"])
+def test_channels_first_gradients(order: str) -> None:
+    torch.manual_seed(1)
+    x = torch.randn(1, 2, 5, 5, dtype=D64, requires_grad=True)
+    w = torch.randn(4, 1, 3, 3, dtype=D64, requires_grad=True)
+    b = torch.randn(4, dtype=D64, requires_grad=True)
+    c = contraction(grid_basis((5, 5), 3, padding=1, like=x), x, ConvWeight(w, groups=2), order=order,
+                    layout="channels_first")  # fmt: skip
+    assert torch.autograd.gradcheck(lambda x, w, b: c(x, w, bias=b), (x, w, b))
+    assert torch.autograd.gradgradcheck(lambda x, w, b: c(x, w, bias=b), (x, w, b))
+
+
+def test_the_native_order_takes_the_weight_as_stored() -> None:
+    """Planned with the weight's groups: the native order's cost is a 1/G share, and it is chosen."""
+    x = torch.randn(2, 64, 16, 16)
+    A = grid_basis((16, 16), 3, padding=1)
+    depthwise = explain(A, x.flatten(2).transpose(1, 2), ConvWeight(torch.randn(64, 1, 3, 3), groups=64))
+    full = explain(A, x.flatten(2).transpose(1, 2), ConvWeight(torch.randn(64, 64, 3, 3)))
+    assert depthwise.chosen == full.chosen == "native"
+    assert depthwise.candidate("native").flops * 64 == pytest.approx(full.candidate("native").flops)
+    assert depthwise.sizes["G"] == 64
+
+
+def test_later_calls_do_not_check_or_plan_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    A = grid_basis((6, 6), 3, padding=1)
+    x, theta = torch.randn(2, 36, 3), torch.randn(9, 3, 4)
+    c = contraction(A, x, theta)
+    first = c(x, theta)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a compiled call checked or planned again")
+
+    monkeypatch.setattr(compiled_module, "prepare", refuse)
+    monkeypatch.setattr(compiled_module, "_plan", refuse)
+    torch.testing.assert_close(c(x, theta), first)
+
+
+def test_mismatches_are_refused_by_name() -> None:
+    A = grid_basis((6, 6), 3, padding=1)
+    x, theta = torch.randn(2, 36, 3), torch.randn(9, 3, 4)
+    c = contraction(A, x, theta)
+    c(x, theta)
+    with pytest.raises(ValueError, match=r"x has shape \(3, 36, 3\).*compiled for shape \(2, 36, 3\)"):
+        c(torch.randn(3, 36, 3), theta)
+    with pytest.raises(ValueError, match=r"dtype torch.float64.*compiled for.*torch.float32"):
+        c(x.double(), theta)
+    with pytest.raises(ValueError, match=r"theta's arrays must have shapes \(9, 3, 4\)"):
+        c(x, torch.randn(9, 3, 5))
+    with pytest.raises(ValueError, match=r"bias must have shape \(4,\)"):
+        c(x, theta, bias=torch.randn(5))
+    with pytest.raises(ValueError, match=r"basis must have the structure"):
+        c(x, theta, basis=grid_basis((6, 6), 3))
+    with pytest.raises(ValueError, match=r"layout must be one of"):
+        contraction(A, x, theta, layout="nhwc")
+    with pytest.raises(ValueError, match=r"x must have shape \(B, 36, 3\)"):
+        contraction(A, (2, 35, 3), (9, 3, 4))
+    with pytest.raises(ValueError, match=r"theta has K=8 members but the basis has K=9"):
+        contraction(A, x, (8, 3, 4))
+    with pytest.raises(ValueError, match=r"channels_first layout must have shape \(B, 3, 6, 6\)"):
+        contraction(A, (2, 3, 36), ConvWeight(torch.randn(4, 3, 3, 3)), layout="channels_first")
+
+
+def test_a_first_call_makes_conv_s_checks() -> None:
+    """Compiled from shapes, the first call still refuses what conv refuses (here: mixed dtypes)."""
+    c = contraction(grid_basis((4, 4), 3, padding=1, like=torch.empty(0)), (1, 16, 2), (9, 2, 3))
+    with pytest.raises(TypeError, match="dtype"):
+        c(torch.randn(1, 16, 2), torch.randn(9, 2, 3, dtype=D64))
+
+
+def test_a_per_call_basis_of_the_same_structure() -> None:
+    """Graph layers rebuild their basis each call: the compiled form takes it if its structure is the one compiled."""
+    index = np.array([[0, 1, 2, 3], [1, 2, 3, 0]])
+    x, theta = torch.randn(4, 3, dtype=D64), torch.randn(1, 3, 2, dtype=D64)
+    first = sc.gcn_basis(torch.from_numpy(index), like=x)
+    second = sc.gcn_basis(torch.from_numpy(index), edge_weight=torch.rand(4, dtype=D64), like=x)
+    c = contraction(first, x, theta)
+    torch.testing.assert_close(c(x, theta, basis=second), conv(second, x, theta))
+
+
+def test_autocast_converts_as_conv_does() -> None:
+    A = grid_basis((6, 6), 3, padding=1)
+    ref = torch.nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 6, 6)
+    c = contraction(A, x, ConvWeight(ref.weight), layout="channels_first")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, expected = c(x, ref.weight, bias=ref.bias), ref(x)
+    assert got.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_grid_layer_follows_a_changed_setting(dtype: torch.dtype) -> None:
+    """A layer whose padding is changed after a call compiles anew, as torch's layer reads it on every call."""
+    torch.manual_seed(2)
+    ref = torch.nn.Conv2d(3, 5, 3, padding=1).to(dtype)
+    ours = sc.nn.GridConv2d(3, 5, 3, padding=1).to(dtype)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 7, 7, dtype=dtype)
+    tol = {"atol": 0.05, "rtol": 0.02} if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(ours(x), ref(x), **tol)
+    ref.padding, ours.padding = (0, 0), 0
+    torch.testing.assert_close(ours(x), ref(x), **tol)
+    assert ours(x).shape == (2, 5, 5, 5)
+
+
+def test_repr_names_the_order_and_layout() -> None:
+    c = contraction(grid_basis((4, 4), 3, padding=1), (1, 16, 2), (9, 2, 3))
+    assert "order=" in repr(c) and "layout='rows'" in repr(c)
+
+
+def test_dense_basis_with_conv_weight_forms_theta() -> None:
+    a = torch.randn(9, 16, 16, dtype=D64)
+    w = torch.randn(6, 2, 3, 3, dtype=D64)
+    x = torch.randn(2, 16, 4, dtype=D64)
+    expected = torch.einsum("kmn,bmp,kpq->bnq", a, x, ConvWeight(w, groups=2).full())
+    for order in explain(a, x, ConvWeight(w, groups=2)).orders:
+        torch.testing.assert_close(conv(a, x, ConvWeight(w, groups=2), order=order), expected)
+
+
+def test_conv_weight_is_checked() -> None:
+    with pytest.raises(ValueError, match="groups must be a positive integer"):
+        ConvWeight(torch.randn(4, 2, 3, 3), groups=0)
+    with pytest.raises(ValueError, match="divisible by groups=3"):
+        ConvWeight(torch.randn(4, 2, 3, 3), groups=3)
+    with pytest.raises(ValueError, match=r"weight must have shape \(Q, P/G, k_1, ..., k_d\)"):
+        ConvWeight(torch.randn(4, 2))
+
+
+def test_grouped_layer_equals_torch_through_every_order() -> None:
+    torch.manual_seed(3)
+    ref = torch.nn.Conv2d(4, 8, 3, padding=1, groups=4)
+    x = torch.randn(2, 4, 6, 6)
+    for order in ("auto", "native", "ax", "xtheta", "atheta"):
+        ours = sc.nn.GridConv2d(4, 8, 3, padding=1, groups=4, order=order)
+        ours.load_state_dict(ref.state_dict())
+        torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=1e-5, msg=order)
+    assert F.conv2d is not None

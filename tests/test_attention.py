@@ -319,7 +319,7 @@ def test_truncated_shift_heads_equal_the_dense_softmax(boundary: str, data: Any)
     alpha = rng.uniform(0.3, 5.0, size=H)
     dense = positional_basis(grid, torch.from_numpy(centres), torch.from_numpy(alpha), boundary).to_dense()
     mech = QuadraticPosition(grid, torch.from_numpy(centres), torch.from_numpy(alpha), boundary)
-    shifted = mech.basis(threshold=1e-12, form="shifts")
+    shifted = mech.basis(threshold=1e-12, representation="shifts")
     np.testing.assert_allclose(shifted.to_dense().numpy(), dense.numpy(), atol=1e-9)
     x = torch.randn(2, grid[0] * grid[1], 3, dtype=torch.float64)
     theta = torch.randn(H, 3, 2, dtype=torch.float64)
@@ -336,7 +336,7 @@ def test_truncated_shift_heads_gradcheck() -> None:
     alpha = torch.tensor([0.8, 2.0], dtype=torch.float64, requires_grad=True)
 
     def f(c: torch.Tensor, a: torch.Tensor) -> Any:
-        return conv(QuadraticPosition((4, 5), c, a).basis(threshold=1e-8, form="shifts"), x, theta)
+        return conv(QuadraticPosition((4, 5), c, a).basis(threshold=1e-8, representation="shifts"), x, theta)
 
     assert torch.autograd.gradcheck(f, (centres, alpha))
 

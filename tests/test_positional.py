@@ -172,11 +172,11 @@ def _mechanisms(grid: tuple[int, ...], boundary: str, seed: int) -> dict[str, An
 @given(seed=st.integers(0, 2**31), grid=st.tuples(st.integers(2, 7), st.integers(2, 7)))
 def test_truncated_shift_form_is_within_its_threshold(kind: str, boundary: str, seed: int, grid: Any) -> None:
     mech = _mechanisms(grid, boundary, seed)[kind]
-    dense = mech.basis(form="dense").to_dense()
+    dense = mech.basis(representation="dense").to_dense()
     torch.testing.assert_close(dense.sum(1), torch.ones(3, dense.shape[-1], dtype=D64))  # columns sum to 1
     threshold = 1e-4
     try:
-        shifted = mech.basis(threshold, form="shifts")
+        shifted = mech.basis(threshold, representation="shifts")
     except ValueError as err:  # weights spanning beyond the dtype: the dense form is the only one
         assert "dense form" in str(err)
         return
@@ -186,10 +186,10 @@ def test_truncated_shift_form_is_within_its_threshold(kind: str, boundary: str, 
     assert float(column_error.max()) <= 2 * threshold * dropped + 1e-12
     x = torch.randn(2, grid[0] * grid[1], 3, dtype=D64)
     theta = torch.randn(3, 3, 2, dtype=D64)
-    exact = mech.basis(1e-15, form="shifts") if kind != "learned" else mech.basis(form="dense")
+    exact = mech.basis(1e-15, representation="shifts") if kind != "learned" else mech.basis(representation="dense")
     torch.testing.assert_close(conv(exact, x, theta), conv(dense, x, theta), atol=1e-10, rtol=1e-10)
     if kind != "gaussian":  # a sum of per-axis scores: the softmax is a Kronecker product, exactly
-        kron = mech.basis(threshold, form="kronecker")
+        kron = mech.basis(threshold, representation="kronecker")
         assert type(kron).__name__ == "KroneckerBasis"
         torch.testing.assert_close(kron.to_dense(), dense)
         for order in ("ax", "xtheta"):
@@ -200,8 +200,8 @@ def test_far_centres_on_a_zero_grid_keep_each_columns_best_taps() -> None:
     # The best in-grid weight of border columns is far below the head's peak; truncating against
     # the peak would empty them.  The threshold is relative to the weakest column's best.
     mech = QuadraticPosition((6, 6), torch.tensor([[4.0, 4.0]], dtype=D64), torch.tensor([1.0], dtype=D64))
-    dense = mech.basis(form="dense").to_dense()
-    shifted = mech.basis(1e-6, form="shifts").to_dense()
+    dense = mech.basis(representation="dense").to_dense()
+    shifted = mech.basis(1e-6, representation="shifts").to_dense()
     assert float((shifted - dense).abs().sum(1).max()) < 1e-6 * 121
 
 
@@ -216,15 +216,15 @@ def test_every_positional_mechanism_gradchecks(kind: str) -> None:
 
     def f(*ps: torch.Tensor) -> torch.Tensor:
         mech = type(base)(**{**base.__dict__, **dict(zip(names, ps, strict=True))})
-        dense = conv(mech.basis(form="dense"), x, theta)
-        return dense if kind == "gaussian" else dense + conv(mech.basis(form="kronecker"), x, theta)
+        dense = conv(mech.basis(representation="dense"), x, theta)
+        return dense if kind == "gaussian" else dense + conv(mech.basis(representation="kronecker"), x, theta)
 
     assert torch.autograd.gradcheck(f, tuple(params))
     if kind != "learned":
 
         def g(*ps: torch.Tensor) -> torch.Tensor:
             mech = type(base)(**{**base.__dict__, **dict(zip(names, ps, strict=True))})
-            return conv(mech.basis(1e-10, form="shifts"), x, theta)
+            return conv(mech.basis(1e-10, representation="shifts"), x, theta)
 
         assert torch.autograd.gradcheck(g, tuple(params))
 
@@ -295,9 +295,9 @@ def test_positional_errors() -> None:
     with pytest.raises(ValueError, match=r"weight must have shape \(K, D_p\) with D_p = 4"):
         LearnedPosition((3, 3), (torch.ones(5, 2), torch.ones(5, 2)), torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"threshold must lie in \(0, 1\)"):
-        QuadraticPosition((3, 3), c, torch.ones(2, dtype=D64)).basis(threshold=2.0, form="shifts")
+        QuadraticPosition((3, 3), c, torch.ones(2, dtype=D64)).basis(threshold=2.0, representation="shifts")
     with pytest.raises(ValueError, match=r"not separable by axis"):
-        GaussianPosition((3, 3), c, torch.ones(2, 2, 2, dtype=D64)).basis(form="kronecker")
+        GaussianPosition((3, 3), c, torch.ones(2, 2, 2, dtype=D64)).basis(representation="kronecker")
     with pytest.raises(ValueError, match=r"needs 9 positions, got x with 8"):
         QuadraticPosition((3, 3), c, torch.ones(2, dtype=D64)).scores(torch.ones(1, 8, 2), torch.ones(1, 8, 2))
     with pytest.raises(ValueError, match=r"RelativeAttention needs one of"):
@@ -378,7 +378,7 @@ def test_soft_heads_are_measured_against_their_nearest_shift() -> None:
 
     centres = torch.tensor([[1.0, 0.0], [0.0, -1.0], [0.3, 0.4]], dtype=D64)
     mech = QuadraticPosition((6, 6), centres, torch.tensor([30.0, 2.0, 0.5], dtype=D64), "periodic")
-    fit = nearest_convolution(mech.basis(form="dense"), (6, 6), "periodic")
+    fit = nearest_convolution(mech.basis(representation="dense"), (6, 6), "periodic")
     np.testing.assert_array_equal(fit.offsets, [[1, 0], [0, -1], [0, 0]])
     assert fit.distance[0] < 1e-10 < fit.distance[1] < fit.distance[2] < 1
     with pytest.raises(ValueError, match=r"head 1 is at distance .* from its nearest one-hot shift \(0, -1\)"):
@@ -501,10 +501,12 @@ def test_positional_heads_follow_parameters_changed_in_place() -> None:
     centres = torch.tensor([[0.0, 1.0], [1.0, -1.0]], dtype=D64)
     alpha = torch.tensor([1.0, 2.0], dtype=D64)
     mech = QuadraticPosition((4, 4), centres, alpha, "periodic")
-    before = mech.basis(form="dense").to_dense().clone()
+    before = mech.basis(representation="dense").to_dense().clone()
     centres.add_(0.5)
-    after = mech.basis(form="dense").to_dense()
-    fresh = QuadraticPosition((4, 4), centres.clone(), alpha.clone(), "periodic").basis(form="dense").to_dense()
+    after = mech.basis(representation="dense").to_dense()
+    fresh = (
+        QuadraticPosition((4, 4), centres.clone(), alpha.clone(), "periodic").basis(representation="dense").to_dense()
+    )
     torch.testing.assert_close(after, fresh)
     assert not torch.allclose(after, before)
 

@@ -145,7 +145,7 @@ class PositionalMechanism(Mechanism):
             )
         return self.dense_scores()[None]
 
-    def basis(self, threshold: float | None = None, form: str = "auto") -> Basis:
+    def basis(self, threshold: float | None = None, *, representation: str = "auto") -> Basis:
         r"""The heads as one ``(K, M, N)`` basis, shared by the batch.
 
         ``threshold=None`` gives the exact column-wise softmax (a Kronecker basis for separable
@@ -159,7 +159,7 @@ class PositionalMechanism(Mechanism):
         over the activations, a dense entry a GEMM flop) and the weights' range fits the dtype;
         otherwise the dense softmax is returned.  Gradients flow to the
         mechanism's parameters either way (the kept set itself is not differentiated).
-        ``form="shifts"`` insists on the shift form, ``"dense"`` on the dense softmax.
+        ``representation="shifts"`` insists on the shift form, ``"dense"`` on the dense softmax.
 
         Heads whose scores are a sum of per-axis terms (:class:`QuadraticPosition`,
         :class:`LearnedPosition`) are returned exactly, whatever the threshold, as the Kronecker
@@ -168,14 +168,17 @@ class PositionalMechanism(Mechanism):
         engine runs them as plain GEMMs (measured on CPU at 16x16 tokens, 9 heads, width 400: a
         forward and backward 0.75x the time of the dense softmax's, whose GEMM is the same).
         """
+        form = representation
         if form not in ("auto", "shifts", "dense", "kronecker"):
-            raise ValueError(f"form must be 'auto', 'kronecker', 'shifts' or 'dense', got {form!r}")
+            raise ValueError(f"representation must be 'auto', 'kronecker', 'shifts' or 'dense', got {form!r}")
         if form in ("kronecker", "auto"):
             separable = self.kronecker()
             if separable is not None:
                 return separable
             if form == "kronecker":
-                raise ValueError(f"{type(self).__name__} heads are not separable by axis; use form='shifts' or 'dense'")
+                raise ValueError(
+                    f"{type(self).__name__} heads are not separable by axis; use representation='shifts' or 'dense'"
+                )
         scores = self.offset_scores()
         rel = self.relative
         if threshold is None and form == "shifts":
@@ -385,7 +388,7 @@ def positional_basis(
     of :class:`QuadraticPosition` over the grid.
     """
     if alpha is not None:
-        basis = QuadraticPosition(grid, centres, alpha, boundary).basis(form="dense")
+        basis = QuadraticPosition(grid, centres, alpha, boundary).basis(representation="dense")
         assert isinstance(basis, DenseBasis)
         return basis
     g = _grid(grid)

@@ -66,7 +66,7 @@ def _padded_heads(grid: tuple[int, ...], pad: tuple[int, ...], centres: Any, alp
     from ..structures.positional import QuadraticPosition
 
     big = tuple(g + 2 * p for g, p in zip(grid, pad, strict=True))
-    heads = QuadraticPosition(big, centres, alpha, boundary="zero").basis(form="dense").to_dense()
+    heads = QuadraticPosition(big, centres, alpha, boundary="zero").basis(representation="dense").to_dense()
     inner = np.ravel_multi_index(
         tuple(np.meshgrid(*[np.arange(p, p + g) for g, p in zip(grid, pad, strict=True)], indexing="ij")), big
     ).reshape(-1)

@@ -13,6 +13,7 @@ from .bases.dense import DenseBasis
 from .bases.edges import EdgeBasis
 from .bases.factor import LowRank, Separable
 from .bases.grid import GridBasis
+from .bases.softmax_edges import SoftmaxEdgeBasis
 from .bases.sparse import SparseBasis
 from .engine.compiled import Contraction, contraction
 from .engine.contract import Candidate, Plan, conv, explain
@@ -45,6 +46,7 @@ __all__ = [
     "RelativeAttention",
     "SelectBasis",
     "Separable",
+    "SoftmaxEdgeBasis",
     "SparseBasis",
     "apply_shifts",
     "as_basis",

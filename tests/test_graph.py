@@ -313,8 +313,8 @@ def test_prebuilt_basis_is_used_as_is() -> None:
 
 @pytest.mark.parametrize("concat", [True, False])
 @pytest.mark.parametrize("seed", range(4))
-def test_gat_fused_forward_equals_the_engine_with_a_low_rank_parameter(concat: bool, seed: int) -> None:
-    """The layer's fused path and ``conv`` of its attention basis agree in outputs and gradients."""
+def test_gat_forward_with_reused_values_equals_conv_of_its_attention_basis(concat: bool, seed: int) -> None:
+    """The forward (its ``segment`` order reusing xW) equals ``conv`` of its attention basis, with gradients."""
     g = torch.Generator().manual_seed(seed)
     N, E, heads = 3 + 4 * seed, 5 + 12 * seed, 1 + seed % 3
     torch.manual_seed(seed)
@@ -325,7 +325,7 @@ def test_gat_fused_forward_equals_the_engine_with_a_low_rank_parameter(concat: b
     params = [x, *layer.parameters()]
     fused = layer(x, ei)
     basis, _ = layer.attention(x, ei)
-    engine = conv(basis, x, layer.value_and_placement())
+    engine = conv(basis, x, layer.parameter())
     torch.testing.assert_close(fused, engine)
     probe = torch.randn(fused.shape, dtype=torch.float64, generator=g)
     for a, b in zip(

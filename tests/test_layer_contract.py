@@ -5,7 +5,7 @@ inputs, to :func:`structconv.testing.check_layer`: the layer's output, and the g
 respect to the input and every parameter, must equal :func:`structconv.conv` on the layer's own
 :meth:`basis` and :meth:`parameter` plus what the formula leaves out (the bias), in the layer's
 layout (the per-layer contracts of :mod:`structconv.testing.layer`).  Where a layer's ``forward``
-reaches its output by another route (GAT's fused aggregation, the grid's native kernel,
+reaches its output by another route (the grid's native kernel,
 MultiHeadSelfAttention's bias handling), this ties two computations; where ``forward`` already
 calls ``conv(self.basis(...), x, self.parameter())``, it pins the layout and what is added.
 

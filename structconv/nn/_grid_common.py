@@ -1,7 +1,8 @@
-"""What the grid layers share: a small cache of bases per input grid, and input checks."""
+"""What the grid layers share: a small cache of bases per input grid, input checks, a named ``__init__``."""
 
 from __future__ import annotations
 
+import types
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -58,3 +59,20 @@ def grid_and_like(
     if like is None:
         raise ValueError(f"{layer}: basis(grid, like) needs like, a tensor with the basis' dtype and device")
     return tuple(int(s) for s in x), like
+
+
+def own_init(cls: type, init: Any) -> None:
+    """Give ``cls`` its own copy of ``init``, its base's ``__init__``, named after ``cls``.
+
+    Python names the function in the ``TypeError`` of a wrong call, so ``GridConv2d(3, 8, 3, 1, 1)``
+    (options past the essentials are keyword-only) reads ``GridConv2d.__init__() takes 4 positional
+    arguments but 6 were given`` rather than naming the private base.  The copy has the same code,
+    defaults and signature.
+    """
+    copy = types.FunctionType(init.__code__, init.__globals__, init.__name__, init.__defaults__, init.__closure__)
+    copy.__kwdefaults__ = init.__kwdefaults__
+    copy.__annotations__ = init.__annotations__
+    copy.__doc__ = init.__doc__
+    copy.__module__ = cls.__module__
+    copy.__qualname__ = f"{cls.__qualname__}.__init__"
+    type.__setattr__(cls, "__init__", copy)

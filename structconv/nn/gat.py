@@ -13,8 +13,8 @@ from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..bases.factor import LowRank
 from ..bases.softmax_edges import Projected, SoftmaxEdgeBasis, head_placement
-from ..engine.contract import conv
 from ..structures.graph import Edges, as_edges, host_like, is_matrix_graph
+from ._module import CompiledRuns
 from .gat_edges import attention_matrix, loop_features, sorted_edges, stored_entries
 from .graph_common import _check_device, _check_empty, _features, _pair, _positive, glorot_
 from .pyg_state import PyGKey, PyGState, heads_key, linear_key
@@ -37,7 +37,7 @@ class _Scored(NamedTuple):
     N_dst: int
 
 
-class GATConv(PyGState):
+class GATConv(CompiledRuns, PyGState):
     r"""Graph attention (Veličković et al.) as an attention basis with a low-rank :math:`\Theta`.
 
     Head :math:`h` is the basis member
@@ -208,10 +208,6 @@ class GATConv(PyGState):
         value = self.weight.view(self.weight.shape[0], H, D).permute(1, 0, 2)
         return LowRank(value, head_placement(H, D, concat=self.concat, like=self.weight))
 
-    def value_and_placement(self) -> LowRank:
-        """The same as :meth:`parameter` (its earlier name)."""
-        return self.parameter()
-
     def _basis(self, scored: _Scored, *, reuse: bool) -> SoftmaxEdgeBasis:
         """The attention basis of ``scored``; with ``reuse`` it holds the values, for ``conv`` on ``scored.x``."""
         projected = None
@@ -341,7 +337,7 @@ class GATConv(PyGState):
         basis = self._basis(scored, reuse=True)
         # With nothing to attend to the output is 0 (the engine refuses empty dimensions).
         empty = N_src == 0 or N_dst == 0
-        y = x3.new_zeros(N_dst, int(theta.out.shape[1])) if empty else conv(basis, x3, theta).squeeze(0)
+        y = x3.new_zeros(N_dst, int(theta.out.shape[1])) if empty else self.contract(basis, x3, theta).squeeze(0)
         if self.res is not None and scored.x_dst is not None:
             y = y + scored.x_dst @ self.res
         if self.bias is not None:

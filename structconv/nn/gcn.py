@@ -29,8 +29,9 @@ class GCNConv(_GraphLayer):
         y = \hat A^\top x\,\Theta + \beta,
         \qquad y_n = \sum_{m} \frac{\tilde a_{mn}}{\sqrt{\tilde d_m \tilde d_n}}\, x_m \Theta + \beta,
 
-    with :math:`\tilde a_{mn}` the weight of the edge :math:`m \to n` in :math:`A + I` and
-    :math:`\tilde d_n = \sum_m \tilde a_{mn}` the in-degree of :math:`n`.  Equals PyG's
+    with :math:`\tilde a_{mn}` the weight of the edge :math:`m \to n` in :math:`A + I` (the
+    loops as PyG's ``gcn_norm`` adds them, see below) and :math:`\tilde d_n = \sum_m \tilde a_{mn}`
+    the in-degree of :math:`n`.  Equals PyG's
     ``GCNConv`` built with the same arguments when ``theta[0]`` is its ``lin.weight`` transposed
     and ``bias`` its ``bias`` (``load_state_dict`` does both), for every ``improved``,
     ``add_self_loops``, ``normalize``, ``flow``, edge weights and sparse ``adj_t``

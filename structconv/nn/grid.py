@@ -37,7 +37,7 @@ from ..bases.conv_weight import ConvWeight
 from ..bases.grid import GridBasis, Size, _ints
 from ..engine.compiled import Contraction, contraction
 from ..structures.grid import Padding, _padding, grid_basis
-from ._grid_common import BasisCache, grid_and_like, split_input
+from ._grid_common import BasisCache, grid_and_like, own_init, split_input
 from ._module import CompiledRuns, NotScriptable
 
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "zero", "replicate": "zero"}
@@ -58,6 +58,10 @@ class _Entry:
 
 class _GridConvNd(CompiledRuns, NotScriptable, nn.Module):
     _ndim = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own_init(cls, _GridConvNd.__init__)  # a wrong call's TypeError names the public layer
 
     def __init__(
         self,

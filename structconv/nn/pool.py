@@ -10,18 +10,24 @@ included (those past ``kernel_size`` keyword-only).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from ..backend.checks import positive_int
 from ..bases.grid import GridBasis, Size, _ints
 from ..structures.grid import Padding, apply_shifts, avg_pool_basis
-from ._grid_common import BasisCache, grid_and_like, split_input
+from ._grid_common import BasisCache, grid_and_like, own_init, split_input
 from ._module import NotScriptable
 
 
 class _AvgPoolNd(NotScriptable, nn.Module):
     _ndim = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own_init(cls, _AvgPoolNd.__init__)  # a wrong call's TypeError names the public layer
 
     def __init__(
         self,

@@ -13,6 +13,9 @@ calls each:
 * ``conv()`` against a compiled ``contraction()`` of the same operands (a 16x16 grid, 16 -> 16
   channels, batch 1): what planning once saves per call.
 
+One torch thread by default (``--threads``): the question is the cost around the kernels, and
+a single thread keeps the kernels' own time steady on a shared machine.
+
     python -m benchmarks.bench_overhead                 # about two minutes on 2 cores
     python -m benchmarks.bench_overhead --repeats 5     # a quick look
 
@@ -160,9 +163,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=20, help="calls per round for the short cases")
     parser.add_argument("--data", type=Path, default=DATA, help="the Planetoid directory (Cora)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: per-call costs, least noise)")
     args = parser.parse_args(argv)
-    if args.repeats < 1 or args.calls < 1:
-        parser.error("--repeats and --calls must be positive")
+    if args.repeats < 1 or args.calls < 1 or args.threads < 1:
+        parser.error("--repeats, --calls and --threads must be positive")
+    torch.set_num_threads(args.threads)
     rows = grid_rows(args.repeats, args.calls) + gcn_rows(args.repeats, max(1, args.calls // 10), args.data)
     rows += engine_rows(args.repeats, args.calls)
     report = Report("overhead_cpu", rows)

@@ -280,12 +280,12 @@ def test_gradcheck(order: str, case: str) -> None:
         base = grid_basis(grid, 3, padding=1, like=x)
         w = torch.randn(9, 9, dtype=torch.float64, requires_grad=True)
         g = base.geometry
-        A = GridBasis(g.grid, g.out_grid, g.offsets, g.stride, weights=w)
+        A = GridBasis(g.grid, g.out_grid, g.offsets, stride=g.stride, weights=w)
 
     def f(x: torch.Tensor, theta: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
         basis = A
         if rest:
-            basis = GridBasis(A.grid, A.out_grid, A.offsets, A.stride, weights=rest[0])
+            basis = GridBasis(A.grid, A.out_grid, A.offsets, stride=A.stride, weights=rest[0])
         if order == "sparse":
             return conv(basis.to_sparse(), x, theta)
         return conv(basis, x, theta, order=order)
@@ -609,7 +609,7 @@ def test_explicit_column_scale() -> None:
     A = avg_pool_basis((4, 3), 2, stride=1, padding=1, like=x, ceil_mode=True)
     c = torch.linspace(0.5, 2.0, A.N, dtype=torch.float64)
     g = A.geometry
-    S = GridBasis(g.grid, g.out_grid, g.offsets, g.stride, weights=A.tap_weights(), scale=c)
+    S = GridBasis(g.grid, g.out_grid, g.offsets, stride=g.stride, weights=A.tap_weights(), scale=c)
     assert A.scale is None  # stride 1: no window overhangs, the plain mean
     dense = torch.as_tensor(A.to_dense())
     torch.testing.assert_close(torch.as_tensor(S.to_dense()), dense * c)
@@ -618,9 +618,9 @@ def test_explicit_column_scale() -> None:
     assert S.to(dtype=torch.float32).scale.dtype == torch.float32 and S[[0]].scale is c
     assert not S.placement_free and S.nbytes() == A.nbytes() + c.numel() * 8
     with pytest.raises(ValueError, match=r"scale must be a torch array of shape \(20,\)"):
-        GridBasis(g.grid, g.out_grid, g.offsets, g.stride, weights=A.tap_weights(), scale=c[:3])
+        GridBasis(g.grid, g.out_grid, g.offsets, stride=g.stride, weights=A.tap_weights(), scale=c[:3])
     with pytest.raises(ValueError, match="normalize=True or an explicit scale"):
-        GridBasis(g.grid, g.out_grid, g.offsets, g.stride, weights=A.tap_weights(), normalize=True, scale=c)
+        GridBasis(g.grid, g.out_grid, g.offsets, stride=g.stride, weights=A.tap_weights(), normalize=True, scale=c)
 
 
 @settings(max_examples=20, deadline=None)
@@ -641,7 +641,7 @@ def test_weighted_taps_run_as_depthwise_convolutions_equal_to_the_gathered_taps(
     # The centre tap keeps every window on the grid (a normalised basis refuses empty windows).
     offsets = np.unique(np.vstack([np.zeros((1, d), dtype=np.int64), rng.integers(-2, 3, size=(taps, d))]), axis=0)
     weights = torch.tensor(rng.random((1, len(offsets))) + 0.1, dtype=torch.float64, requires_grad=True)
-    basis = GridBasis(grid, grid, offsets, 1, boundary, weights, normalize)
+    basis = GridBasis(grid, grid, offsets, boundary=boundary, weights=weights, normalize=normalize)
     dense = DenseBasis(basis.to_dense().detach())
     x = torch.tensor(rng.normal(size=(2, basis.M, 3)), dtype=torch.float64, requires_grad=True)
     expected = torch.einsum("kmn,bmc->bknc", dense.array, x)

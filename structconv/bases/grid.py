@@ -94,6 +94,7 @@ class GridBasis(Basis):
         grid: Size,
         out_grid: Size,
         offsets: Any,
+        *,
         stride: Size = 1,
         boundary: str = "zero",
         weights: Array | None = None,
@@ -299,8 +300,9 @@ class GridBasis(Basis):
         else:
             offsets, weights = geo.offsets, self.weights[index]
         return GridBasis(
-            geo.grid, geo.out_grid, offsets, geo.stride, geo.boundary, weights, self.normalize, self._like(), self.scale
-        )
+            geo.grid, geo.out_grid, offsets, stride=geo.stride, boundary=geo.boundary, weights=weights,
+            normalize=self.normalize, like=self._like(), scale=self.scale,
+        )  # fmt: skip
 
     def _like(self) -> Array:
         return self._impl.namespace().empty((0,), dtype=self._dtype, device=self._device)
@@ -312,8 +314,9 @@ class GridBasis(Basis):
         scale = None if self.scale is None else move(self.scale, device, dtype)
         geo = self.geometry
         return GridBasis(
-            geo.grid, geo.out_grid, geo.offsets, geo.stride, geo.boundary, weights, self.normalize, like, scale
-        )
+            geo.grid, geo.out_grid, geo.offsets, stride=geo.stride, boundary=geo.boundary, weights=weights,
+            normalize=self.normalize, like=like, scale=scale,
+        )  # fmt: skip
 
     def energy(self) -> float:
         if self.weights is None and not self.normalize and self.scale is None:

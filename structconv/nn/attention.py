@@ -89,12 +89,16 @@ class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
         Append a learnt key/value token (``bias_k``, ``bias_v``).
     add_zero_attn : bool, default False
         Append a key/value token of zeros.
-    kdim, vdim : int, optional
-        The widths of the keys and the values; ``embed_dim`` by default.
+    kdim : int, optional
+        The width of the keys; ``embed_dim`` by default.
+    vdim : int, optional
+        The width of the values; ``embed_dim`` by default.
     batch_first : bool, default False
         Read and return ``(N, L, E)`` instead of ``(L, N, E)``.
-    device, dtype : optional
-        Where and in what dtype the parameters live.
+    device : optional
+        Where the parameters live.
+    dtype : optional
+        The parameters' dtype.
 
     Shapes
     ------

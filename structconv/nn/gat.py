@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from ..backend import autocast_dtype, autocast_to, x_theta
+from ..backend.checks import positive_int
 from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..bases.factor import LowRank
@@ -16,7 +17,7 @@ from ..bases.softmax_edges import Projected, SoftmaxEdgeBasis, head_placement
 from ..structures.graph import Edges, as_edges, host_like, is_matrix_graph
 from ._module import CompiledRuns
 from .gat_edges import attention_matrix, loop_features, sorted_edges, stored_entries
-from .graph_common import _check_device, _check_empty, _features, _pair, _positive, glorot_
+from .graph_common import _check_device, _check_empty, _features, _pair, glorot_
 from .pyg_state import PyGKey, PyGState, heads_key, linear_key
 
 FILL_REDUCTIONS = ("mean", "add", "sum", "max", "min")
@@ -74,6 +75,7 @@ class GATConv(CompiledRuns, PyGState):
         self,
         in_channels: int | tuple[int, int],
         out_channels: int,
+        *,
         heads: int = 1,
         concat: bool = True,
         negative_slope: float = 0.2,
@@ -88,15 +90,15 @@ class GATConv(CompiledRuns, PyGState):
         name = "GATConv"
         self.in_channels = in_channels
         P, P_dst = _pair(in_channels, name)
-        self.out_channels = _positive(out_channels, "out_channels", name)
-        self.heads = _positive(heads, "heads", name)
+        self.out_channels = positive_int(out_channels, "out_channels", where=name)
+        self.heads = positive_int(heads, "heads", where=name)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"GATConv: dropout must lie in [0, 1), got {dropout!r}")
         if isinstance(fill_value, str) and fill_value not in FILL_REDUCTIONS:
             raise ValueError(f"GATConv: fill_value must be a number, a tensor or one of {FILL_REDUCTIONS}")
         self.concat, self.negative_slope, self.dropout = concat, negative_slope, dropout
         self.add_self_loops, self.fill_value, self.residual = add_self_loops, fill_value, residual
-        self.edge_dim = None if edge_dim is None else _positive(edge_dim, "edge_dim", name)
+        self.edge_dim = None if edge_dim is None else positive_int(edge_dim, "edge_dim", where=name)
         H, D = heads, out_channels
         total = H * D if concat else D
         self.weight = nn.Parameter(torch.empty(P, H * D))

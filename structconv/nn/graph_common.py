@@ -69,11 +69,6 @@ def _check_basis(basis: Basis, x: torch.Tensor, layer: str) -> Basis:
     return basis
 
 
-def _positive(value: Any, name: str, layer: str) -> int:
-    """:func:`~structconv.backend.checks.positive_int` naming the layer (kept for :mod:`~structconv.nn.gat`)."""
-    return positive_int(value, name, where=layer)
-
-
 def _check_flow(flow: Any, layer: str) -> str:
     if flow not in FLOWS:
         raise ValueError(f"{layer}: flow must be one of {FLOWS}, got {flow!r}")

@@ -268,8 +268,10 @@ class GridConv1d(_GridConvNd):
     padding_mode : {"zeros", "circular", "reflect", "replicate"}, default "zeros"
         The border (see the module notes): the zero or periodic boundary of the basis, or ``x``
         framed by ``F.pad``.
-    device, dtype : optional
-        Where and in what dtype the parameters live.
+    device : optional
+        Where the parameters live.
+    dtype : optional
+        The parameters' dtype.
     order : {"auto", "native", "ax", "xtheta", "atheta"}, default "auto"
         Passed to :func:`structconv.conv`: ``"auto"`` runs the native convolution
         (``F.conv1d``) where it applies; ``"ax"`` / ``"xtheta"`` force the generic
@@ -342,8 +344,10 @@ class GridConv2d(_GridConvNd):
     padding_mode : {"zeros", "circular", "reflect", "replicate"}, default "zeros"
         The border (see the module notes): the zero or periodic boundary of the basis, or ``x``
         framed by ``F.pad``.
-    device, dtype : optional
-        Where and in what dtype the parameters live.
+    device : optional
+        Where the parameters live.
+    dtype : optional
+        The parameters' dtype.
     order : {"auto", "native", "ax", "xtheta", "atheta"}, default "auto"
         Passed to :func:`structconv.conv`: ``"auto"`` runs the native convolution
         (``F.conv2d``) where it applies; ``"ax"`` / ``"xtheta"`` force the generic
@@ -417,8 +421,10 @@ class GridConv3d(_GridConvNd):
     padding_mode : {"zeros", "circular", "reflect", "replicate"}, default "zeros"
         The border (see the module notes): the zero or periodic boundary of the basis, or ``x``
         framed by ``F.pad``.
-    device, dtype : optional
-        Where and in what dtype the parameters live.
+    device : optional
+        Where the parameters live.
+    dtype : optional
+        The parameters' dtype.
     order : {"auto", "native", "ax", "xtheta", "atheta"}, default "auto"
         Passed to :func:`structconv.conv`: ``"auto"`` runs the native convolution
         (``F.conv3d``) where it applies; ``"ax"`` / ``"xtheta"`` force the generic

@@ -75,11 +75,13 @@ class _AvgPoolNd(NotScriptable, nn.Module):
                 scale = b.column_scale()
                 weights = b.tap_weights().to(like.device)
                 scale = None if scale is None else scale.to(like.device)
-                return GridBasis(g.grid, g.out_grid, g.offsets, g.stride, g.boundary, weights=weights, scale=scale)
+                return GridBasis(
+                    g.grid, g.out_grid, g.offsets, stride=g.stride, boundary=g.boundary, weights=weights, scale=scale
+                )
             if self.divisor_override is None:
                 return b
             w = torch.full((1, g.taps), 1.0 / self.divisor_override, dtype=like.dtype, device=like.device)
-            return GridBasis(g.grid, g.out_grid, g.offsets, g.stride, g.boundary, weights=w)
+            return GridBasis(g.grid, g.out_grid, g.offsets, stride=g.stride, boundary=g.boundary, weights=w)
 
         settings = (self.kernel_size, self.stride, str(self.padding), self.ceil_mode, self.count_include_pad,
                     self.divisor_override)  # fmt: skip

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from ..backend.checks import positive_int
 from ..backend.torch_autocast import autocast_dtype, autocast_off, check_input_dtype
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
@@ -20,7 +21,7 @@ from ..structures.attention import Mechanism, attention_basis
 from ..structures.grid import BOUNDARIES
 from ..structures.positional import PositionalMechanism
 from ._module import CompiledRuns, NotScriptable
-from .positional_base import optional_positive_int, positive_int
+from .positional_base import optional_positive_int
 from .positional_content import ContentHeads
 from .positional_heads import PositionalHeads, heads_of
 
@@ -179,8 +180,8 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
             self.grid = _grid(grid)
         except (TypeError, ValueError) as error:  # the layer's name first, like its other arguments
             raise type(error)(f"{name}: {error}") from None
-        E = self.embed_dim = positive_int(name, "embed_dim", embed_dim)
-        H = self.num_heads = positive_int(name, "num_heads", num_heads)
+        E = self.embed_dim = positive_int(embed_dim, "embed_dim", where=name)
+        H = self.num_heads = positive_int(num_heads, "num_heads", where=name)
         encoding = heads_of(name, heads)
         if content is not None and not isinstance(content, ContentHeads):
             raise TypeError(

@@ -15,21 +15,15 @@ from typing import Any
 
 from torch import nn
 
+from ..backend.checks import positive_int
 from ._module import NotScriptable
 
 __all__ = ["Encoding"]
 
 
-def positive_int(owner: str, name: str, value: Any) -> int:
-    """``value`` if it is a positive ``int`` (not a ``bool``), else a ``ValueError`` naming ``owner`` and ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")
-    return value
-
-
 def optional_positive_int(owner: str, name: str, value: Any) -> int | None:
-    """``None``, or ``value`` checked by :func:`positive_int`."""
-    return None if value is None else positive_int(owner, name, value)
+    """``None``, or ``value`` checked by :func:`~structconv.backend.checks.positive_int`."""
+    return None if value is None else positive_int(value, name, where=owner)
 
 
 def real(owner: str, name: str, value: Any, *, positive: bool) -> float:

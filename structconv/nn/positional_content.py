@@ -8,8 +8,9 @@ from typing import Any, Self
 import torch
 from torch import nn
 
+from ..backend.checks import positive_int
 from ..structures.attention import BiAffine
-from .positional_base import Encoding, flag, optional_positive_int, positive_int
+from .positional_base import Encoding, flag, optional_positive_int
 
 __all__ = ["ContentHeads"]
 
@@ -79,8 +80,8 @@ class ContentHeads(Encoding):
             The layer's :math:`K` and :math:`E`.
         """
         name = type(self).__name__
-        H = positive_int(name, "num_heads", num_heads)
-        E = positive_int(name, "embed_dim", embed_dim)
+        H = positive_int(num_heads, "num_heads", where=name)
+        E = positive_int(embed_dim, "embed_dim", where=name)
         bound: Self = self.configured(key_dim=self.key_width(H, E))
         bound.num_heads = H
         D = bound.key_width(H, E)

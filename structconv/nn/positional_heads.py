@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Self
 import torch
 from torch import nn
 
+from ..backend.checks import positive_int
 from ..bases.grid_args import _grid
 from ..structures.attention import Mechanism
 from ..structures.grid import BOUNDARIES
@@ -31,7 +32,7 @@ from ..structures.positional import (
     RelativeAttention,
     relative_offsets,
 )
-from .positional_base import Encoding, flag, optional_positive_int, positive_int, real
+from .positional_base import Encoding, flag, optional_positive_int, real
 from .positional_content import ContentHeads
 
 __all__ = ["GaussianHeads", "LearnedHeads", "PositionalHeads", "QuadraticHeads", "heads_of"]
@@ -82,8 +83,8 @@ class PositionalHeads(Encoding):
             sizes = _grid(grid)
         except (TypeError, ValueError) as error:
             raise type(error)(f"{name}: {error}") from None
-        H = positive_int(name, "num_heads", num_heads)
-        E = positive_int(name, "embed_dim", embed_dim)
+        H = positive_int(num_heads, "num_heads", where=name)
+        E = positive_int(embed_dim, "embed_dim", where=name)
         if boundary not in BOUNDARIES:
             raise ValueError(f"{name}: boundary must be one of {BOUNDARIES}, got {boundary!r}")
         bound: Self = self.configured(**self._resolved(len(sizes), E))

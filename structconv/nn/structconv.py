@@ -46,8 +46,10 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
         Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
     order : str, default "auto"
         Passed to :func:`structconv.conv`.
-    device, dtype : optional
-        Where and in what dtype the parameters and the basis live; the basis' own by default.
+    device : optional
+        Where the parameters and the basis live; the basis' device by default.
+    dtype : optional
+        The dtype of the parameters and the basis; the basis' dtype by default.
 
     Shapes
     ------

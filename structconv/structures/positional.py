@@ -206,7 +206,11 @@ class PositionalMechanism(Mechanism):
         for h in range(K):
             chosen = np.flatnonzero(keep[h])
             weights = lib.exp(scores[h, as_index(chosen, scores)] - float(floor[h]))[None]
-            heads.append(GridBasis(self.grid, self.grid, rel.offsets[chosen], 1, self.boundary, weights, True))
+            heads.append(
+                GridBasis(
+                    self.grid, self.grid, rel.offsets[chosen], boundary=self.boundary, weights=weights, normalize=True
+                )
+            )
         return ConcatBasis(heads)
 
 
@@ -397,5 +401,5 @@ def positional_basis(
     if not np.allclose(offsets, np.round(offsets)):
         raise ValueError("hard attention (alpha=None) needs integer centres (the offsets it attends to)")
     like = centres if is_floating(centres) else None
-    shifts = GridBasis(g, g, np.round(offsets).astype(np.int64), 1, boundary, like=like)
+    shifts = GridBasis(g, g, np.round(offsets).astype(np.int64), boundary=boundary, like=like)
     return DenseBasis(shifts.to_dense())

@@ -56,7 +56,7 @@ def convolutionality(
     for attention, mean in zip(model.attention_layers(), mean_heads(model, images, "convolutionality"), strict=True):
         fit = nearest_convolution(mean, attention.grid, attention.boundary)
         if interior:
-            shifts = float64(GridBasis(fit.grid, fit.grid, fit.offsets, 1, fit.boundary).to_dense())
+            shifts = float64(GridBasis(fit.grid, fit.grid, fit.offsets, boundary=fit.boundary).to_dense())
             valid = shifts.sum(axis=1) > 0.5  # (H, N): the queries whose key n + offset is on the grid
             per_query = 0.5 * np.abs(mean - shifts).sum(axis=1)  # (H, N)
             distance = (per_query * valid).sum(axis=1) / np.maximum(valid.sum(axis=1), 1)

@@ -655,7 +655,7 @@ def test_weighted_taps_run_as_depthwise_convolutions_equal_to_the_gathered_taps(
     xs = x.detach()
 
     def heads(w: torch.Tensor) -> torch.Tensor:
-        return GridBasis(grid, grid, offsets, 1, boundary, w, normalize).apply_each(xs)  # type: ignore[no-any-return]
+        return GridBasis(grid, grid, offsets, boundary=boundary, weights=w, normalize=normalize).apply_each(xs)  # type: ignore[no-any-return]
 
     assert torch.autograd.gradcheck(heads, (weights,))
 

@@ -80,6 +80,7 @@ class Contraction:
         "_full",
         "_key",
         "_kind",
+        "_last",
         "_operand_shapes",
         "_order",
         "_placement",
@@ -116,6 +117,7 @@ class Contraction:
         self._placement = (basis.dtype, basis.device)
         self._device: Any = None  # bound by the first call, after the full checks
         self._verified = False
+        self._last: Param | None = None  # the last single-array parameter read
         self._autocast: Any = None  # bound by the first call, for x's device
 
     @property
@@ -185,7 +187,11 @@ class Contraction:
             op: Any = theta.weight if type(theta) is ConvWeight else theta
             if op.shape != self._operand_shapes[0] or op.dtype != self._dtype or op.device != self._device:
                 raise self._theta_mismatch(op)
-            return Param(kind, (op,), *self._full, self._rank)
+            last = self._last
+            if last is not None and last.operands[0] is op:  # a layer's parameter: the same tensor every call
+                return last
+            self._last = Param(kind, (op,), *self._full, self._rank)
+            return self._last
         if kind == "lowrank" and isinstance(theta, LowRank):
             ops: tuple[Array, ...] = (theta.value, theta.out)
         elif kind == "separable" and isinstance(theta, Separable):

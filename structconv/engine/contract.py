@@ -96,7 +96,16 @@ def _check_memory(plan: Plan, x: Array) -> None:
 def explain(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> Plan:
     """Report the cost of every order for these operands and the one :func:`conv` would run.
 
-    Parameters are those of :func:`conv`.
+    Parameters
+    ----------
+    a, x, theta, order
+        As :func:`conv`'s.
+
+    Returns
+    -------
+    Plan
+        Every candidate order with its estimated cost, and the chosen one; ``print(plan)``
+        shows the table.
 
     Examples
     --------

@@ -22,7 +22,19 @@ SPARSE_FLOP_WEIGHT = 12.0
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run the contraction and its estimated cost."""
+    """One way to run the contraction and its estimated cost.
+
+    Parameters
+    ----------
+    order
+        The order's name, as :func:`structconv.conv` takes it.
+    flops
+        Dense floating-point operations.
+    memory
+        Entries written (intermediates and the output), in array elements.
+    irregular
+        Operations of scatter/gather kernels, weighted apart (:data:`SPARSE_FLOP_WEIGHT`).
+    """
 
     order: str
     flops: float
@@ -40,6 +52,24 @@ class Plan:
     """How :func:`structconv.conv` contracts given operands: every candidate order and the chosen one.
 
     ``str(plan)`` prints a table in the spirit of opt_einsum's ``PathInfo``.
+
+    Parameters
+    ----------
+    representation
+        The basis' representation (``"dense"``, ``"shift"``, ``"sparse"``, ...).
+    sizes
+        The contraction's sizes by letter (``B``, ``K``, ``M``, ``N``, ``P``, ``Q``, and ``H``,
+        ``D`` or ``G`` for a factorised parameter).
+    parameter
+        The parameter's kind: ``"full"``, ``"separable"``, ``"lowrank"`` or ``"convweight"``.
+    candidates
+        Every order open to these operands, with its cost.
+    chosen
+        The order :func:`structconv.conv` runs.
+    requested
+        The ``order`` argument (``"auto"`` or a name).
+    equation
+        The einsum equation of a dense basis (empty otherwise).
     """
 
     representation: str

@@ -41,6 +41,10 @@ class _Scored(NamedTuple):
 class GATConv(CompiledRuns, PyGState):
     r"""Graph attention (Veličković et al.) as an attention basis with a low-rank :math:`\Theta`.
 
+    Basis: a :class:`~structconv.SoftmaxEdgeBasis` of the edge scores, one member per head (K = ``heads``).
+
+    Θ: :math:`\Theta_h = W_h E_h^\top`, a :class:`~structconv.LowRank` ``(H, P, H·D or D)`` (:meth:`parameter`).
+
     Head :math:`h` is the basis member
 
     .. math:: A_{h,mn} = \mathrm{softmax}_{m \in \mathcal N(n)}
@@ -68,7 +72,57 @@ class GATConv(CompiledRuns, PyGState):
     (``lin_src.weight`` and ``lin_dst.weight`` for a pair ``in_channels``), ``lin_edge.weight`` and
     ``res.weight`` transposed into ``weight``, ``weight_dst``, ``weight_edge`` and ``res``, and
     ``att_src``, ``att_dst``, ``att_edge`` of shape ``(1, H, D)`` into ``(H, D)``;
-    :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
+    :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.  Options past the channels
+    are keyword-only.  Equals PyG's ``GATConv`` given the same parameters
+    (``tests/peers/test_pyg_graph.py``).
+
+    Parameters
+    ----------
+    in_channels
+        :math:`P`, or a pair ``(P_src, P_dst)`` for bipartite graphs (then targets have their own
+        :math:`W'`).
+    out_channels
+        :math:`D`, the channels of each head.
+    heads
+        :math:`H`, the number of heads (basis members).
+    concat
+        Concatenate the heads (:math:`Q = HD`); ``False`` averages them (:math:`Q = D`).
+    negative_slope
+        The LeakyReLU slope of the scores.
+    dropout
+        Probability of dropping an attention weight in training (the kept ones scaled by
+        :math:`1/(1-p)`).
+    add_self_loops
+        Give every target a loop (existing loops dropped first), as PyG.
+    edge_dim
+        Width of the edge features that enter the scores; ``None`` for none.
+    fill_value
+        The added loops' edge features: a number, a tensor, or ``"mean"``, ``"add"``, ``"sum"``,
+        ``"max"``, ``"min"`` of the target's incoming features.
+    bias
+        Add a learned bias :math:`\beta` of shape ``(Q,)``.
+    residual
+        Add :math:`x_{dst} W^{res}`.
+
+    Shapes
+    ------
+    **input:** node features :math:`(|\mathcal V|, P)` or a pair
+    :math:`((|\mathcal V_s|, P_s), (|\mathcal V_t|, P_t))`, edge indices :math:`(2, |\mathcal E|)`
+    or a sparse ``adj_t``, edge features :math:`(|\mathcal E|, D_e)` *(optional)*;
+    **output:** :math:`(|\mathcal V_t|, H \cdot D)` with ``concat``, else :math:`(|\mathcal V_t|, D)`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv import conv
+    >>> from structconv.nn import GATConv
+    >>> layer = GATConv(4, 3, heads=2, bias=False)
+    >>> x, edge_index = torch.randn(5, 4), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    >>> y = layer(x, edge_index)
+    >>> y.shape
+    torch.Size([5, 6])
+    >>> torch.allclose(y, conv(layer.basis(x, edge_index), x, layer.parameter()), atol=1e-6)
+    True
     """
 
     def __init__(

@@ -168,6 +168,7 @@ def gcn_basis(
 def graph_basis(
     graph: Any,
     kind: str = "gcn",
+    *,
     K: int = 1,
     num_nodes: int | None = None,
     edge_weight: Array | None = None,
@@ -201,13 +202,49 @@ def graph_basis(
 
     Polynomial kinds return a :class:`PolynomialBasis` (applied by repeated sparse products);
     the others a :class:`~structconv.SparseBasis`.
+
+    Parameters
+    ----------
+    graph
+        An ``edge_index`` ``(2, E)`` (sources, targets) or an adjacency matrix ``(N, N)`` (dense,
+        ``scipy.sparse`` or torch sparse; entry :math:`(m, n)` is the edge :math:`m \to n`).
+    kind
+        One of :data:`KINDS` (above).
+    K
+        The order: the largest power (``"powers"``, ``"diffusion"``) or the number of
+        Chebyshev members (``"chebyshev"``); unused by the one-member kinds.
+    num_nodes
+        :math:`N`; by default one more than the largest node number (or the matrix' size).
+    edge_weight
+        ``(E,)`` non-negative weights of an ``edge_index``.
+    normalization
+        ``"sym"`` or ``"rw"`` (Chebyshev's Laplacian), ``"sym"`` or ``"none"`` (powers).
+    lambda_max
+        The largest eigenvalue of the Laplacian for ``"chebyshev"``: a number, ``"estimate"``, or
+        ``None`` for the bound 2 (as PyG's ChebConv).
+    edge_type
+        ``(E,)`` relation of each edge (``"relational"``), in ``0..num_relations-1``.
+    num_relations
+        The number of relations :math:`R` (``"relational"``); by default one more than the largest.
+    walks
+        Walk types for ``"relational"``: each a sequence of relations, one member per walk.
+    like
+        An array whose backend, dtype and device the basis takes (default: the graph's).
+
+    Returns
+    -------
+    Basis
+        ``(K', N, N)`` with :math:`K'` members as listed for ``kind``.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     host = host_like(like, graph, edge_weight, edge_type)
     if host is not like:  # a meta like: built where the graph's values are, then placed
-        args = (graph, kind, K, num_nodes, edge_weight, normalization, lambda_max, edge_type, num_relations, walks)
-        return graph_basis(*args, like=host).to(device_of(like))
+        again = graph_basis(
+            graph, kind, K=K, num_nodes=num_nodes, edge_weight=edge_weight, normalization=normalization,
+            lambda_max=lambda_max, edge_type=edge_type, num_relations=num_relations, walks=walks, like=host,
+        )  # fmt: skip
+        return again.to(device_of(like))
     edges = as_edges(graph, num_nodes, edge_weight, like=like)
     if kind == "adjacency":
         return edges.to_basis()

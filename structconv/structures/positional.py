@@ -305,6 +305,17 @@ class GaussianPosition(PositionalMechanism):
     unconstrained), so the precision is positive semi-definite for every value of the
     parameter.  :math:`S_h = \sqrt{2\alpha_h}\,I` recovers :class:`QuadraticPosition`.  In 2-D
     the precision is the paper's :math:`\begin{pmatrix} a & b\\ b & c\end{pmatrix}`.
+
+    Parameters
+    ----------
+    grid
+        The grid's sizes :math:`(s_1, \dots, s_d)`.
+    centres
+        :math:`\Delta_h`, ``(K, d)``: each head's preferred offset.
+    inv_sqrt_cov
+        :math:`S_h`, ``(K, d, d)``.
+    boundary
+        ``"zero"`` (offsets within the grid) or ``"periodic"`` (wrapped offsets).
     """
 
     grid: tuple[int, ...]
@@ -346,6 +357,17 @@ class LearnedPosition(PositionalMechanism):
     (``(L_i, D_i)``: a row table and a column table in 2-D), so :math:`D_p = \sum_i D_i`; the
     paper's :math:`v^\top\hat W r_\delta` is this with :math:`t_h = \hat W^\top v_h` (``weight``,
     ``(K, D_p)``).  The score is a sum of per-axis terms, computed per axis.
+
+    Parameters
+    ----------
+    grid
+        The grid's sizes :math:`(s_1, \dots, s_d)`.
+    tables
+        One ``(L_i, D_i)`` table per axis: a row per relative offset along that axis.
+    weight
+        :math:`t_h`, ``(K, D_p)`` with :math:`D_p = \sum_i D_i`.
+    boundary
+        ``"zero"`` (offsets within the grid) or ``"periodic"`` (wrapped offsets).
     """
 
     grid: tuple[int, ...]

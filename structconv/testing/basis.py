@@ -43,6 +43,25 @@ def random_operands(basis: Basis, *, channels: tuple[int, int] = (3, 2), seed: i
 
     Drawn from a standard normal, on the basis' backend, device and dtype; ``B`` is the basis'
     batch (per-instance bases) or 2, ``(P, Q)`` are ``channels``.
+
+    Parameters
+    ----------
+    basis
+        The basis the operands are for: its ``M`` and ``K`` give their sizes, its ``batch`` the
+        batch ``B`` (2 for a basis shared by the whole batch), and its ``backend``, ``device`` and
+        ``dtype`` where the arrays are placed.
+    channels
+        ``(P, Q)``: the input channels of ``x`` and the output channels of :math:`\Theta`.
+    seed
+        Seed of ``numpy.random.default_rng``: the values are drawn in float64 by NumPy (``x``
+        first, then :math:`\Theta`) and only then moved to the basis' backend and cast to its
+        dtype, so one seed gives the same values on every backend, up to that cast.
+
+    Returns
+    -------
+    tuple of (Array, Array)
+        ``(x, theta)``: ``x`` of shape ``(B, M, P)`` and a full ``theta`` of shape ``(K, P, Q)``,
+        arrays of the basis' backend on its device, in its dtype.
     """
     rng = np.random.default_rng(seed)
     P, Q = channels
@@ -72,6 +91,39 @@ def snapshot(basis: Basis) -> dict[str, Any]:
 
     Explicit caches (:class:`~structconv.bases.sparse.Derived`) and ``functools.cached_property``
     values are left out: filling them is what applying a basis may do.
+
+    Parameters
+    ----------
+    basis
+        The basis to record.  Its own state (``__slots__`` and ``__dict__``) is followed into
+        the objects it holds and theirs, four levels of objects in all, the basis the first
+        (composite bases nest their parts), and into every item of the tuples, lists and dicts
+        met on the way (which do not count as a level).
+
+    Returns
+    -------
+    dict of str to tuple
+        One entry per attribute path (``"basis"``, ``"basis.geometry"``, ``"basis.geometry.grid[0]"``, ...),
+        the first item of each saying what it is:
+
+        * ``("array", id, dtype name, shape, values)`` for an array of any backend, its values a
+          float64 NumPy copy (later writes into the array do not reach it);
+        * ``("value", repr)`` for ``None``, numbers, strings, bytes, types, modules, and the
+          dtypes, devices and scalars of torch and NumPy;
+        * ``("cache", id)`` for an explicit cache (:class:`~structconv.bases.sparse.Derived`),
+          whose contents are not recorded;
+        * ``(type name, length)`` for a tuple, list or dict, its items under ``path[key]``;
+        * ``("object", type name, id)`` for an object followed into its attributes, under
+          ``path.name``, and ``("object", id)`` for one not followed (the depth reached, or a
+          callable without state of its own);
+        * ``("cycle", id)`` for an object already on the path to it.
+
+    Examples
+    --------
+    >>> from structconv import grid_basis
+    >>> from structconv.testing import snapshot
+    >>> snapshot(grid_basis((5, 4), 3))["basis"][0]
+    'object'
     """
     found: dict[str, Any] = {}
 
@@ -102,7 +154,32 @@ def snapshot(basis: Basis) -> dict[str, Any]:
 
 
 def assert_unchanged(before: dict[str, Any], after: dict[str, Any], *, what: str = "basis") -> None:
-    """Raise an ``AssertionError`` naming the first attribute path where two :func:`snapshot` differ."""
+    """Raise an ``AssertionError`` naming the first attribute path where two :func:`snapshot` differ.
+
+    Parameters
+    ----------
+    before, after
+        Two :func:`snapshot` of the same basis, before and after what may not change it.
+    what
+        What the snapshots are of, named in the message when attribute paths were added or
+        removed (the other messages name the path, which starts with ``basis``).
+
+    Raises
+    ------
+    AssertionError
+        When ``after`` has attribute paths that ``before`` lacks or the reverse (all of them
+        named); else at the first path, in the order of ``before``, where an array was replaced
+        by another object, changed its dtype or shape, or changed its values (``NaN`` equals
+        ``NaN``; the message gives the largest change), or where any other entry differs (a
+        value, a length, an object's identity, an array become something else).
+
+    Examples
+    --------
+    >>> from structconv import grid_basis
+    >>> from structconv.testing import assert_unchanged, snapshot
+    >>> basis = grid_basis((5, 4), 3)
+    >>> assert_unchanged(snapshot(basis), snapshot(basis))
+    """
     added, removed = sorted(set(after) - set(before)), sorted(set(before) - set(after))
     if added or removed:
         raise AssertionError(f"{what} changed its state: added {added}, removed {removed}")

@@ -39,6 +39,21 @@ def node_contract(layer: Any, *inputs: Any) -> torch.Tensor:
     """Graph layers and :class:`~structconv.nn.StructConv`: ``conv(layer.basis(*inputs), x, layer.parameter())`` + bias.
 
     ``x = inputs[0]`` is already in the engine's layout, ``(N, P)`` or ``(B, N, P)``.
+
+    Parameters
+    ----------
+    layer
+        A layer with methods ``basis(*inputs)`` and ``parameter()``; its ``bias`` attribute, when
+        it has one that is not ``None``, is added to the result (broadcast along its last axis).
+    *inputs
+        The layer's positional inputs, all passed to ``layer.basis``; the first, ``x``, is the
+        operand of :func:`structconv.conv` (a graph layer's node features, for instance, and then
+        its ``edge_index``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(N, Q)``, or ``(B, N, Q)`` for a batched ``x``.
     """
     return _plus_bias(layer, conv(layer.basis(*inputs), inputs[0], layer.parameter()))
 
@@ -84,6 +99,23 @@ def grid_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
 
     For ``padding_mode`` ``"reflect"``/``"replicate"`` the basis is on the framed grid, and ``x``
     is framed by ``F.pad`` first; an unbatched ``(C, *grid)`` input gives an unbatched output.
+
+    Parameters
+    ----------
+    layer
+        A grid convolution (:class:`~structconv.nn.GridConv2d` and its 1-D and 3-D kin, or one
+        alike): ``basis(x)`` a grid basis (its ``grid`` and ``out_grid`` are read),
+        ``parameter()``, and ``bias``, ``None`` or ``(Q,)``.  Where the basis' grid is not the
+        input's, ``x`` is framed by ``F.pad`` with mode ``padding_mode``, the sides taken from
+        ``padding`` by torch's rules (an int, one per dimension, ``(before, after)`` pairs,
+        ``"valid"``, or ``"same"`` from ``kernel_size`` and ``dilation``, any odd entry after).
+    x
+        ``(B, C, *grid)``, or unbatched ``(C, *grid)``, with as many grid dimensions as the basis.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(B, Q, *out_grid)``, or ``(Q, *out_grid)`` for an unbatched ``x``.
     """
     basis = layer.basis(x)
     xb, unbatched = _batched(x, len(basis.grid))
@@ -96,7 +128,23 @@ def grid_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
 
 
 def pool_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
-    r"""Average pooling: :math:`\Theta = I` per channel, so :math:`A^\top x` alone (:func:`structconv.apply_shifts`)."""
+    r"""Average pooling: :math:`\Theta = I` per channel, so :math:`A^\top x` alone (:func:`structconv.apply_shifts`).
+
+    Parameters
+    ----------
+    layer
+        An average pooling layer (:class:`~structconv.nn.AvgPool2d` and its 1-D and 3-D kin):
+        ``basis(x)`` its one-member grid basis, and ``method``, the ``order`` of
+        :func:`structconv.apply_shifts`.  It has no parameter and no bias.
+    x
+        ``(B, C, *grid)``, or unbatched ``(C, *grid)``.  An empty one (no batch or no channels)
+        goes through the basis' own ``apply_each``, as ``apply_shifts`` refuses empty arrays.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(B, C, *out_grid)``, or ``(C, *out_grid)`` for an unbatched ``x``.
+    """
     basis = layer.basis(x)
     xb, unbatched = _batched(x, len(basis.grid))
     flat = _grid_flat(xb)
@@ -123,6 +171,28 @@ def attention_contract(layer: Any, query: torch.Tensor, key: torch.Tensor, value
     and the output back) and widened by an identity row per token that ``add_bias_kv`` or
     ``add_zero_attn`` appends (the basis has :math:`S + e` keys).  Valid in evaluation mode,
     where every query may attend to some key.
+
+    Parameters
+    ----------
+    layer
+        A :class:`~structconv.nn.MultiHeadSelfAttention`: its ``basis(query, key, value)`` (the
+        heads, without masks), ``parameter()``, ``output_bias()`` (added when not ``None``) and
+        ``batch_first`` are used.
+    query
+        ``(L, N, E)``, ``(N, L, E)`` with ``batch_first``, or unbatched ``(L, E)``: whether the
+        inputs are batched is read from its number of dimensions.
+    key
+        ``(S, N, E_k)``, ``(N, S, E_k)`` or ``(S, E_k)``, laid out as ``query``; it reaches the
+        result only through the basis.
+    value
+        ``(S, N, E_v)``, ``(N, S, E_v)`` or ``(S, E_v)``, laid out as ``query``: the operand of
+        :func:`structconv.conv`.
+
+    Returns
+    -------
+    torch.Tensor
+        The attended values, laid out as ``query``: ``(L, N, E)``, ``(N, L, E)`` or ``(L, E)``
+        (no attention weights).
     """
     basis = layer.basis(query, key, value)
     batched = query.ndim == 3
@@ -135,7 +205,22 @@ def attention_contract(layer: Any, query: torch.Tensor, key: torch.Tensor, value
 
 
 def positional_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
-    """:class:`~structconv.nn.PositionalAttention`: ``x`` ``(B, *grid, E)`` as ``(B, M, E)``, ``conv``, + bias."""
+    """:class:`~structconv.nn.PositionalAttention`: ``x`` ``(B, *grid, E)`` as ``(B, M, E)``, ``conv``, + bias.
+
+    Parameters
+    ----------
+    layer
+        A :class:`~structconv.nn.PositionalAttention`: its ``embed_dim`` (``E``),
+        ``basis(flat)`` on the flattened input, ``parameter()`` and ``bias`` (added when it has
+        one that is not ``None``).
+    x
+        ``(B, *grid, E)``, or already flattened ``(B, M, E)``, :math:`M` the grid's positions.
+
+    Returns
+    -------
+    torch.Tensor
+        The shape of ``x``.
+    """
     flat = x.reshape(int(x.shape[0]), -1, layer.embed_dim)
     return _plus_bias(layer, conv(layer.basis(flat), flat, layer.parameter())).reshape(x.shape)
 
@@ -155,6 +240,18 @@ CONTRACTS: dict[type, Contract] = {
 
 def contract_for(layer: nn.Module) -> Contract:
     """The contract of ``layer``: from :data:`CONTRACTS` by its class (or a base class), else :func:`node_contract`.
+
+    Parameters
+    ----------
+    layer
+        The layer.  Its class and then its base classes, in method resolution order, are looked
+        up in :data:`CONTRACTS`; a layer of a class not there gets :func:`node_contract` when it
+        has callable ``basis`` and ``parameter`` attributes.
+
+    Returns
+    -------
+    Contract
+        ``contract(layer, *inputs) -> Tensor``, for :func:`check_layer`.
 
     Raises
     ------

@@ -39,7 +39,29 @@ class Link:
     """Our parameter ``ours`` is ``fn(*peer)`` of the peer's parameters ``peer`` (a linear map).
 
     Its gradient is then compared with ``fn`` of the peer's gradients: ``fn`` must be linear
-    (transposes, stacks, reshapes, slices), as a change of layout is.
+    (transposes, stacks, reshapes, slices), as a change of layout is.  Links compare by identity
+    (``eq=False``).
+
+    Parameters
+    ----------
+    ours
+        A parameter of our layer, the tensor object itself (found among the layer's parameters by
+        identity); :func:`compare_to_peer` sets it in place to ``fn(*peer)``.
+    peer
+        The parameters of the peer that ``ours`` is made of, the tensor objects themselves (named
+        by identity among the peer's parameters), in the order ``fn`` takes them.
+    fn
+        ``fn(*peer) -> Tensor`` of the shape of ``ours``, linear in each argument; by default the
+        identity of a single tensor.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.testing import Link
+    >>> ours, theirs = torch.nn.Linear(3, 2), torch.nn.Linear(2, 3)
+    >>> link = Link(ours.weight, (theirs.weight,), lambda w: w.t())
+    >>> link.fn(*link.peer).shape == ours.weight.shape
+    True
     """
 
     ours: torch.Tensor
@@ -49,11 +71,30 @@ class Link:
 
 @dataclass(frozen=True)
 class PeerRun:
-    """One run of a layer: its raw result, the outputs compared, and the gradients by name.
+    r"""One run of a layer: its raw result, the outputs compared, and the gradients by name.
 
     ``outputs`` holds ``"output"`` (the first output) and ``"output[i]"`` for each further
     top-level tensor (or ``None``) of a tuple result; ``inputs`` the gradients of the floating
     inputs, ``"input"`` (or ``"input i"`` for several); ``parameters`` those of the parameters.
+    :func:`run_module` makes it.
+
+    Parameters
+    ----------
+    result
+        What the module returned, as it returned it: a tensor, or a tuple whose first item is one.
+    outputs
+        The outputs compared, detached: ``"output"``, the tensor result or the first item of a
+        tuple result, and ``"output[i]"`` for each further item ``i`` of a tuple that is a tensor
+        or ``None`` (other items are left out, for the caller to compare from ``result``).
+    inputs
+        The gradients of :math:`\langle y, g \rangle` with respect to the floating inputs, one
+        per distinct tensor in order of first appearance: ``"input"`` when there is one,
+        ``"input 0"``, ``"input 1"``, ... when there are several; zeros for an input ``y`` does not
+        depend on.
+    parameters
+        The gradients of :math:`\langle y, g \rangle` with respect to the module's parameters that
+        require gradients, by their names in ``named_parameters()``, sorted; zeros for a parameter
+        ``y`` does not depend on.
     """
 
     result: Any
@@ -62,7 +103,13 @@ class PeerRun:
     parameters: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def named(self) -> dict[str, torch.Tensor | None]:
-        """Every result by its name: outputs, then the gradients of the inputs and of the parameters."""
+        """Every result by its name: outputs, then the gradients of the inputs and of the parameters.
+
+        Returns
+        -------
+        dict of str to torch.Tensor or None
+            ``outputs``, ``inputs`` and ``parameters`` merged into one new dict, in that order.
+        """
         return {**self.outputs, **self.inputs, **self.parameters}
 
 
@@ -90,6 +137,52 @@ def run_module(
     ``torch.autocast`` to ``autocast`` on the CPU if given.  :math:`g` is drawn from ``seed``;
     ``absolute`` uses :math:`|g|` (with :math:`|x|` and :math:`|\text{weights}|` that gives the
     sums of the terms' magnitudes, the scale of any rounding error).
+
+    Parameters
+    ----------
+    module
+        The layer to run, called as ``module(*inputs, **kwargs)``; it must return a tensor, or a
+        tuple whose first item is a tensor (the output :math:`y`).
+    *inputs
+        Its positional inputs.  Each floating tensor with the strided layout, also inside tuples
+        and lists (at any depth), is replaced by a detached copy, cast to ``dtype`` when given,
+        that requires gradients; a tensor passed more than once becomes one leaf.  Anything
+        else (integer or sparse tensors, ``None``, ...) is passed as it is.
+    kwargs
+        Its keyword arguments.  The floating tensors among the values (at the top level only)
+        are cast to ``dtype`` when given; none becomes a leaf, so none has a gradient taken.
+    dtype
+        The dtype of the leaves and of the floating keyword arguments; ``None`` keeps theirs.
+        The module's own parameters are not cast.
+    seed
+        ``torch.manual_seed(seed)`` is called just before the module (this reseeds torch's global
+        generator), and :math:`g` is drawn from a standard normal by a generator seeded with
+        ``seed``, in float64, then cast to the dtype of :math:`y`.
+    autocast
+        The dtype of ``torch.autocast("cpu", dtype=autocast)`` around the call; ``None``: none.
+    absolute
+        Use :math:`|g|` instead of :math:`g`.
+
+    Returns
+    -------
+    PeerRun
+        The raw result, the outputs, and the gradients of :math:`\langle y, g \rangle` with
+        respect to the leaves and to every parameter that requires gradients (all zeros when
+        :math:`y` does not require gradients).
+
+    Raises
+    ------
+    TypeError
+        When the module's output (the first item of a tuple result) is not a tensor.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from structconv.testing import run_module
+    >>> layer = torch.nn.Linear(3, 2, dtype=torch.float64)
+    >>> run = run_module(layer, torch.randn(4, 3), dtype=torch.float64)  # the input cast to the layer's dtype
+    >>> sorted(run.named()), run.outputs["output"].dtype
+    (['bias', 'input', 'output', 'weight'], torch.float64)
     """
     made: dict[int, torch.Tensor] = {}
 

@@ -125,9 +125,7 @@ class Contraction:
         """The order every call runs (``plan.chosen``)."""
         return self.plan.chosen
 
-    def __call__(
-        self, x: Array, theta: Parameter, *, bias: Array | None = None, basis: Basis | None = None
-    ) -> Array:
+    def __call__(self, x: Array, theta: Parameter, *, bias: Array | None = None, basis: Basis | None = None) -> Array:
         """Contract ``x`` with ``theta`` (shapes, dtype and device as compiled), plus ``bias`` ``(Q,)`` if given.
 
         ``basis`` replaces the bound basis for this call; it must have the same structure

@@ -151,6 +151,27 @@ class Contraction:
             y = y + bias
         return y[0] if self._squeeze else y
 
+    def run_keyed(self, x: Array, theta: Parameter, bias: Array | None = None) -> Array:
+        """The call for a caller that keys its contractions by what the call would compare.
+
+        A layer that looks its contraction up by ``x``'s shape, dtype and device and by its
+        parameter's dtype and device has made those comparisons already; this runs the order
+        without repeating them (the first call still makes every check of :func:`~structconv.conv`,
+        and a parameter other than the last one is compared as :meth:`__call__` compares it).
+        """
+        if not self._verified:
+            return self(x, theta, bias=bias)
+        if self._autocast is not None and self._autocast() is not None:
+            return self._general(self.basis, x, theta, bias)
+        last = self._last
+        prm = last if last is not None and last.operands[0] is theta else self._param(theta)
+        if self.layout == "channels_first":
+            return self._order.run_image(self.basis, x, prm, bias)
+        y = self._order.run(self.basis, x[None] if self._squeeze else x, prm)
+        if bias is not None:
+            y = y + bias
+        return y[0] if self._squeeze else y
+
     # --- the checks -------------------------------------------------------------------------
     def _rows(self, x: Array) -> Array:
         """``x`` as :func:`~structconv.conv` takes it (a view)."""

@@ -48,6 +48,16 @@ _SETTINGS = frozenset(("kernel_size", "stride", "dilation", "padding", "padding_
 _Run = tuple[bool, list[int] | None, Any]
 
 
+class _EmptyBatch:
+    """An empty batch's run: torch's empty output from the native kernel (the engine refuses empty arrays)."""
+
+    def __init__(self, basis: GridBasis, groups: int) -> None:
+        self.geometry, self.groups = basis.geometry, groups
+
+    def run_keyed(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return conv_image(x, weight, self.geometry, bias, self.groups)
+
+
 class _Entry:
     """A layer's basis for one input grid, and the framing that goes with it."""
 
@@ -189,12 +199,14 @@ class _GridConvNd(CompiledRuns, NotScriptable, nn.Module):
         ``torch.nn.Conv{d}d``'s does.  An empty batch (``B = 0``) returns torch's empty output
         from the native kernel: the engine refuses empty arrays and there is nothing to contract.
         """
-        key = (x.shape, x.dtype, x.device)
+        weight = self.weight
+        # Everything the compiled call would compare: it runs keyed (Contraction.run_keyed).
+        key = (x.shape, x.dtype, x.device, weight.dtype, weight.device)
         unbatched, pads, compiled = self._runs.get(key) or self.compiled_run(key, partial(self._compile, x))
         xb = x[None] if unbatched else x
         if pads is not None:  # reflect / replicate: torch's explicit framing
             xb = F.pad(xb, pads, mode=self.padding_mode)
-        y: torch.Tensor = compiled(xb, self.weight, bias=self.bias)
+        y: torch.Tensor = compiled.run_keyed(xb, weight, self.bias)
         return y[0] if unbatched else y
 
     def _compile(self, x: torch.Tensor) -> _Run:
@@ -202,9 +214,9 @@ class _GridConvNd(CompiledRuns, NotScriptable, nn.Module):
         entry = self._entry(tuple(int(s) for s in xb.shape[2:]), xb)
         if entry.pads is not None:
             xb = F.pad(xb, entry.pads, mode=self.padding_mode)
-        compiled: Contraction | partial[torch.Tensor]
+        compiled: Contraction | _EmptyBatch
         if int(xb.shape[0]) == 0:  # nothing to contract
-            compiled = partial(conv_image, geo=entry.basis.geometry, groups=self.groups)
+            compiled = _EmptyBatch(entry.basis, self.groups)
         else:
             compiled = contraction(entry.basis, xb, self.parameter(), order=self.order, layout="channels_first")
         return unbatched, entry.pads, compiled

@@ -217,3 +217,18 @@ def test_grouped_layer_equals_torch_through_every_order() -> None:
         ours.load_state_dict(ref.state_dict())
         torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=1e-5, msg=order)
     assert F.conv2d is not None
+
+
+def test_a_keyed_run_is_the_call() -> None:
+    """``run_keyed`` (a layer that keyed its contraction by what the call compares) gives the call's result."""
+    torch.manual_seed(4)
+    ref = torch.nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 6, 6)
+    c = contraction(grid_basis((6, 6), 3, padding=1), x, ConvWeight(ref.weight), layout="channels_first")
+    first = c.run_keyed(x, ref.weight, ref.bias)  # the first call verifies
+    torch.testing.assert_close(first, ref(x))
+    torch.testing.assert_close(c.run_keyed(x, ref.weight, ref.bias), c(x, ref.weight, bias=ref.bias))
+    other = torch.randn_like(ref.weight)  # another parameter is compared, then read
+    torch.testing.assert_close(c.run_keyed(x, other, None), F.conv2d(x, other, padding=1))
+    with pytest.raises(ValueError, match="theta's arrays must have shapes"):
+        c.run_keyed(x, torch.randn(4, 3, 2, 2), None)

@@ -50,7 +50,11 @@ import torch, torch._dynamo  # imported before the limit: the first meta-device 
 from structconv.data import load_cifar10, load_planetoid
 from structconv.experiments.cifar.train import model_from_checkpoint
 
-CALLS = {"planetoid": load_planetoid, "cifar": load_cifar10, "checkpoint": model_from_checkpoint}
+CALLS = {
+    "planetoid": load_planetoid,
+    "cifar": lambda root, split, cache: load_cifar10(root, split, cache_dir=cache),
+    "checkpoint": model_from_checkpoint,
+}
 cases = json.loads(sys.argv[1])
 with open("/proc/self/status") as status:
     mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))

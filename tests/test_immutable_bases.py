@@ -273,7 +273,8 @@ def _concrete_bases() -> set[type]:
             found |= {sub} | below(sub)
         return found
 
-    return {k for k in below(sc.Basis) if not k.__abstractmethods__}
+    # The package's own representations (tests define stand-in bases of their own).
+    return {k for k in below(sc.Basis) if not k.__abstractmethods__ and k.__module__.startswith("structconv.")}
 
 
 def test_every_representation_is_among_the_kinds() -> None:

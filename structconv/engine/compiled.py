@@ -144,12 +144,7 @@ class Contraction:
                 f"bias must have shape {shape_str(self._bias_shape)} and dtype {self._dtype}, got "
                 f"{shape_str(tuple(bias.shape))} and {bias.dtype}"
             )
-        if self.layout == "channels_first":
-            return self._order.run_image(b, x, prm, bias)
-        y = self._order.run(b, x[None] if self._squeeze else x, prm)
-        if bias is not None:
-            y = y + bias
-        return y[0] if self._squeeze else y
+        return self._run(b, x, prm, bias)
 
     def run_keyed(self, x: Array, theta: Parameter, bias: Array | None = None) -> Array:
         """The call for a caller that keys its contractions by what the call would compare.
@@ -165,9 +160,13 @@ class Contraction:
             return self._general(self.basis, x, theta, bias)
         last = self._last
         prm = last if last is not None and last.operands[0] is theta else self._param(theta)
+        return self._run(self.basis, x, prm, bias)
+
+    def _run(self, basis: Basis, x: Array, prm: Param, bias: Array | None) -> Array:
+        """The bound order on checked operands, in the compiled layout, plus ``bias``."""
         if self.layout == "channels_first":
-            return self._order.run_image(self.basis, x, prm, bias)
-        y = self._order.run(self.basis, x[None] if self._squeeze else x, prm)
+            return self._order.run_image(basis, x, prm, bias)
+        y = self._order.run(basis, x[None] if self._squeeze else x, prm)
         if bias is not None:
             y = y + bias
         return y[0] if self._squeeze else y

@@ -42,13 +42,18 @@ def median_time(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device
 def interleaved_times(
     variants: dict[str, Callable[[], Any]], repeats: int = 21, warmup: int = 3, device: str = "cpu"
 ) -> dict[str, float]:
-    """Median seconds of each variant, timed round-robin so that drifts in machine load hit all alike."""
+    """Median seconds of each variant, timed round-robin so that drifts in machine load hit all alike.
+
+    The order of the variants is reversed every other round: whichever runs second would
+    otherwise always find the caches the first one left.
+    """
     for fn in variants.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, fn in variants.items():
+    forward = list(variants.items())
+    for round_ in range(repeats):
+        for name, fn in forward if round_ % 2 == 0 else forward[::-1]:
             sync(device)
             start = time.perf_counter()
             fn()

@@ -80,6 +80,42 @@ def test_channels_first_with_a_conv_weight_is_torch_convolution(groups: int, geo
         torch.testing.assert_close(c(x, theta, bias=ref.bias), ref(x), msg=order)  # the object or its weight
 
 
+@given(
+    grid=st.tuples(st.integers(3, 7), st.integers(3, 7)),
+    stride=st.integers(1, 2),
+    dilation=st.integers(1, 2),
+    padding=st.sampled_from([0, 1, ((0, 1), (1, 0)), ((2, 1), (0, 2))]),
+    boundary=st.sampled_from(["zero", "periodic"]),
+    groups=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_the_bound_native_run_is_the_native_order_on_every_window(
+    grid: tuple[int, int],
+    stride: int,
+    dilation: int,
+    padding: Any,
+    boundary: str,
+    groups: int,
+    seed: int,
+) -> None:
+    """Asymmetric frames, crops and wrapped borders included: the run bound once is conv's native order."""
+    try:
+        A = grid_basis(
+            grid, 2, stride=stride, dilation=dilation, padding=padding, boundary=boundary, like=torch.ones(1)
+        )
+    except ValueError:  # a kernel wider than the padded grid
+        return
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 4, *grid, dtype=D64, generator=generator)
+    weight = torch.randn(6, 4 // groups, 2, 2, dtype=D64, generator=generator)
+    bias = torch.randn(6, dtype=D64, generator=generator)
+    c = contraction(A, x, ConvWeight(weight, groups=groups), order="native", layout="channels_first")
+    rows = conv(A, x.flatten(2).transpose(1, 2), ConvWeight(weight, groups=groups), order="native") + bias
+    expected = rows.transpose(1, 2).reshape(2, 6, *A.entry_shapes[1])
+    for _ in range(2):  # the first call checks; later ones run what was bound
+        torch.testing.assert_close(c.run_keyed(x, weight, bias), expected, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("order", ["native", "ax", "xtheta"])
 def test_channels_first_gradients(order: str) -> None:
     torch.manual_seed(1)

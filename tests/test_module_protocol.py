@@ -163,3 +163,30 @@ def test_torch_jit_script_refuses_with_one_sentence(name: str) -> None:
     with pytest.raises(TypeError) as inside:  # as a submodule too
         torch.jit.script(nn.Sequential(layer))
     assert str(inside.value) == sentence
+
+
+class _Halved(nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return 0.5 * weight
+
+
+@pytest.mark.parametrize("wrap", ["parametrization", "weight_norm", "replaced"])
+def test_grid_layers_read_a_reparametrised_weight_as_torch_does(wrap: str) -> None:
+    """A weight given by a parametrization, by weight norm, or assigned anew is the one the call uses."""
+    torch.manual_seed(0)
+    peer = nn.Conv2d(3, 4, 3, padding=1)
+    ours = snn.GridConv2d(3, 4, 3, padding=1)
+    ours.load_state_dict(peer.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(ours(x), peer(x))  # runs compiled before the weight changes
+    doubled = peer.weight.detach() * 2
+    for layer in (peer, ours):
+        if wrap == "parametrization":
+            torch.nn.utils.parametrize.register_parametrization(layer, "weight", _Halved())
+        elif wrap == "weight_norm":
+            torch.nn.utils.parametrizations.weight_norm(layer)
+        else:
+            layer.weight = nn.Parameter(doubled.clone())
+    torch.testing.assert_close(ours(x), peer(x))
+    ours(x).sum().backward()
+    assert all(p.grad is not None for p in ours.parameters())

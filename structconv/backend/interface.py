@@ -204,7 +204,7 @@ class Backend(Kernels):
         """
 
     def autocast_probe(self, a: Array) -> Callable[[], Any] | None:
-        """A cheap call giving :meth:`autocast_dtype` for the device of ``a``; ``None`` where autocast never applies."""
+        """A cheap call, true while autocast is on for the device of ``a``; ``None`` where autocast never applies."""
         return None
 
     @abstractmethod

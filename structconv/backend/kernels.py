@@ -10,6 +10,7 @@ where it lives.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -202,6 +203,21 @@ class Kernels(ABC):
     def native_image(self, x: Array, weight: Array, geo: Geometry, bias: Array | None, groups: int) -> Array:
         """Native convolution on the grid layout: ``(B, P, *grid)``, kernel ``(Q, P/G, *box)`` to ``(B, Q, *out)``."""
         raise NotImplementedError(f"{self.name} has no native convolution")
+
+    def bind_native_image(self, geo: Geometry, groups: int) -> Callable[[Array, Array, Array | None], Array]:
+        """:meth:`native_image` with ``geo`` and ``groups`` bound once: ``run(x, weight, bias)``.
+
+        A backend whose native call takes its arguments as they are may precompute them here
+        (torch binds ``F.conv{d}d``'s); the default calls :meth:`native_image`.
+
+        Parameters
+        ----------
+        geo
+            The basis' geometry.
+        groups
+            :math:`G`, as :meth:`native_image` takes it.
+        """
+        return lambda x, weight, bias: self.native_image(x, weight, geo, bias, groups)
 
     @abstractmethod
     def native_depthwise(self, x: Array, weights: Array, geo: Geometry) -> Array:

@@ -213,6 +213,30 @@ def conv_image(
     return _CONV[geo.ndim](window, weight, bias, geo.stride, padding, geo.box[1], groups)
 
 
+def bind_conv_image(
+    geo: Geometry, groups: int
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
+    r""":func:`conv_image` for one geometry and ``groups``, its arithmetic done now: ``run(x, weight, bias)``.
+
+    Where the window is the grid itself (zero padding the native call applies on both sides
+    alike, no crop, no wrap) the run is the bare ``F.conv{d}d`` call with its arguments bound, so
+    a compiled contraction costs per call what ``torch.nn.Conv{d}d`` does.
+
+    Parameters
+    ----------
+    geo
+        The basis' geometry.
+    groups
+        :math:`G`, as :func:`conv_image` takes it.
+    """
+    w = geo.window
+    native = _CONV[geo.ndim]
+    if w.wrap is not None or w.crop is not None or any(w.frame_lo) or any(w.frame_hi):
+        return lambda x, weight, bias: conv_image(x, weight, geo, bias, groups)
+    stride, padding, dilation = geo.stride, w.padding, geo.box[1]
+    return lambda x, weight, bias: native(x, weight, bias, stride, padding, dilation, groups)
+
+
 def native_conv(x: torch.Tensor, thetas: torch.Tensor, geo: Geometry) -> torch.Tensor:
     r"""The shift basis as one ``F.conv{1,2,3}d``: the A·Θ-first order with :math:`\Phi` kept as a kernel.
 

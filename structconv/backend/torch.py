@@ -75,7 +75,7 @@ class TorchBackend(Backend):
 
     def autocast_probe(self, a: Array) -> Callable[[], Any] | None:
         kind = a.device.type
-        return partial(autocast_dtype, kind) if kind in AUTOCAST_DEVICES else None
+        return partial(torch.is_autocast_enabled, kind) if kind in AUTOCAST_DEVICES else None
 
     def autocast_to(self, a: Array, dtype: Any) -> Array:
         if dtype is None or not a.is_floating_point() or a.dtype in (dtype, torch.float64):
@@ -262,6 +262,9 @@ class TorchBackend(Backend):
 
     def native_image(self, x: Array, weight: Array, geo: Any, bias: Array | None, groups: int) -> Array:
         return shift_torch.conv_image(x, weight, geo, bias, groups)
+
+    def bind_native_image(self, geo: Any, groups: int) -> Callable[[Array, Array, Array | None], Array]:
+        return shift_torch.bind_conv_image(geo, groups)
 
 
 class SparseMatrix:

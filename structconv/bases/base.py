@@ -78,6 +78,10 @@ class OwnOrder:
         stored and an optional ``(Q,)`` bias added by the same call.  A compiled contraction in
         the ``"channels_first"`` layout (:func:`structconv.contraction`) calls it with no
         reshaping; elsewhere the engine frames ``x`` and ``y`` around it.
+    bind_image
+        ``bind_image(basis, groups) -> run(x, weight, bias)``, or ``None``: ``run_image`` with the
+        basis and ``groups`` bound once, its per-call arithmetic done now.  A compiled
+        contraction keeps the result and calls it on every run.
     """
 
     cost: Callable[..., Cost]
@@ -85,6 +89,7 @@ class OwnOrder:
     cost_factored: Callable[..., Cost] | None = None
     run_factored: Callable[..., Array] | None = None
     run_image: Callable[..., Array] | None = None
+    bind_image: Callable[..., Callable[..., Array]] | None = None
 
 
 #: The default of :meth:`Basis.own_orders`: none.

@@ -26,7 +26,7 @@ its builders (:func:`~structconv.grid_basis`, :func:`~structconv.avg_pool_basis`
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
 from typing import Any
@@ -409,6 +409,9 @@ class GridBasis(Basis):
     def _run_image(self, x: Array, weight: Array, groups: int, bias: Array | None) -> Array:
         return self._impl.native_image(x, weight, self.geometry, bias, groups)
 
+    def _bind_image(self, groups: int) -> Callable[[Array, Array, Array | None], Array]:
+        return self._impl.bind_native_image(self.geometry, groups)
+
     def _run_shift_ax(self, x: Array, theta: Array) -> Array:
         return self._scaled(shift_then_gemm(x, self._tap_thetas(theta), self.geometry))
 
@@ -432,7 +435,11 @@ class GridBasis(Basis):
 # The own orders of a grid basis by (native convolution available, unit stride, plain box kernel), built once.
 _NATIVE_COST = partial(GridBasis._cost, order="native")
 _NATIVE = {"native": OwnOrder(_NATIVE_COST, GridBasis._run_native)}
-_NATIVE_IMAGE = {"native": OwnOrder(_NATIVE_COST, GridBasis._run_native, run_image=GridBasis._run_image)}
+_NATIVE_IMAGE = {
+    "native": OwnOrder(
+        _NATIVE_COST, GridBasis._run_native, run_image=GridBasis._run_image, bind_image=GridBasis._bind_image
+    )
+}
 _SHIFTS = {
     "ax": OwnOrder(partial(GridBasis._cost, order="ax"), GridBasis._run_shift_ax),
     "xtheta": OwnOrder(partial(GridBasis._cost, order="xtheta"), GridBasis._run_shift_xtheta),

@@ -75,6 +75,7 @@ class Contraction:
     __slots__ = (
         "_autocast",
         "_bias_shape",
+        "_bound",
         "_device",
         "_dtype",
         "_full",
@@ -110,6 +111,8 @@ class Contraction:
         B = 1 if self._squeeze else int(rows[0])
         probe = Param(self._kind, tuple(Shaped(s) for s in self._operand_shapes), K, P, Q, self._rank)
         self.plan, self._order = _plan(basis, Shaped((B,)), probe, order)
+        # The order's image run with its arithmetic done once (the bound basis' only).
+        self._bound = self._order.bind_image(basis, probe) if layout == "channels_first" else None
         self._bias_shape = (Q,)
         self._full = (K, P, Q)
         self._key = basis.plan_key()
@@ -136,7 +139,7 @@ class Contraction:
             self._verify(b, x, theta, bias)
         elif x.shape != self._x_shape or x.dtype != self._dtype or x.device != self._device:
             raise self._mismatch(x)
-        if not placed_as_compiled or (self._autocast is not None and self._autocast() is not None):
+        if not placed_as_compiled or (self._autocast is not None and self._autocast()):
             return self._general(b, x, theta, bias)  # operands converted, or refused, by conv's rules
         prm = self._param(theta)
         if bias is not None and (bias.shape != self._bias_shape or bias.dtype != self._dtype):
@@ -156,16 +159,17 @@ class Contraction:
         """
         if not self._verified:
             return self(x, theta, bias=bias)
-        if self._autocast is not None and self._autocast() is not None:
+        if self._autocast is not None and self._autocast():
             return self._general(self.basis, x, theta, bias)
         last = self._last
         prm = last if last is not None and last.operands[0] is theta else self._param(theta)
-        return self._run(self.basis, x, prm, bias)
+        bound = self._bound
+        return bound(x, prm, bias) if bound is not None else self._run(self.basis, x, prm, bias)
 
     def _run(self, basis: Basis, x: Array, prm: Param, bias: Array | None) -> Array:
         """The bound order on checked operands, in the compiled layout, plus ``bias``."""
-        if self.layout == "channels_first":
-            return self._order.run_image(basis, x, prm, bias)
+        if self._bound is not None:
+            return self._bound(x, prm, bias) if basis is self.basis else self._order.run_image(basis, x, prm, bias)
         y = self._order.run(basis, x[None] if self._squeeze else x, prm)
         if bias is not None:
             y = y + bias

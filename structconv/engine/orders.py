@@ -17,7 +17,7 @@ kind.  Two families:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 
 import opt_einsum
@@ -90,6 +90,14 @@ class Order:
         if bias is not None:
             y = y + bias
         return xp.reshape(xp.permute_dims(y, (0, 2, 1)), (B, int(y.shape[2]), *out_shape))
+
+    def bind_image(self, basis: Basis, prm: Param) -> Callable[[Array, Param, Array | None], Array]:
+        """:meth:`run_image` for ``basis`` and parameters shaped like ``prm``: ``run(x, prm, bias)``.
+
+        What a compiled contraction keeps (:func:`structconv.contraction`); an order whose run
+        has per-call arithmetic of its own does it here, once.
+        """
+        return lambda x, p, bias: self.run_image(basis, x, p, bias)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -260,6 +268,12 @@ class _OwnImage(_Own):
     def run_image(self, basis: Basis, x: Array, prm: Param, bias: Array | None) -> Array:
         assert self.own.run_image is not None  # chosen only when the order has it
         return self.own.run_image(basis, x, prm.operands[0], prm.R, bias)
+
+    def bind_image(self, basis: Basis, prm: Param) -> Callable[[Array, Param, Array | None], Array]:
+        if self.own.bind_image is None:
+            return super().bind_image(basis, prm)
+        run = self.own.bind_image(basis, prm.R)
+        return lambda x, p, bias: run(x, p.operands[0], bias)
 
 
 _FULL_ORDERS: dict[str, Order] = {"ax": _FullAx("ax"), "xtheta": _FullXTheta("xtheta"), "atheta": _FullOrder("atheta")}

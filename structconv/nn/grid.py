@@ -38,7 +38,7 @@ from ..bases.grid import GridBasis, Size, _ints
 from ..engine.compiled import Contraction, contraction
 from ..structures.grid import Padding, _padding, grid_basis
 from ._grid_common import BasisCache, grid_and_like, own_init, split_input
-from ._module import CompiledRuns, NotScriptable
+from ._module import CompiledRuns, NotScriptable, own_parameter
 
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "zero", "replicate": "zero"}
 _FRAMED = ("reflect", "replicate")  # framed explicitly by F.pad, then a basis with no padding
@@ -199,14 +199,14 @@ class _GridConvNd(CompiledRuns, NotScriptable, nn.Module):
         ``torch.nn.Conv{d}d``'s does.  An empty batch (``B = 0``) returns torch's empty output
         from the native kernel: the engine refuses empty arrays and there is nothing to contract.
         """
-        weight = self.weight
+        weight = own_parameter(self, "weight")
         # Everything the compiled call would compare: it runs keyed (Contraction.run_keyed).
         key = (x.shape, x.dtype, x.device, weight.dtype, weight.device)
         unbatched, pads, compiled = self._runs.get(key) or self.compiled_run(key, partial(self._compile, x))
         xb = x[None] if unbatched else x
         if pads is not None:  # reflect / replicate: torch's explicit framing
             xb = F.pad(xb, pads, mode=self.padding_mode)
-        y: torch.Tensor = compiled.run_keyed(xb, weight, self.bias)
+        y: torch.Tensor = compiled.run_keyed(xb, weight, own_parameter(self, "bias"))
         return y[0] if unbatched else y
 
     def _compile(self, x: torch.Tensor) -> _Run:

@@ -374,7 +374,7 @@ def test_pool_modules_match_torch(ndim: int, kwargs: dict[str, Any]) -> None:
     ref = getattr(torch.nn, f"AvgPool{ndim}d")(**kwargs)
     x = torch.randn(2, 3, *([6] * ndim))
     for method in ("auto", "shift"):
-        layer = getattr(snn, f"AvgPool{ndim}d")(method=method, **kwargs)
+        layer = getattr(snn, f"AvgPool{ndim}d")(order=method, **kwargs)
         torch.testing.assert_close(layer(x), ref(x))
 
 

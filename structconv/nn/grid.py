@@ -38,6 +38,7 @@ from ..bases.grid import GridBasis, Size, _ints
 from ..engine.compiled import Contraction, contraction
 from ..structures.grid import Padding, _padding, grid_basis
 from ._grid_common import BasisCache, grid_and_like, own_init, split_input
+from ._grid_docs import conv_doc
 from ._module import CompiledRuns, NotScriptable, own_parameter
 
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "zero", "replicate": "zero"}
@@ -234,230 +235,18 @@ class _GridConvNd(CompiledRuns, NotScriptable, nn.Module):
 
 
 class GridConv1d(_GridConvNd):
-    r"""``torch.nn.Conv1d`` as a shift basis, one member per kernel offset, and torch's weight as :math:`\Theta`.
-
-    Basis: the shifts :math:`\mathcal A_{-o}` by each kernel offset :math:`o` (strided, dilated, padded), by
-    :func:`structconv.grid_basis` (K = :math:`k`)
-
-    Θ: torch's ``weight`` ``(Q, P/G, k)`` as a :class:`~structconv.ConvWeight`, as :meth:`parameter` returns it;
-    :meth:`theta` gives it full (K, P, Q)
-
-    .. math::
-
-        y = \sum_k A_k^\top x\,\Theta_k + \beta, \qquad \Theta_{k,\,i,\,o} = W_{o,\,i,\,k} \ \text{(for}\ G = 1),
-
-    with :math:`W` the weight, its kernel axes flattened into :math:`k`
-    (``weight.flatten(2).permute(2, 1, 0)``; block-diagonal for ``groups`` :math:`G > 1`).
-    Equals ``torch.nn.Conv1d`` built with the same arguments and loaded with its
-    ``state_dict`` (the parameters have torch's names and shapes), outputs and gradients,
-    through every ``order``, for every ``stride``, ``padding`` (``"same"``, ``"valid"``),
-    ``dilation``, ``groups``, ``bias``, ``padding_mode`` and unbatched or empty input
-    (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``); ``padding_mode="circular"``
-    with padding larger than the input wraps again where torch refuses.  Options past
-    ``in_channels, out_channels, kernel_size`` are keyword-only: ``GridConv1d(3, 8, 3, 1, 1)``,
-    which torch reads as ``stride=1, padding=1``, raises a ``TypeError``.
-
-    Parameters
-    ----------
-    in_channels : int
-        :math:`P`, the input's channels.
-    out_channels : int
-        :math:`Q`, the output's channels.
-    kernel_size : int or tuple of int
-        The kernel, :math:`k`.
-    stride : int or tuple of int, default 1
-        The step between output positions.
-    padding : int, tuple, "same" or "valid", default 0
-        Padding on each side, as torch's; also per-dimension ``(before, after)`` pairs (not a
-        torch option).
-    dilation : int or tuple of int, default 1
-        The spacing of the kernel's taps.
-    groups : int, default 1
-        :math:`G`: input and output channels in :math:`G` groups, each mapped apart (a
-        block-diagonal :math:`\Theta_k`); divides both.
-    bias : bool, default True
-        Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
-    padding_mode : {"zeros", "circular", "reflect", "replicate"}, default "zeros"
-        The border (see the module notes): the zero or periodic boundary of the basis, or ``x``
-        framed by ``F.pad``.
-    device : optional
-        Where the parameters live.
-    dtype : optional
-        The parameters' dtype.
-    order : {"auto", "native", "ax", "xtheta", "atheta"}, default "auto"
-        Passed to :func:`structconv.conv`: ``"auto"`` runs the native convolution
-        (``F.conv1d``) where it applies; ``"ax"`` / ``"xtheta"`` force the generic
-        structured orders.
-
-    Shapes
-    ------
-    - **input:** :math:`(B, C_{in}, L_{in})` or unbatched :math:`(C_{in}, L_{in})`
-    - **output:** :math:`(B, C_{out}, L_{out})` or unbatched :math:`(C_{out}, L_{out})`, the sizes as torch's
-
-    Examples
-    --------
-    >>> import torch
-    >>> from structconv.nn import GridConv1d
-    >>> ref = torch.nn.Conv1d(3, 8, 3, padding=1)
-    >>> layer = GridConv1d(3, 8, 3, padding=1)
-    >>> _ = layer.load_state_dict(ref.state_dict())
-    >>> x = torch.randn(2, 3, 10)
-    >>> torch.allclose(layer(x), ref(x), atol=1e-5)
-    True
-    """
+    __doc__ = conv_doc(1)
 
     _ndim = 1
 
 
 class GridConv2d(_GridConvNd):
-    r"""``torch.nn.Conv2d`` as a shift basis, one member per kernel offset, and torch's weight as :math:`\Theta`.
-
-    Basis: the shifts :math:`\mathcal A_{-o}` by each kernel offset :math:`o` (strided, dilated, padded), by
-    :func:`structconv.grid_basis` (K = :math:`k_1 k_2`)
-
-    Θ: torch's ``weight`` ``(Q, P/G, k_1, k_2)`` as a :class:`~structconv.ConvWeight`, as :meth:`parameter` returns it;
-    :meth:`theta` gives it full (K, P, Q)
-
-    .. math::
-
-        y = \sum_k A_k^\top x\,\Theta_k + \beta, \qquad \Theta_{k,\,i,\,o} = W_{o,\,i,\,k} \ \text{(for}\ G = 1),
-
-    with :math:`W` the weight, its kernel axes flattened into :math:`k`
-    (``weight.flatten(2).permute(2, 1, 0)``; block-diagonal for ``groups`` :math:`G > 1`).
-    Equals ``torch.nn.Conv2d`` built with the same arguments and loaded with its
-    ``state_dict`` (the parameters have torch's names and shapes), outputs and gradients,
-    through every ``order``, for every ``stride``, ``padding`` (``"same"``, ``"valid"``),
-    ``dilation``, ``groups``, ``bias``, ``padding_mode`` and unbatched or empty input
-    (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``); ``padding_mode="circular"``
-    with padding larger than the input wraps again where torch refuses.  Options past
-    ``in_channels, out_channels, kernel_size`` are keyword-only: ``GridConv2d(3, 8, 3, 1, 1)``,
-    which torch reads as ``stride=1, padding=1``, raises a ``TypeError``.
-
-    Parameters
-    ----------
-    in_channels : int
-        :math:`P`, the input's channels.
-    out_channels : int
-        :math:`Q`, the output's channels.
-    kernel_size : int or tuple of int
-        The kernel, :math:`(k_1, k_2)` (an int for both).
-    stride : int or tuple of int, default 1
-        The step between output positions.
-    padding : int, tuple, "same" or "valid", default 0
-        Padding on each side, as torch's; also per-dimension ``(before, after)`` pairs (not a
-        torch option).
-    dilation : int or tuple of int, default 1
-        The spacing of the kernel's taps.
-    groups : int, default 1
-        :math:`G`: input and output channels in :math:`G` groups, each mapped apart (a
-        block-diagonal :math:`\Theta_k`); divides both.
-    bias : bool, default True
-        Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
-    padding_mode : {"zeros", "circular", "reflect", "replicate"}, default "zeros"
-        The border (see the module notes): the zero or periodic boundary of the basis, or ``x``
-        framed by ``F.pad``.
-    device : optional
-        Where the parameters live.
-    dtype : optional
-        The parameters' dtype.
-    order : {"auto", "native", "ax", "xtheta", "atheta"}, default "auto"
-        Passed to :func:`structconv.conv`: ``"auto"`` runs the native convolution
-        (``F.conv2d``) where it applies; ``"ax"`` / ``"xtheta"`` force the generic
-        structured orders.
-
-    Shapes
-    ------
-    - **input:** :math:`(B, C_{in}, H_{in}, W_{in})` or unbatched :math:`(C_{in}, H_{in}, W_{in})`
-    - **output:** :math:`(B, C_{out}, H_{out}, W_{out})` or unbatched :math:`(C_{out}, H_{out}, W_{out})`, the
-      sizes as torch's
-
-    Examples
-    --------
-    >>> import torch
-    >>> from structconv.nn import GridConv2d
-    >>> ref = torch.nn.Conv2d(3, 8, 3, padding=1)
-    >>> layer = GridConv2d(3, 8, 3, padding=1)
-    >>> _ = layer.load_state_dict(ref.state_dict())
-    >>> x = torch.randn(2, 3, 10, 10)
-    >>> torch.allclose(layer(x), ref(x), atol=1e-5)
-    True
-    """
+    __doc__ = conv_doc(2)
 
     _ndim = 2
 
 
 class GridConv3d(_GridConvNd):
-    r"""``torch.nn.Conv3d`` as a shift basis, one member per kernel offset, and torch's weight as :math:`\Theta`.
-
-    Basis: the shifts :math:`\mathcal A_{-o}` by each kernel offset :math:`o` (strided, dilated, padded), by
-    :func:`structconv.grid_basis` (K = :math:`k_1 k_2 k_3`)
-
-    Θ: torch's ``weight`` ``(Q, P/G, k_1, k_2, k_3)`` as a :class:`~structconv.ConvWeight`, as :meth:`parameter`
-    returns it; :meth:`theta` gives it full (K, P, Q)
-
-    .. math::
-
-        y = \sum_k A_k^\top x\,\Theta_k + \beta, \qquad \Theta_{k,\,i,\,o} = W_{o,\,i,\,k} \ \text{(for}\ G = 1),
-
-    with :math:`W` the weight, its kernel axes flattened into :math:`k`
-    (``weight.flatten(2).permute(2, 1, 0)``; block-diagonal for ``groups`` :math:`G > 1`).
-    Equals ``torch.nn.Conv3d`` built with the same arguments and loaded with its
-    ``state_dict`` (the parameters have torch's names and shapes), outputs and gradients,
-    through every ``order``, for every ``stride``, ``padding`` (``"same"``, ``"valid"``),
-    ``dilation``, ``groups``, ``bias``, ``padding_mode`` and unbatched or empty input
-    (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``); ``padding_mode="circular"``
-    with padding larger than the input wraps again where torch refuses.  Options past
-    ``in_channels, out_channels, kernel_size`` are keyword-only: ``GridConv3d(3, 8, 3, 1, 1)``,
-    which torch reads as ``stride=1, padding=1``, raises a ``TypeError``.
-
-    Parameters
-    ----------
-    in_channels : int
-        :math:`P`, the input's channels.
-    out_channels : int
-        :math:`Q`, the output's channels.
-    kernel_size : int or tuple of int
-        The kernel, :math:`(k_1, k_2, k_3)` (an int for all three).
-    stride : int or tuple of int, default 1
-        The step between output positions.
-    padding : int, tuple, "same" or "valid", default 0
-        Padding on each side, as torch's; also per-dimension ``(before, after)`` pairs (not a
-        torch option).
-    dilation : int or tuple of int, default 1
-        The spacing of the kernel's taps.
-    groups : int, default 1
-        :math:`G`: input and output channels in :math:`G` groups, each mapped apart (a
-        block-diagonal :math:`\Theta_k`); divides both.
-    bias : bool, default True
-        Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
-    padding_mode : {"zeros", "circular", "reflect", "replicate"}, default "zeros"
-        The border (see the module notes): the zero or periodic boundary of the basis, or ``x``
-        framed by ``F.pad``.
-    device : optional
-        Where the parameters live.
-    dtype : optional
-        The parameters' dtype.
-    order : {"auto", "native", "ax", "xtheta", "atheta"}, default "auto"
-        Passed to :func:`structconv.conv`: ``"auto"`` runs the native convolution
-        (``F.conv3d``) where it applies; ``"ax"`` / ``"xtheta"`` force the generic
-        structured orders.
-
-    Shapes
-    ------
-    - **input:** :math:`(B, C_{in}, D_{in}, H_{in}, W_{in})` or unbatched :math:`(C_{in}, D_{in}, H_{in}, W_{in})`
-    - **output:** :math:`(B, C_{out}, D_{out}, H_{out}, W_{out})` or unbatched
-      :math:`(C_{out}, D_{out}, H_{out}, W_{out})`, the sizes as torch's
-
-    Examples
-    --------
-    >>> import torch
-    >>> from structconv.nn import GridConv3d
-    >>> ref = torch.nn.Conv3d(3, 8, 3, padding=1)
-    >>> layer = GridConv3d(3, 8, 3, padding=1)
-    >>> _ = layer.load_state_dict(ref.state_dict())
-    >>> x = torch.randn(2, 3, 5, 6, 4)
-    >>> torch.allclose(layer(x), ref(x), atol=1e-5)
-    True
-    """
+    __doc__ = conv_doc(3)
 
     _ndim = 3

@@ -19,6 +19,7 @@ from ..backend.checks import positive_int
 from ..bases.grid import GridBasis, Size, _ints
 from ..structures.grid import Padding, apply_shifts, avg_pool_basis
 from ._grid_common import BasisCache, grid_and_like, own_init, split_input
+from ._grid_docs import pool_doc
 from ._module import NotScriptable
 
 
@@ -38,7 +39,7 @@ class _AvgPoolNd(NotScriptable, nn.Module):
         ceil_mode: bool = False,
         count_include_pad: bool = True,
         divisor_override: int | None = None,
-        method: str = "auto",
+        order: str = "auto",
     ) -> None:
         super().__init__()
         name = type(self).__name__
@@ -51,7 +52,7 @@ class _AvgPoolNd(NotScriptable, nn.Module):
         self.ceil_mode = bool(ceil_mode)
         self.count_include_pad = count_include_pad
         self.divisor_override = divisor_override
-        self.method = method
+        self.order = order
         self._bases: BasisCache[GridBasis] = BasisCache()
 
     def basis(self, x: torch.Tensor | tuple[int, ...], like: torch.Tensor | None = None) -> GridBasis:
@@ -98,7 +99,7 @@ class _AvgPoolNd(NotScriptable, nn.Module):
         basis = self.basis(tuple(int(s) for s in xb.shape[2:]), xb)
         flat = xb.flatten(2).transpose(1, 2)
         # An empty batch (or no channels): apply_shifts refuses empty arrays, the slicing kernel does not.
-        y: torch.Tensor = (apply_shifts(basis, flat, order=self.method) if B and C else basis.apply_each(flat))[:, 0]
+        y: torch.Tensor = (apply_shifts(basis, flat, order=self.order) if B and C else basis.apply_each(flat))[:, 0]
         y = y.transpose(1, 2).reshape(B, C, *basis.out_grid)
         return y[0] if unbatched else y
 
@@ -108,182 +109,18 @@ class _AvgPoolNd(NotScriptable, nn.Module):
 
 
 class AvgPool1d(_AvgPoolNd):
-    r"""``torch.nn.AvgPool1d`` as a one-member shift basis: the mean of each window, channel by channel.
-
-    Basis: the strided window mean :math:`A = \frac{1}{|W|}\sum_{o \in W} \mathcal A_{-o}`, by
-    :func:`structconv.avg_pool_basis` (K = 1)
-
-    Θ: :math:`I` per channel, never formed: pooling has no :meth:`parameter` (K, P, Q) = ``(1, C, C)``
-
-    .. math::
-
-        y_{:, c} = A^\top x_{:, c} \quad \text{for every channel } c.
-
-    Equals ``torch.nn.AvgPool1d`` built with the same arguments, for every ``stride``,
-    ``padding``, ``ceil_mode``, ``count_include_pad`` and unbatched or empty input
-    (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``).  Options past
-    ``kernel_size`` are keyword-only: ``AvgPool1d(3, 2, 1)``, which torch reads as ``stride=2,
-    padding=1``, raises a ``TypeError``.
-
-    The layer evaluates :math:`A^\top x` by :func:`structconv.apply_shifts` (the native
-    ``F.avg_pool1d`` or a depthwise ``F.conv1d`` on torch, slicing otherwise) instead of
-    spending a GEMM on the identity; :meth:`basis` is the one member.  ``ceil_mode``: see
-    :func:`~structconv.avg_pool_basis`.
-
-    Parameters
-    ----------
-    kernel_size : int or tuple of int
-        The window, :math:`k`.
-    stride : int or tuple of int, optional
-        The windows' step; ``kernel_size`` by default, as in torch.
-    padding : int or tuple
-        Zeros around the grid, at most half the window: an int, one per dimension, or
-        ``(before, after)`` pairs.
-    ceil_mode : bool, default False
-        Keep a last, partial window (torch's rule).
-    count_include_pad : bool, default True
-        Count the padded zeros in each window's divisor.
-    divisor_override : int, optional
-        Divide every window's sum by this instead (torch's ``AvgPool1d`` has no such
-        argument; ours equals ``F.avg_pool2d`` with it on a height-1 image).
-    method : {"auto", "native", "shift"}, default "auto"
-        How :math:`A^\top x` runs, :func:`structconv.apply_shifts`'s ``order``: ``"native"``
-        (``F.avg_pool1d`` or a depthwise ``F.conv1d``), ``"shift"`` (slicing) or ``"auto"``.
-
-    Shapes
-    ------
-    - **input:** :math:`(B, C, L_{in})` or unbatched :math:`(C, L_{in})`
-    - **output:** :math:`(B, C, L_{out})` or unbatched :math:`(C, L_{out})`, the sizes as torch's
-
-    Examples
-    --------
-    >>> import torch
-    >>> from structconv.nn import AvgPool1d
-    >>> x = torch.randn(2, 3, 9)
-    >>> layer = AvgPool1d(3, stride=2, padding=1)
-    >>> torch.allclose(layer(x), torch.nn.AvgPool1d(3, stride=2, padding=1)(x), atol=1e-6)
-    True
-    """
+    __doc__ = pool_doc(1)
 
     _ndim = 1
 
 
 class AvgPool2d(_AvgPoolNd):
-    r"""``torch.nn.AvgPool2d`` as a one-member shift basis: the mean of each window, channel by channel.
-
-    Basis: the strided window mean :math:`A = \frac{1}{|W|}\sum_{o \in W} \mathcal A_{-o}`, by
-    :func:`structconv.avg_pool_basis` (K = 1)
-
-    Θ: :math:`I` per channel, never formed: pooling has no :meth:`parameter` (K, P, Q) = ``(1, C, C)``
-
-    .. math::
-
-        y_{:, c} = A^\top x_{:, c} \quad \text{for every channel } c.
-
-    Equals ``torch.nn.AvgPool2d`` built with the same arguments, for every ``stride``,
-    ``padding``, ``ceil_mode``, ``count_include_pad``, ``divisor_override`` and unbatched or
-    empty input (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``).  Options past
-    ``kernel_size`` are keyword-only: ``AvgPool2d(3, 2, 1)``, which torch reads as ``stride=2,
-    padding=1``, raises a ``TypeError``.
-
-    The layer evaluates :math:`A^\top x` by :func:`structconv.apply_shifts` (the native
-    ``F.avg_pool2d`` or a depthwise ``F.conv2d`` on torch, slicing otherwise) instead of
-    spending a GEMM on the identity; :meth:`basis` is the one member.  ``ceil_mode``: see
-    :func:`~structconv.avg_pool_basis`.
-
-    Parameters
-    ----------
-    kernel_size : int or tuple of int
-        The window, :math:`(k_1, k_2)` (an int for every dimension).
-    stride : int or tuple of int, optional
-        The windows' step; ``kernel_size`` by default, as in torch.
-    padding : int or tuple
-        Zeros around the grid, at most half the window: an int, one per dimension, or
-        ``(before, after)`` pairs.
-    ceil_mode : bool, default False
-        Keep a last, partial window (torch's rule).
-    count_include_pad : bool, default True
-        Count the padded zeros in each window's divisor.
-    divisor_override : int, optional
-        Divide every window's sum by this instead.
-    method : {"auto", "native", "shift"}, default "auto"
-        How :math:`A^\top x` runs, :func:`structconv.apply_shifts`'s ``order``: ``"native"``
-        (``F.avg_pool2d`` or a depthwise ``F.conv2d``), ``"shift"`` (slicing) or ``"auto"``.
-
-    Shapes
-    ------
-    - **input:** :math:`(B, C, H_{in}, W_{in})` or unbatched :math:`(C, H_{in}, W_{in})`
-    - **output:** :math:`(B, C, H_{out}, W_{out})` or unbatched :math:`(C, H_{out}, W_{out})`, the sizes as torch's
-
-    Examples
-    --------
-    >>> import torch
-    >>> from structconv.nn import AvgPool2d
-    >>> x = torch.randn(2, 3, 7, 6)
-    >>> layer = AvgPool2d(3, stride=2, padding=1)
-    >>> torch.allclose(layer(x), torch.nn.AvgPool2d(3, stride=2, padding=1)(x), atol=1e-6)
-    True
-    """
+    __doc__ = pool_doc(2)
 
     _ndim = 2
 
 
 class AvgPool3d(_AvgPoolNd):
-    r"""``torch.nn.AvgPool3d`` as a one-member shift basis: the mean of each window, channel by channel.
-
-    Basis: the strided window mean :math:`A = \frac{1}{|W|}\sum_{o \in W} \mathcal A_{-o}`, by
-    :func:`structconv.avg_pool_basis` (K = 1)
-
-    Θ: :math:`I` per channel, never formed: pooling has no :meth:`parameter` (K, P, Q) = ``(1, C, C)``
-
-    .. math::
-
-        y_{:, c} = A^\top x_{:, c} \quad \text{for every channel } c.
-
-    Equals ``torch.nn.AvgPool3d`` built with the same arguments, for every ``stride``,
-    ``padding``, ``ceil_mode``, ``count_include_pad``, ``divisor_override`` and unbatched or
-    empty input (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``).  Options past
-    ``kernel_size`` are keyword-only: ``AvgPool3d(3, 2, 1)``, which torch reads as ``stride=2,
-    padding=1``, raises a ``TypeError``.
-
-    The layer evaluates :math:`A^\top x` by :func:`structconv.apply_shifts` (the native
-    ``F.avg_pool3d`` or a depthwise ``F.conv3d`` on torch, slicing otherwise) instead of
-    spending a GEMM on the identity; :meth:`basis` is the one member.  ``ceil_mode``: see
-    :func:`~structconv.avg_pool_basis`.
-
-    Parameters
-    ----------
-    kernel_size : int or tuple of int
-        The window, :math:`(k_1, k_2, k_3)` (an int for every dimension).
-    stride : int or tuple of int, optional
-        The windows' step; ``kernel_size`` by default, as in torch.
-    padding : int or tuple
-        Zeros around the grid, at most half the window: an int, one per dimension, or
-        ``(before, after)`` pairs.
-    ceil_mode : bool, default False
-        Keep a last, partial window (torch's rule).
-    count_include_pad : bool, default True
-        Count the padded zeros in each window's divisor.
-    divisor_override : int, optional
-        Divide every window's sum by this instead.
-    method : {"auto", "native", "shift"}, default "auto"
-        How :math:`A^\top x` runs, :func:`structconv.apply_shifts`'s ``order``: ``"native"``
-        (``F.avg_pool3d`` or a depthwise ``F.conv3d``), ``"shift"`` (slicing) or ``"auto"``.
-
-    Shapes
-    ------
-    - **input:** :math:`(B, C, D_{in}, H_{in}, W_{in})` or unbatched :math:`(C, D_{in}, H_{in}, W_{in})`
-    - **output:** :math:`(B, C, D_{out}, H_{out}, W_{out})` or unbatched :math:`(C, D_{out}, H_{out}, W_{out})`,
-      the sizes as torch's
-
-    Examples
-    --------
-    >>> import torch
-    >>> from structconv.nn import AvgPool3d
-    >>> x = torch.randn(1, 2, 5, 4, 6)
-    >>> layer = AvgPool3d(3, stride=2, padding=1)
-    >>> torch.allclose(layer(x), torch.nn.AvgPool3d(3, stride=2, padding=1)(x), atol=1e-6)
-    True
-    """
+    __doc__ = pool_doc(3)
 
     _ndim = 3

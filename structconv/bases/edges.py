@@ -24,7 +24,54 @@ from .base import Basis, Cost
 from .sparse import SparseBasis
 
 
-class EdgeBasis(Basis):
+class OnEdgeList(Basis):
+    """What a basis carried by one edge list has, whatever its per-edge values mean.
+
+    ``src`` and ``dst`` ``(E,)`` name each edge's input and output entry, ``(M, N)`` the entries,
+    and one ``(E, K)`` array (:meth:`_per_edge`: weights, logits) sets the members, the dtype and
+    the device.
+    """
+
+    __slots__ = ("_dst", "_shape", "_src")
+    _src: Array
+    _dst: Array
+    _shape: tuple[int, int]
+
+    def _per_edge(self) -> Array:
+        """The ``(E, K)`` array the members are made of."""
+        raise NotImplementedError
+
+    @property
+    def src(self) -> Array:
+        """The edges' input entries, ``(E,)``."""
+        return self._src
+
+    @property
+    def dst(self) -> Array:
+        """The edges' output entries, ``(E,)``."""
+        return self._dst
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (int(self._per_edge().shape[1]), *self._shape)
+
+    @property
+    def backend(self) -> str:
+        return of(self._per_edge()).name
+
+    @property
+    def dtype(self) -> Any:
+        return self._per_edge().dtype
+
+    @property
+    def device(self) -> str:
+        return device_of(self._per_edge())
+
+    def plan_key(self) -> tuple[Any, ...]:
+        return (type(self).__name__, self.shape, int(self._per_edge().shape[0]))
+
+
+class EdgeBasis(OnEdgeList):
     r"""``K`` members on one edge pattern: :math:`A_{k,mn} = \sum_{e:(m\to n)} w_{ek}`.
 
     Parameters
@@ -47,7 +94,7 @@ class EdgeBasis(Basis):
            [0., 4.]])
     """
 
-    __slots__ = ("_dst", "_shape", "_src", "_weights")
+    __slots__ = ("_weights",)
     representation = "edges"
 
     def __init__(self, src: Array, dst: Array, weights: Array, shape: Sequence[int]) -> None:
@@ -72,36 +119,13 @@ class EdgeBasis(Basis):
                 raise ValueError(f"{name} is on {device_of(idx)} but weights are on {device_of(weights)}")
         self._src, self._dst, self._weights, self._shape = src, dst, weights, (M, N)
 
-    @property
-    def src(self) -> Array:
-        return self._src
-
-    @property
-    def dst(self) -> Array:
-        return self._dst
-
-    @property
-    def weights(self) -> Array:
+    def _per_edge(self) -> Array:
         return self._weights
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return (int(self._weights.shape[1]), *self._shape)
-
-    @property
-    def backend(self) -> str:
-        return of(self._weights).name
-
-    @property
-    def dtype(self) -> Any:
-        return self._weights.dtype
-
-    @property
-    def device(self) -> str:
-        return device_of(self._weights)
-
-    def plan_key(self) -> tuple[Any, ...]:
-        return (type(self).__name__, self.shape, int(self._weights.shape[0]))
+    def weights(self) -> Array:
+        """:math:`w`, ``(E, K)``."""
+        return self._weights
 
     # --- value operations ------------------------------------------------------------------
     def to_sparse(self) -> SparseBasis:

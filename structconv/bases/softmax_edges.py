@@ -33,8 +33,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..backend import Array, device_of, dtype_name, of, shape_str, x_theta
-from .base import Basis, Cost, OwnOrder
-from .edges import EdgeBasis, cost_each_on_edges, cost_members_on_edges
+from .base import Cost, OwnOrder
+from .edges import EdgeBasis, OnEdgeList, cost_each_on_edges, cost_members_on_edges
 
 if TYPE_CHECKING:
     import torch
@@ -113,7 +113,7 @@ class Projected:
     heads: Heads | None = None
 
 
-class SoftmaxEdgeBasis(Basis):
+class SoftmaxEdgeBasis(OnEdgeList):
     r"""``K`` members on one edge pattern whose weights are a softmax over each target's edges.
 
     Member :math:`k` is :math:`A_{k,mn} = \sum_{e:(m\to n)} \delta_{ek}\exp s_{ek} / \sum_{e'\to n}
@@ -154,7 +154,7 @@ class SoftmaxEdgeBasis(Basis):
             [0.0000, 0.5000]])
     """
 
-    __slots__ = ("_dst", "_logits", "_mask", "_projected", "_shape", "_src")
+    __slots__ = ("_logits", "_mask", "_projected")
     representation = "softmax-edges"
 
     def __init__(
@@ -196,15 +196,8 @@ class SoftmaxEdgeBasis(Basis):
         basis._projected = projected
         return basis
 
-    @property
-    def src(self) -> Array:
-        """The edges' input entries, ``(E,)``."""
-        return self._src
-
-    @property
-    def dst(self) -> Array:
-        """The edges' output entries, ``(E,)``."""
-        return self._dst
+    def _per_edge(self) -> Array:
+        return self._logits
 
     @property
     def logits(self) -> Array:
@@ -216,25 +209,9 @@ class SoftmaxEdgeBasis(Basis):
         r"""The dropout multiplier :math:`\delta` ``(E, K)`` (0 or :math:`1/(1-p)`), or ``None`` without dropout."""
         return self._mask
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (int(self._logits.shape[1]), *self._shape)
-
-    @property
-    def backend(self) -> str:
-        return "torch"
-
-    @property
-    def dtype(self) -> Any:
-        return self._logits.dtype
-
-    @property
-    def device(self) -> str:
-        return device_of(self._logits)
-
     def plan_key(self) -> tuple[Any, ...]:
         # The own order's cost depends on the edge count and on whether it skips the values' product.
-        return (type(self).__name__, self.shape, int(self._logits.shape[0]), self._projected is not None)
+        return (*super().plan_key(), self._projected is not None)
 
     def __repr__(self) -> str:
         return (

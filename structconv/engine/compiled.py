@@ -149,22 +149,27 @@ class Contraction:
             )
         return self._run(b, x, prm, bias)
 
-    def run_keyed(self, x: Array, theta: Parameter, bias: Array | None = None) -> Array:
+    def run_keyed(self, x: Array, theta: Parameter, bias: Array | None = None, basis: Basis | None = None) -> Array:
         """The call for a caller that keys its contractions by what the call would compare.
 
-        A layer that looks its contraction up by ``x``'s shape, dtype and device and by its
-        parameter's dtype and device has made those comparisons already; this runs the order
-        without repeating them (the first call still makes every check of :func:`~structconv.conv`,
-        and a parameter other than the last one is compared as :meth:`__call__` compares it).
+        A layer that looks its contraction up by ``x``'s shape, dtype and device (and by the
+        structure, :meth:`~structconv.Basis.plan_key`, of a ``basis`` it rebuilds every call) has
+        made those comparisons already; this runs the order without repeating them.  The first
+        call still makes every check of :func:`~structconv.conv`, a parameter other than the last
+        one is compared as :meth:`__call__` compares it, and a basis placed otherwise goes through
+        :func:`~structconv.conv`'s conversion rules.
         """
         if not self._verified:
-            return self(x, theta, bias=bias)
-        if self._autocast is not None and self._autocast():
-            return self._general(self.basis, x, theta, bias)
+            return self(x, theta, bias=bias, basis=basis)
+        b = self.basis if basis is None else basis
+        if (self._autocast is not None and self._autocast()) or (
+            basis is not None and (basis.dtype, basis.device) != self._placement
+        ):
+            return self._general(b, x, theta, bias)
         last = self._last
         prm = last if last is not None and last.operands[0] is theta else self._param(theta)
         bound = self._bound
-        return bound(x, prm, bias) if bound is not None else self._run(self.basis, x, prm, bias)
+        return bound(x, prm, bias) if bound is not None and basis is None else self._run(b, x, prm, bias)
 
     def _run(self, basis: Basis, x: Array, prm: Param, bias: Array | None) -> Array:
         """The bound order on checked operands, in the compiled layout, plus ``bias``."""

@@ -115,7 +115,7 @@ class CompiledRuns:
         """
         key = (basis.plan_key(), x.shape, x.dtype, x.device, type(theta), order)
         run = self.compiled_run(key, lambda: contraction(basis, x, theta, order=order))
-        y: torch.Tensor = run(x, theta, bias=bias, basis=basis)
+        y: torch.Tensor = run.run_keyed(x, theta, bias, basis)  # keyed by all the call would compare
         return y
 
     def forget_runs(self) -> None:

@@ -26,7 +26,7 @@ def main() -> int:
         ref = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="circular"), weight)
         print(f"{dtype}: attention_alpha_bound = {attention_alpha_bound(dtype):.1f}")
         for alpha in ALPHAS:
-            basis, theta, _ = conv_to_attention(weight, (12, 12), alpha=alpha, boundary="periodic")
+            basis, theta, _ = conv_to_attention(weight, (12, 12), alpha=alpha, padding_mode="circular")
             y = conv(basis, x.flatten(2).transpose(1, 2), theta).transpose(1, 2).reshape(ref.shape)
             err = float((y - ref).abs().max() / ref.abs().max())
             print(f"  alpha {alpha:5.1f}: relative error {err:.2e}")

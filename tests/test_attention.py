@@ -287,7 +287,7 @@ def test_conv_to_attention_reproduces_conv2d_at_the_alpha_bound(seed: int, k: in
     ref = F.conv2d(F.pad(x, (k // 2,) * 4, mode="circular"), weight, bias)
     xb = x.flatten(2).transpose(1, 2)
     for alpha in (None, attention_alpha_bound(torch.float32)):
-        basis, theta, b = conv_to_attention(weight, (size, size), bias, alpha=alpha, boundary="periodic")
+        basis, theta, b = conv_to_attention(weight, (size, size), bias, alpha=alpha, padding_mode="circular")
         assert k * k == basis.K
         y = (conv(basis, xb, theta) + b).transpose(1, 2).reshape(ref.shape)
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))

@@ -40,6 +40,11 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CENTRES = [[(1.0, 2.0), (-2.0, 0.0), (0.0, 0.0), (3.0, -1.0)], [(0.0, 1.0), (-1.0, -3.0), (2.0, 2.0), (0.0, -2.0)]]
 
 
+def _mode(layer: PositionalAttention) -> str:
+    """The layer's border as the theory spells it (torch's padding modes)."""
+    return "circular" if layer.boundary == "periodic" else "zeros"
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     """(width, height) from a PNG's IHDR chunk, after checking the signature."""
     data = path.read_bytes()
@@ -113,7 +118,7 @@ def test_hard_quadratic_heads_are_found_at_their_centres() -> None:
 def test_interior_false_is_nearest_convolution_and_counts_the_border() -> None:
     model = _hard_quadratic()
     for fit, layer in zip(convolutionality(model, interior=False), model.attention_layers(), strict=True):
-        reference = nearest_convolution(layer.basis(), layer.grid, layer.boundary)
+        reference = nearest_convolution(layer.basis(), layer.grid, padding_mode=_mode(layer))
         np.testing.assert_array_equal(fit.offsets, reference.offsets)
         np.testing.assert_allclose(fit.distance, reference.distance, atol=1e-12)
         np.testing.assert_allclose(fit.mass, reference.mass, atol=1e-12)
@@ -246,7 +251,7 @@ def test_content_maps_and_fits_average_over_images(monkeypatch: pytest.MonkeyPat
             expected = dense[..., query[0] * 16 + query[1]].mean(0).reshape(4, 16, 16)
             np.testing.assert_allclose(maps[layer], expected, atol=1e-6)
             assert np.abs(dense[1:] - dense[:1]).max() > 1e-3  # the images do differ
-            reference = nearest_convolution(heads, attention.grid, attention.boundary)
+            reference = nearest_convolution(heads, attention.grid, padding_mode=_mode(attention))
             np.testing.assert_array_equal(fits[layer].offsets, reference.offsets)
             np.testing.assert_allclose(fits[layer].distance, reference.distance, atol=1e-9)
             np.testing.assert_allclose(fits[layer].mass, reference.mass, atol=1e-9)

@@ -358,17 +358,17 @@ def test_positional_layer_errors() -> None:
 
 
 # --- the converse: attention heads back to a convolution ------------------------------------------------
-@pytest.mark.parametrize("boundary", ["zero", "periodic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "circular"])
 @given(seed=st.integers(0, 2**31), k=st.sampled_from([1, 3]), size=st.integers(3, 6))
-def test_one_hot_heads_come_back_as_the_grid_convolution(boundary: str, seed: int, k: int, size: int) -> None:
+def test_one_hot_heads_come_back_as_the_grid_convolution(padding_mode: str, seed: int, k: int, size: int) -> None:
     from structconv.theory import attention_to_conv, conv_to_attention, nearest_convolution
 
     g = torch.Generator().manual_seed(seed)
     weight = torch.randn(3, 2, k, k, generator=g, dtype=D64)
-    basis, theta, _ = conv_to_attention(weight, (size, size), boundary=boundary)
-    fit = nearest_convolution(basis, (size, size), boundary)
-    assert fit.is_convolution() and np.allclose(fit.distance, 0.0)
-    grid, merged = attention_to_conv(basis, theta, (size, size), boundary)
+    basis, theta, _ = conv_to_attention(weight, (size, size), padding_mode=padding_mode)
+    fit = nearest_convolution(basis, (size, size), padding_mode=padding_mode)
+    assert fit.is_convolution() and np.allclose(fit.distance, 0.0) and fit.padding_mode == padding_mode
+    grid, merged = attention_to_conv(basis, theta, (size, size), padding_mode=padding_mode)
     x = torch.randn(2, size * size, 2, generator=g, dtype=D64)
     torch.testing.assert_close(conv(grid, x, merged), conv(basis, x, theta))
 
@@ -378,11 +378,11 @@ def test_soft_heads_are_measured_against_their_nearest_shift() -> None:
 
     centres = torch.tensor([[1.0, 0.0], [0.0, -1.0], [0.3, 0.4]], dtype=D64)
     mech = QuadraticPosition((6, 6), centres, torch.tensor([30.0, 2.0, 0.5], dtype=D64), "periodic")
-    fit = nearest_convolution(mech.basis(representation="dense"), (6, 6), "periodic")
+    fit = nearest_convolution(mech.basis(representation="dense"), (6, 6), padding_mode="circular")
     np.testing.assert_array_equal(fit.offsets, [[1, 0], [0, -1], [0, 0]])
     assert fit.distance[0] < 1e-10 < fit.distance[1] < fit.distance[2] < 1
     with pytest.raises(ValueError, match=r"head 1 is at distance .* from its nearest one-hot shift \(0, -1\)"):
-        attention_to_conv(mech.basis(), torch.ones(3, 2, 2, dtype=D64), (6, 6), "periodic", tol=1e-6)
+        attention_to_conv(mech.basis(), torch.ones(3, 2, 2, dtype=D64), (6, 6), padding_mode="circular", tol=1e-6)
 
 
 def test_theorem_channel_bound_padded_tokens_and_errors() -> None:
@@ -396,23 +396,24 @@ def test_theorem_channel_bound_padded_tokens_and_errors() -> None:
     ref = F.conv2d(x, weight, bias, padding=1)  # zero padding
     xb = x.flatten(2).transpose(1, 2)
     alpha = attention_alpha_bound(torch.float32)
-    basis, theta, b = conv_to_attention(weight, (6, 7), bias, alpha=alpha, boundary="padded", head_dim=5, out_dim=6)
+    # zero padding is the default: soft heads normalise over zero tokens around the image
+    basis, theta, b = conv_to_attention(weight, (6, 7), bias, alpha=alpha, head_dim=5, out_dim=6)
     assert isinstance(theta, LowRank) and theta.rank == 5 and b is not None
     y = conv(basis, xb, theta) + b
     assert y.shape == (2, 42, 6)
     torch.testing.assert_close(y[..., :4].transpose(1, 2).reshape(ref.shape), ref, rtol=1e-5, atol=1e-5)
     assert float(y[..., 4:].abs().max()) < 1e-6  # the channels beyond Q stay zero
-    # zero boundary with soft heads renormalises over real pixels: the border differs
-    soft_zero, th, _ = conv_to_attention(weight, (6, 7), alpha=alpha, boundary="zero")
-    assert not torch.allclose((conv(soft_zero, xb, th) + bias).transpose(1, 2).reshape(ref.shape), ref, atol=1e-3)
+    # replicate: no tokens beyond the image, so soft heads renormalise over real pixels and the border differs
+    soft, th, _ = conv_to_attention(weight, (6, 7), alpha=alpha, padding_mode="replicate")
+    assert not torch.allclose((conv(soft, xb, th) + bias).transpose(1, 2).reshape(ref.shape), ref, atol=1e-3)
     with pytest.raises(ValueError, match=r"express at most min\(D_h, D_out\)=3 output channels .* Q=4"):
         conv_to_attention(weight, (6, 7), head_dim=3)
     with pytest.raises(ValueError, match=r"needs 9 heads .* num_heads=4"):
         conv_to_attention(weight, (6, 7), num_heads=4)
     with pytest.raises(ValueError, match=r"square kernel"):
         conv_to_attention(torch.randn(4, 3, 3, 1), (6, 7), num_heads=3)
-    with pytest.raises(ValueError, match=r"boundary must be one of"):
-        conv_to_attention(weight, (6, 7), boundary="reflect")
+    with pytest.raises(ValueError, match=r"padding_mode must be one of \('zeros', 'circular', 'replicate'\)"):
+        conv_to_attention(weight, (6, 7), padding_mode="reflect")
 
 
 @given(seed=st.integers(0, 2**31), shape=st.lists(st.integers(1, 4), min_size=1, max_size=3))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from conftest import REPRESENTATIONS, as_numpy, make_basis, problems
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from structconv import ComposedBasis, DenseBasis, SparseBasis, combine, compose, conv, decompose
@@ -95,3 +97,103 @@ def test_compose_refuses_mismatched_dimensions():
         compose(np.ones((1, 3, 4)), np.ones((1, 2, 2)), np.ones((1, 5, 4)), np.ones((1, 2, 2)))
     with pytest.raises(ValueError, match="theta1 has Q=3 output channels but theta2 has P=2"):
         compose(np.ones((1, 3, 4)), np.ones((1, 2, 3)), np.ones((1, 4, 4)), np.ones((1, 2, 2)))
+
+
+# --- the conv = attention theorem: borders spelled as torch spells padding modes ---------------------------
+TORCH_MODES = ("zeros", "circular", "replicate")
+
+
+def _conv_reference(x: torch.Tensor, weight: torch.Tensor, mode: str, dilation: int) -> torch.Tensor:
+    layer = torch.nn.Conv2d(
+        int(weight.shape[1]), int(weight.shape[0]), tuple(weight.shape[2:]), padding="same", dilation=dilation,
+        padding_mode=mode, bias=False, dtype=weight.dtype,
+    )  # fmt: skip
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        return layer(x)
+
+
+def test_the_natural_first_call_is_zero_padding_like_torch() -> None:
+    from torch.nn import functional as F  # noqa: N812
+
+    from structconv.theory import conv_to_attention
+
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(2, 3, 8, 8, generator=g, dtype=torch.float64), torch.randn(4, 3, 3, 3, generator=g)
+    weight = weight.double()
+    basis, theta, _ = conv_to_attention(weight, (8, 8))
+    y = conv(basis, x.flatten(2).transpose(1, 2), theta).transpose(1, 2).reshape(2, 4, 8, 8)
+    torch.testing.assert_close(y, F.conv2d(x, weight, padding=1), rtol=0, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
+@pytest.mark.parametrize("mode", TORCH_MODES)
+@given(
+    seed=st.integers(0, 2**31),
+    kernel=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    dilation=st.integers(1, 2),
+    grid=st.tuples(st.integers(4, 8), st.integers(4, 8)),
+    soft=st.booleans(),
+)
+def test_conv_to_attention_is_torchs_convolution_in_every_padding_mode(
+    mode: str, seed: int, kernel: tuple[int, int], dilation: int, grid: tuple[int, int], soft: bool
+) -> None:
+    from structconv.theory import attention_alpha_bound, conv_to_attention
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 3, *grid, generator=g, dtype=torch.float64)
+    weight = torch.randn(2, 3, *kernel, generator=g, dtype=torch.float64)
+    # torch's circular padding wraps at most once
+    assume(mode != "circular" or all(dilation * (k - 1) <= s for k, s in zip(kernel, grid, strict=True)))
+    alpha = attention_alpha_bound(torch.float64) if soft else None
+    basis, theta, _ = conv_to_attention(weight, grid, alpha=alpha, padding_mode=mode, dilation=dilation)
+    assert basis.shape[0] == math.prod(kernel)
+    y = conv(basis, x.flatten(2).transpose(1, 2), theta).transpose(1, 2).reshape(2, 2, *grid)
+    torch.testing.assert_close(y, _conv_reference(x, weight, mode, dilation), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("old", "new"), [("periodic", "circular"), ("zero", "zeros"), ("padded", "zeros")])
+def test_the_border_names_before_torchs_are_refused_naming_the_spelling_now(old: str, new: str) -> None:
+    from structconv.theory import attention_to_conv, conv_to_attention, nearest_convolution
+
+    weight = torch.randn(2, 2, 3, 3, dtype=torch.float64)
+    hint = rf"padding_mode must be one of .* got '{old}' \('{old}' is spelled padding_mode='{new}' now"
+    with pytest.raises(ValueError, match=r"conv_to_attention: " + hint):
+        conv_to_attention(weight, (5, 5), padding_mode=old)
+    basis, theta, _ = conv_to_attention(weight, (5, 5))
+    with pytest.raises(ValueError, match=r"nearest_convolution: " + hint):
+        nearest_convolution(basis, (5, 5), padding_mode=old)
+    with pytest.raises(ValueError, match=hint):
+        attention_to_conv(basis, theta, (5, 5), padding_mode=old)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'boundary'"):
+        conv_to_attention(weight, (5, 5), boundary="periodic")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"positional argument"):
+        nearest_convolution(basis, (5, 5), "circular")  # type: ignore[misc]
+
+
+def test_the_converse_reads_only_translations_and_the_defaults_are_zero_padding() -> None:
+    import inspect
+
+    from structconv.theory import attention_to_conv, conv_heads, conv_to_attention, nearest_convolution
+
+    for function in (conv_to_attention, conv_heads, nearest_convolution, attention_to_conv):
+        parameter = inspect.signature(function).parameters["padding_mode"]
+        assert parameter.default == "zeros" and parameter.kind is inspect.Parameter.KEYWORD_ONLY, function
+    basis, _, _ = conv_to_attention(torch.randn(2, 2, 3, 3, dtype=torch.float64), (5, 5), padding_mode="replicate")
+    with pytest.raises(ValueError, match=r"padding_mode must be one of \('zeros', 'circular'\)"):
+        nearest_convolution(basis, (5, 5), padding_mode="replicate")
+
+
+def test_conv_heads_place_every_offset_and_refuse_what_changes_the_size() -> None:
+    from structconv.theory import conv_heads
+
+    weight = torch.randn(4, 4, 3, 2, dtype=torch.float64)
+    heads = conv_heads(weight, (6, 6), dilation=(2, 1))
+    # "same" splits an odd total with the extra entry after, as torch does
+    assert heads.offsets.tolist() == [[-2, 0], [-2, 1], [0, 0], [0, 1], [2, 0], [2, 1]]
+    assert heads.margin == (2, 1) and heads.boundary == "zero"
+    assert conv_heads(weight, (6, 6), padding_mode="circular").margin == (0, 0)
+    with pytest.raises(ValueError, match=r"padding=0 gives an output grid \(4, 5\) on the grid \(6, 6\)"):
+        conv_heads(weight, (6, 6), padding=0, where="here")
+    with pytest.raises(ValueError, match=r"bias must have shape \(Q,\) = \(4,\)"):
+        conv_heads(weight, (6, 6), torch.zeros(3, dtype=torch.float64))

@@ -16,14 +16,15 @@ from ..backend.torch_autocast import autocast_dtype, autocast_off, check_input_d
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
-from ..bases.grid_args import _grid
+from ..bases.grid_args import _grid, _ints
+from ..bases.kronecker import KroneckerBasis
 from ..structures.attention import Mechanism, attention_basis
 from ..structures.grid import BOUNDARIES
 from ..structures.positional import PositionalMechanism
 from ._module import CompiledRuns, NotScriptable
 from .positional_base import optional_positive_int
 from .positional_content import ContentHeads
-from .positional_heads import PositionalHeads, heads_of
+from .positional_heads import PositionalHeads, QuadraticHeads, heads_of
 
 __all__ = ["PositionalAttention", "legacy_key", "upgrade_state_dict"]
 
@@ -130,6 +131,12 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         The grid's offsets: within its box, or wrapped around it.
     threshold : float or None, default 1e-7
         The truncation of position-only Gaussian heads to shift bases (``None``: exact).
+    padding : int or tuple of int, default 0
+        Zero tokens around the grid, on each side of each axis (``boundary="zero"`` only): keys
+        the heads may attend to, whose features are zero and which are not outputs.  The softmax
+        normalises over them, so as the heads become one-hot the layer reads zeros beyond the
+        image, as a convolution with zero padding does (:meth:`from_conv`); without them a head
+        whose offset leaves the image renormalises over the pixels that exist.
 
     Shapes
     ------
@@ -173,6 +180,7 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         bias: bool = True,
         boundary: str = "zero",
         threshold: float | None = 1e-7,
+        padding: int | tuple[int, ...] = 0,
     ) -> None:
         super().__init__()
         name = type(self).__name__
@@ -189,6 +197,15 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
             )
         if boundary not in BOUNDARIES:
             raise ValueError(f"{name}: boundary must be one of {BOUNDARIES}, got {boundary!r}")
+        try:
+            self.padding = _ints(padding, len(self.grid), "padding", 0)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{name}: {error}") from None
+        if boundary == "periodic" and any(self.padding):
+            raise ValueError(
+                f"{name}: padding={padding!r} adds zero tokens beyond the grid, and a periodic grid has no beyond; "
+                "give boundary='zero' (or padding=0)"
+            )
         if threshold is not None and not 0.0 < threshold < 1.0:
             raise ValueError(f"{name}: threshold must lie in (0, 1) or be None, got {threshold!r}")
         if not 0.0 <= attention_dropout < 1.0:
@@ -205,7 +222,8 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         self.bias = nn.Parameter(torch.empty(E)) if bias else None
         # The encodings draw their initial values in this order (positions, then content), then Θ
         # and the bias: the order of the layer's flat parameters before, so a seed gives the same layer.
-        self.heads = encoding.bind(self.grid, H, E, boundary, content=content)
+        # With padding the heads score every token, the zero tokens too (the basis keeps the grid's own).
+        self.heads = encoding.bind(self.tokens, H, E, boundary, content=content)
         self.content = None if content is None else content.bind(H, E)
         self.reset_parameters()
 
@@ -222,6 +240,150 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
+    @classmethod
+    def from_conv(
+        cls, conv: nn.Module, grid: Any, *, alpha: float | None = None, head_dim: int | None = None
+    ) -> PositionalAttention:
+        r"""The layer that computes what the convolution ``conv`` computes, one quadratic head per kernel position.
+
+        Cordonnier et al.'s construction (Lemmas 1 and 2, :func:`structconv.theory.conv_heads`):
+        head :math:`h` sits at the offset :math:`\Delta_h` of the :math:`h`-th kernel position
+        (row-major, dilated) and carries that position's weight, :math:`\Theta_h = W_{:,:,h}^\top`
+        (block-diagonal for ``groups > 1``), so that
+
+        .. math::
+
+            \sum_h \bigl(A_h^\top x\,\Theta_h\bigr)_n + b
+            = \sum_h W_{:,:,h}\, x_{n + \Delta_h} + b = \operatorname{conv}(x)_n,
+            \qquad (A_h)_{mn} = \operatorname{softmax}_m\bigl(-\alpha\lVert \delta_{mn} - \Delta_h\rVert^2\bigr)
+            \xrightarrow[\alpha\to\infty]{} [\,\delta_{mn} = \Delta_h\,].
+
+        ``alpha=None`` takes the limit to the last bit: :math:`\alpha` =
+        :data:`~structconv.theory.conv_attention.ONE_HOT_ALPHA`, at which every weight off the
+        target underflows to an exact zero, so the layer equals the convolution up to the
+        rounding of its sums.  The border is the convolution's ``padding_mode``: ``"zeros"``
+        gives the layer as many zero tokens around the grid as the farthest offset
+        (:attr:`padding`), ``"circular"`` a periodic grid, ``"replicate"`` the image alone (a
+        head whose offset leaves it reads the nearest pixel).
+
+        The layer is channels-last: ``layer(x.movedim(1, -1)).movedim(-1, 1)`` equals ``conv(x)``.
+
+        Parameters
+        ----------
+        conv : torch.nn.Conv1d, Conv2d, Conv3d or structconv.nn.GridConv1d, GridConv2d, GridConv3d
+            The convolution: stride 1, padding that keeps the size (``"same"``, or
+            :math:`\mathrm{dilation}(k - 1)/2` per side), any dilation and groups, as many input
+            as output channels (the layer's ``embed_dim``), with or without bias.
+        grid : tuple of int
+            The grid the layer runs on, :math:`(H, W)` for a 2-D convolution.
+        alpha : float, optional
+            The heads' inverse width :math:`\alpha > 0` (``None``: one-hot, see above); from
+            :func:`~structconv.theory.attention_alpha_bound` of the dtype on, the layer equals the
+            convolution to that dtype's precision.
+        head_dim : int, optional
+            Heads of this width (:math:`\Theta_h = W^v_h W^{o\top}_h`), at least the channels
+            (Lemma 1's :math:`Q \le \min(D_h, D_{out})`); ``None``: the full :math:`\Theta_h`.
+
+        Returns
+        -------
+        PositionalAttention
+            With :math:`K = k_1 \cdots k_d` heads of :class:`~structconv.nn.QuadraticHeads`, the
+            convolution's dtype and device, ``bias`` iff ``conv`` has one.
+
+        Raises
+        ------
+        TypeError
+            If ``conv`` is not one of the convolutions above.
+        ValueError
+            Naming the argument: a stride other than 1, padding that does not keep the size,
+            ``padding_mode="reflect"`` (a mirror is no translation: no head at a fixed offset
+            reads it), input and output channels that differ, a grid of another dimension than
+            the kernel, a non-positive ``alpha``, or a ``head_dim`` below the output channels.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from structconv.nn import PositionalAttention
+        >>> conv = torch.nn.Conv2d(8, 8, 3, padding=1, dtype=torch.float64)
+        >>> layer = PositionalAttention.from_conv(conv, grid=(6, 6))
+        >>> layer.num_heads, layer.padding
+        (9, (1, 1))
+        >>> x = torch.randn(2, 8, 6, 6, dtype=torch.float64)
+        >>> y = layer(x.movedim(1, -1)).movedim(-1, 1)
+        >>> torch.allclose(y, conv(x), rtol=0, atol=1e-12)
+        True
+        """
+        from ..theory.conv_attention import ONE_HOT_ALPHA, PADDING_MODES, conv_heads
+        from .grid import GridConv1d, GridConv2d, GridConv3d
+
+        where = f"{cls.__name__}.from_conv"
+        kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, GridConv1d, GridConv2d, GridConv3d)
+        if not isinstance(conv, kinds):
+            raise TypeError(
+                f"{where}: conv must be a torch.nn.Conv1d/2d/3d or a structconv.nn.GridConv1d/2d/3d, "
+                f"got {type(conv).__name__}"
+            )
+        weight: torch.Tensor = conv.weight
+        if isinstance(weight, nn.parameter.UninitializedParameter):
+            raise ValueError(f"{where}: conv is a lazy convolution whose weight is not initialised yet; run it once")
+        try:
+            sizes = _grid(grid)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{where}: {error}") from None
+        stride = tuple(int(s) for s in conv.stride)
+        if any(s != 1 for s in stride):
+            raise ValueError(
+                f"{where}: conv has stride={stride}, but stride must be 1: attention has an output at every "
+                "position of the grid, a strided convolution at fewer"
+            )
+        mode = str(conv.padding_mode)
+        if mode not in PADDING_MODES:
+            raise ValueError(
+                f"{where}: conv has padding_mode={mode!r}, which no head can read: a head reads a translation "
+                f"of the image (the nearest pixel beyond it), not its mirror; padding_mode must be one of "
+                f"{tuple(PADDING_MODES)}"
+            )
+        P, Q, G = int(conv.in_channels), int(conv.out_channels), int(conv.groups)
+        if P != Q:
+            raise ValueError(
+                f"{where}: conv has in_channels={P} and out_channels={Q}, but PositionalAttention maps "
+                "embed_dim channels to as many; they must be equal"
+            )
+        if alpha is not None and not 0.0 < float(alpha) < math.inf:
+            raise ValueError(f"{where}: alpha must be positive and finite (or None for one-hot heads), got {alpha!r}")
+        with torch.no_grad():
+            kernel = weight.detach()
+            if G > 1:  # a grouped kernel is the dense one that is zero between groups: Θ_h block-diagonal
+                dense = kernel.new_zeros(Q, P, *kernel.shape[2:])
+                q, p = Q // G, P // G
+                for g in range(G):
+                    dense[g * q : (g + 1) * q, g * p : (g + 1) * p] = kernel[g * q : (g + 1) * q]
+                kernel = dense
+            bias = None if conv.bias is None else conv.bias.detach()
+            heads = conv_heads(
+                kernel, sizes, bias, padding_mode=mode, padding=conv.padding, dilation=conv.dilation,
+                head_dim=head_dim, out_dim=None if head_dim is None else Q, where=where,
+            )  # fmt: skip
+            width = ONE_HOT_ALPHA if alpha is None else float(alpha)
+            layer = cls(
+                heads.grid, Q, len(heads.offsets), heads=QuadraticHeads(alpha=width), head_dim=head_dim,
+                bias=bias is not None, boundary=heads.boundary, padding=heads.margin,
+            )  # fmt: skip
+            layer.to(device=weight.device, dtype=weight.dtype)
+            quadratic = layer.heads
+            assert isinstance(quadratic, QuadraticHeads)
+            quadratic.centres.copy_(torch.as_tensor(heads.offsets))
+            quadratic.set_alpha(width)  # in the layer's dtype, not rounded through float32
+            theta = heads.theta
+            if isinstance(theta, LowRank):
+                layer.value.copy_(theta.value)
+                layer.out.copy_(theta.out)
+            else:
+                layer.theta.copy_(theta)
+            if layer.bias is not None and heads.bias is not None:
+                layer.bias.copy_(heads.bias)
+        return layer
+
     def extra_repr(self) -> str:
         shown = [
             f"grid={self.grid}",
@@ -237,6 +399,7 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
             "bias": (self.bias is not None, True),
             "boundary": (self.boundary, "zero"),
             "threshold": (self.threshold, 1e-7),
+            "padding": (self.padding, (0,) * len(self.grid)),
         }
         shown += [f"{k}={v!r}" for k, (v, default) in settings.items() if v != default]
         return ", ".join(shown)
@@ -265,12 +428,17 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
 
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The grid of tokens the heads score: :attr:`grid` with :attr:`padding` zero tokens on each side."""
+        return tuple(s + 2 * p for s, p in zip(self.grid, self.padding, strict=True))
+
     def positional_parameters(self) -> list[nn.Parameter]:
         """The centres and widths of Gaussian heads (kept out of weight decay in the CIFAR study)."""
         return self.heads.positional_parameters()
 
     def mechanism(self) -> Mechanism:
-        """The heads' mechanism: position-only, or content and position."""
+        """The heads' mechanism: position-only, or content and position (on :attr:`tokens`, padding included)."""
         if self.content is None:
             return self.heads.mechanism()
         return self.heads.with_content(self.content)
@@ -297,16 +465,43 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         return x.reshape(shape[0], M, self.embed_dim)
 
     def basis(self, x: torch.Tensor | None = None) -> Basis:
-        """The heads: shared ``(K, M, M)`` without content, ``(B, K, M, M)`` for ``x`` with content."""
+        """The heads: shared ``(K, M, M)`` without content, ``(B, K, M, M)`` for ``x`` with content.
+
+        With :attr:`padding` the heads attend over :attr:`tokens`; the basis keeps the rows and
+        columns of the grid's own tokens (the zero tokens add nothing to a sum and are not outputs).
+        """
         mech = self.mechanism()
         if isinstance(mech, PositionalMechanism):
             # Shared by the batch and cheap: built in the parameters' precision even under autocast
             # (bf16 scores would blur the Gaussians); the engine converts the finished weights.
             with autocast_off(self.theta_device().type):
-                return mech.basis(self.threshold)
+                return self._inner(mech.basis(self.threshold))
         if x is None:
             raise ValueError(f"{type(self).__name__}: content attention needs x to build its heads")
-        return attention_basis(self._flat(x), mechanism=mech)
+        return self._inner(attention_basis(self._padded(self._flat(x)), mechanism=mech))
+
+    def _padded(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat`` ``(B, M, E)`` among the zero tokens of :attr:`padding`, ``(B, prod(tokens), E)``."""
+        if not any(self.padding):
+            return flat
+        pads: list[int] = [0, 0]  # F.pad lists the last axis first: the features, then the grid's axes backwards
+        for p in reversed(self.padding):
+            pads += [p, p]
+        framed = F.pad(flat.reshape(flat.shape[0], *self.grid, self.embed_dim), pads)
+        return framed.reshape(flat.shape[0], -1, self.embed_dim)
+
+    def _inner(self, basis: Basis) -> Basis:
+        """``basis`` over :attr:`tokens` restricted to the grid's own tokens, as keys and as queries."""
+        if not any(self.padding):
+            return basis
+        spans = [slice(p, p + s) for s, p in zip(self.grid, self.padding, strict=True)]
+        if isinstance(basis, KroneckerBasis):  # the grid's tokens are a product set: restrict every factor
+            return KroneckerBasis.of_weights([f[:, span, span] for f, span in zip(basis.factors, spans, strict=True)])
+        weights = basis.to_dense()
+        index = (
+            torch.arange(math.prod(self.tokens), device=weights.device).reshape(self.tokens)[tuple(spans)].reshape(-1)
+        )
+        return DenseBasis.of_weights(weights[..., index, :][..., index])
 
     def dropped(self, basis: Basis, batch: int) -> Basis:
         """``basis`` with :attr:`attention_dropout` applied (in training; ``basis`` itself otherwise)."""

@@ -2,17 +2,20 @@ r"""Convolution as attention and back (Cordonnier, Loukas & Jaggi, Lemmas 1–2)
 
 * :func:`conv_to_attention`: any convolution kernel as multi-head self-attention with one
   quadratic-encoding head per kernel position (hard one-hot, or soft with a finite
-  :math:`\alpha`), borders by an explicit choice, and the :math:`\min(D_h, D_{out})` channel
-  bound of Lemma 1 when the heads are narrower than the output.
+  :math:`\alpha`), the border given as torch gives it (``padding_mode``, zero padding by
+  default), and the :math:`\min(D_h, D_{out})` channel bound of Lemma 1 when the heads are
+  narrower than the output.
 * :func:`nearest_convolution` / :func:`attention_to_conv`: the converse where it holds: heads
   that are one-hot on a set of translations are a grid basis, and for trained heads the
   distance of each head from its nearest one-hot shift says how convolutional it is.
 
 These functions are re-exported by :mod:`structconv.theory`.
+:meth:`structconv.nn.PositionalAttention.from_conv` builds the same heads as a layer.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +28,46 @@ from ..bases.convert import as_basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 
-BORDERS = ("periodic", "zero", "padded")
+#: torch's padding modes (``torch.nn.Conv2d(padding_mode=...)``) that attention heads can read,
+#: and the grid each runs on.  ``"zeros"``: the image, surrounded by zero tokens for soft heads;
+#: ``"circular"``: a torus; ``"replicate"``: the image alone, where the softmax renormalises over
+#: the pixels that exist, so a head whose offset leaves the image reads the nearest pixel.
+PADDING_MODES: dict[str, str] = {"zeros": "zero", "circular": "periodic", "replicate": "zero"}
+
+#: Modes that are translations at every pixel (one-hot heads are then shift matrices).
+SHIFT_MODES = ("zeros", "circular")
+
+#: The border names used before torch's spelling, and what they are now.
+_RENAMED = {"zero": "zeros", "padded": "zeros", "periodic": "circular"}
+
+#: An :math:`\alpha` at which a quadratic head is one-hot to the last bit: the nearest off-target
+#: offset scores :math:`-\alpha` below the target (squared distances on the integer grid differ by
+#: at least 1), and :math:`e^{-1024}` underflows to an exact zero in float64 (below
+#: :math:`e^{-745}`), float32 and float16, so the target's weight is exactly 1.
+ONE_HOT_ALPHA = 1024.0
+
+
+def padding_boundary(padding_mode: Any, *, modes: tuple[str, ...] = tuple(PADDING_MODES), where: str = "") -> str:
+    """The grid boundary (``"zero"`` or ``"periodic"``) that ``padding_mode`` runs on; a clear error otherwise.
+
+    Parameters
+    ----------
+    padding_mode
+        One of ``modes``, spelled as ``torch.nn.Conv2d`` spells it.
+    modes
+        The modes the caller accepts.
+    where
+        The caller's name, for the message.
+    """
+    if isinstance(padding_mode, str) and padding_mode in modes:
+        return PADDING_MODES[padding_mode]
+    prefix = f"{where}: " if where else ""
+    hint = ""
+    if isinstance(padding_mode, str) and padding_mode in _RENAMED:
+        hint = f" ({padding_mode!r} is spelled padding_mode={_RENAMED[padding_mode]!r} now, as in torch)"
+    raise ValueError(
+        f"{prefix}padding_mode must be one of {modes} (torch.nn.Conv2d's spelling), got {padding_mode!r}{hint}"
+    )
 
 
 def attention_alpha_bound(dtype: Any, *, ndim: int = 2) -> float:
@@ -74,13 +116,144 @@ def _padded_heads(grid: tuple[int, ...], pad: tuple[int, ...], centres: Any, alp
     return DenseBasis(heads[:, index][:, :, index])
 
 
+@dataclass(frozen=True)
+class ConvHeads:
+    r"""The heads of Cordonnier et al.'s construction for one kernel, before any attention matrix is built.
+
+    Shared by :func:`conv_to_attention` (which builds the ``(K, M, M)`` heads) and
+    :meth:`structconv.nn.PositionalAttention.from_conv` (which gives them to a layer's encoding).
+
+    Attributes
+    ----------
+    grid
+        The grid, :math:`(S_1, \dots, S_d)`.
+    offsets
+        ``(K, d)`` integers: head :math:`h` attends, from every output, to the input at offset
+        :math:`\Delta_h` (the kernel positions in row-major order, as ``weight.flatten(2)``).
+    boundary
+        The grid the heads run on, ``"zero"`` or ``"periodic"``.
+    margin
+        Per axis, the zero tokens on each side that soft heads need for ``padding_mode="zeros"``
+        (:math:`\max_h |\Delta_{h,i}|`; zeros for the other modes).
+    theta
+        :math:`\Theta_h = W_{:,:,h}^\top`, ``(K, P, Q)``, or the :class:`~structconv.LowRank`
+        factors of Lemma 1.
+    bias
+        The bias, padded with zeros to ``out_dim``, or ``None``.
+    """
+
+    grid: tuple[int, ...]
+    offsets: np.ndarray
+    boundary: str
+    margin: tuple[int, ...]
+    theta: Array | LowRank
+    bias: Array | None
+
+
+def conv_heads(
+    weight: Array,
+    grid: Any,
+    bias: Array | None = None,
+    *,
+    padding_mode: str = "zeros",
+    padding: Any = "same",
+    dilation: Any = 1,
+    head_dim: int | None = None,
+    out_dim: int | None = None,
+    where: str = "conv_heads",
+) -> ConvHeads:
+    r"""One head per kernel position of ``weight``: its offset and :math:`\Theta_h` (Lemma 1), no attention yet.
+
+    Parameters
+    ----------
+    weight
+        The kernel, ``(Q, P, k_1, ..., k_d)`` with :math:`d \le 3` (torch's layout).
+    grid
+        The grid it runs on, :math:`(S_1, \dots, S_d)` (an int for :math:`d = 1`).
+    bias
+        Its bias, ``(Q,)``, or ``None``.
+    padding_mode
+        ``"zeros"``, ``"circular"`` or ``"replicate"``, as ``torch.nn.Conv2d`` spells them.
+    padding
+        As for :func:`~structconv.grid_basis` (torch's spellings); it must keep the grid's size,
+        since every position of the grid is an output of attention.
+    dilation
+        The spacing of the kernel's entries (an int or one per axis).
+    head_dim, out_dim
+        As for :func:`conv_to_attention`.
+    where
+        The caller's name, for messages.
+
+    Returns
+    -------
+    ConvHeads
+
+    Raises
+    ------
+    ValueError
+        For a kernel of the wrong rank for ``grid``, an unknown ``padding_mode``, padding that
+        does not keep the size, a bias of the wrong shape, or heads too narrow for the output
+        channels (Lemma 1's :math:`Q \le \min(D_h, D_{out})`).
+    """
+    from ..structures.grid import grid_basis
+
+    check_array(weight, "weight", (3, 4, 5), ("(Q, P, k1)", "(Q, P, k1, k2)", "(Q, P, k1, k2, k3)"))
+    d = weight.ndim - 2
+    g = tuple(int(s) for s in ((grid,) if isinstance(grid, int) else grid))
+    if len(g) != d:
+        raise ValueError(
+            f"{where}: grid has {len(g)} dimensions but weight is a {d}-D kernel of shape {tuple(weight.shape)}"
+        )
+    boundary = padding_boundary(padding_mode, where=where)
+    kernel = tuple(int(s) for s in weight.shape[2:])
+    Q, P = int(weight.shape[0]), int(weight.shape[1])
+    if bias is not None and tuple(bias.shape) != (Q,):
+        raise ValueError(f"{where}: bias must have shape (Q,) = ({Q},), got {shape_str(tuple(bias.shape))}")
+    try:
+        shifts = grid_basis(g, kernel, padding=padding, dilation=dilation, boundary=boundary)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{where}: {error}") from None
+    if shifts.out_grid != g:
+        raise ValueError(
+            f"{where}: padding={padding!r} gives an output grid {shifts.out_grid} on the grid {g}, but attention "
+            f"keeps every position as an output: the padding must keep the size (padding='same', i.e. "
+            f"dilation * (kernel_size - 1) / 2 on each side)"
+        )
+    offsets = np.asarray(shifts.offsets, dtype=np.int64)
+    # Soft heads read zero padding from zero tokens as far out as the farthest offset.
+    reach = np.abs(offsets).max(axis=0) if padding_mode == "zeros" else np.zeros(d, dtype=np.int64)
+    margin = tuple(int(r) for r in reach)
+    theta = namespace(weight).permute_dims(weight.reshape(Q, P, -1), (2, 1, 0))
+    if head_dim is None and out_dim is None:
+        return ConvHeads(g, offsets, boundary, margin, theta, bias)
+    Dh = head_dim if head_dim is not None else Q
+    Dout = out_dim if out_dim is not None else Q
+    if min(Dh, Dout) < Q:
+        raise ValueError(
+            f"{where}: heads of width D_h={Dh} and D_out={Dout} outputs express at most "
+            f"min(D_h, D_out)={min(Dh, Dout)} output channels (Lemma 1), but the kernel has Q={Q}"
+        )
+    K = len(offsets)
+    value = np.zeros((K, P, Dh))
+    out = np.zeros((K, Dout, Dh))
+    out[:, np.arange(Q), np.arange(Q)] = 1.0
+    value_t, out_t = _like(value, weight), _like(out, weight)
+    value_t[:, :, :Q] = theta
+    big_bias = None
+    if bias is not None:
+        big_bias = _like(np.zeros(Dout), weight)
+        big_bias[:Q] = bias
+    return ConvHeads(g, offsets, boundary, margin, LowRank(value_t, out_t), big_bias)
+
+
 def conv_to_attention(
     weight: Array,
     grid: Any,
     bias: Array | None = None,
     *,
     alpha: float | None = None,
-    boundary: str = "periodic",
+    padding_mode: str = "zeros",
+    dilation: Any = 1,
     num_heads: int | None = None,
     head_dim: int | None = None,
     out_dim: int | None = None,
@@ -88,20 +261,22 @@ def conv_to_attention(
     r"""Cordonnier et al.'s construction: a convolution as multi-head self-attention (Lemmas 1 and 2).
 
     For a torch-layout kernel ``weight`` of shape ``(Q, P, k_1, ..., k_d)`` ("same" padding,
-    stride 1) it returns one positional head per kernel position, :math:`\Delta_h` = that
-    position's offset, with the quadratic encoding of inverse width ``alpha`` (``None`` gives
-    the hard one-hot heads), and :math:`\Theta_h = W_{:,:,h}^\top`, so that
-    ``conv(basis, x, theta) + bias`` is the convolution.
+    stride 1, the given dilation) it returns one positional head per kernel position,
+    :math:`\Delta_h` = that position's offset, with the quadratic encoding of inverse width
+    ``alpha`` (``None`` gives the hard one-hot heads), and :math:`\Theta_h = W_{:,:,h}^\top`,
+    so that ``conv(basis, x, theta) + bias`` is the convolution
+    ``torch.nn.Conv{d}d(P, Q, k, padding="same", dilation=dilation, padding_mode=padding_mode)``.
 
-    Borders (see :doc:`/attention`) are an explicit choice:
+    The border is torch's ``padding_mode`` (see :doc:`/attention`):
 
-    * ``"periodic"``: the grid is a torus (circular padding), exact for hard and soft heads;
-    * ``"padded"``: the image is surrounded by zero tokens that the heads may attend to but
-      that are not outputs (zero padding); soft heads normalise over the padded grid, so the
-      identity holds to the dtype's precision at the border too;
-    * ``"zero"``: no tokens beyond the image: exact for hard heads (an empty column is zero
-      padding), but a soft head renormalises over the pixels that exist, so border outputs
-      differ from zero padding.
+    * ``"zeros"`` (the default, as everywhere in torch and structconv): zero padding.  Hard
+      heads leave the columns whose offset falls off the image empty; soft heads normalise over
+      the image surrounded by zero tokens (that are not outputs), so the identity holds to the
+      dtype's precision at the border too;
+    * ``"circular"``: the grid is a torus, exact for hard and soft heads;
+    * ``"replicate"``: no tokens beyond the image, the softmax renormalising over the pixels
+      that exist: a head whose offset leaves the image reads the nearest pixel, which is
+      replicate padding (hard heads are built at :data:`ONE_HOT_ALPHA`, one-hot to the last bit).
 
     With ``alpha >= attention_alpha_bound(dtype)`` the soft construction matches to the dtype's
     precision (see :func:`attention_alpha_bound`).
@@ -116,8 +291,11 @@ def conv_to_attention(
         Its bias, ``(Q,)``, or ``None``.
     alpha
         The inverse width :math:`\alpha > 0` of soft heads, or ``None`` for hard one-hot heads.
-    boundary
-        ``"periodic"``, ``"padded"`` or ``"zero"``, as above.
+    padding_mode
+        ``"zeros"``, ``"circular"`` or ``"replicate"``, as above (torch's spelling).
+    dilation
+        The spacing of the kernel's entries (an int or one per axis): the heads sit at the
+        dilated offsets.
     num_heads
         If given, the head count the construction must produce: Lemma 1 uses
         :math:`N_h = K^2` heads for a square :math:`K\times K` kernel, so a kernel that is not
@@ -133,21 +311,34 @@ def conv_to_attention(
     (basis, theta, bias)
         A ``(K, M, M)`` basis, ``theta`` of shape ``(K, P, Q)`` (or the ``LowRank`` factors) and
         the bias (padded with zeros to ``out_dim``, or ``None``).
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``padding_mode`` (the names before torch's, ``"periodic"``, ``"zero"`` and
+        ``"padded"``, are refused naming their spelling now), a non-positive ``alpha``, a kernel
+        that does not fit ``grid`` or ``num_heads``, or heads too narrow (Lemma 1).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch.nn import functional as F
+    >>> from structconv import conv
+    >>> from structconv.theory import conv_to_attention
+    >>> x, weight = torch.randn(2, 3, 6, 6, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    >>> basis, theta, _ = conv_to_attention(weight, (6, 6))  # zero padding, hard heads
+    >>> y = conv(basis, x.flatten(2).transpose(1, 2), theta).transpose(1, 2).reshape(2, 4, 6, 6)
+    >>> torch.allclose(y, F.conv2d(x, weight, padding=1))
+    True
     """
-    from ..structures.grid import grid_basis
     from ..structures.positional import positional_basis
 
+    if alpha is not None and not 0.0 < float(alpha) < math.inf:
+        raise ValueError(
+            f"conv_to_attention: alpha must be positive and finite (or None for hard heads), got {alpha!r}"
+        )
     check_array(weight, "weight", (3, 4, 5), ("(Q, P, k1)", "(Q, P, k1, k2)", "(Q, P, k1, k2, k3)"))
-    d = weight.ndim - 2
-    g = tuple(int(s) for s in ((grid,) if isinstance(grid, int) else grid))
-    if len(g) != d:
-        raise ValueError(f"grid has {len(g)} dimensions but weight is a {d}-D kernel of shape {tuple(weight.shape)}")
-    if boundary not in BORDERS:
-        raise ValueError(f"boundary must be one of {BORDERS}, got {boundary!r}")
-    if alpha is not None and not alpha > 0:
-        raise ValueError(f"alpha must be positive (or None for hard heads), got {alpha!r}")
     kernel = tuple(int(s) for s in weight.shape[2:])
-    Q, P = int(weight.shape[0]), int(weight.shape[1])
     if num_heads is not None:
         if len(set(kernel)) != 1:
             raise ValueError(f"the construction needs a square kernel (sqrt(N_h) per side), got {kernel}")
@@ -156,35 +347,22 @@ def conv_to_attention(
                 f"a {'x'.join(map(str, kernel))} kernel needs {int(np.prod(kernel))} heads (one per position), "
                 f"but num_heads={num_heads}"
             )
-    shifts = grid_basis(g, kernel, padding="same", boundary="zero" if boundary == "padded" else boundary)
-    offsets = shifts.offsets
-    centres = _like(offsets.astype(np.float64), weight)
-    widths = None if alpha is None else _like(np.full(len(offsets), float(alpha)), weight)
-    if alpha is not None and boundary == "padded":
-        basis: Basis = _padded_heads(g, tuple(k // 2 for k in kernel), centres, widths)
-    else:
-        basis = positional_basis(g, centres, widths, boundary="zero" if boundary == "padded" else boundary)
-    theta = namespace(weight).permute_dims(weight.reshape(Q, P, -1), (2, 1, 0))
-    if head_dim is None and out_dim is None:
-        return basis, theta, bias
-    Dh = head_dim if head_dim is not None else Q
-    Dout = out_dim if out_dim is not None else Q
-    if min(Dh, Dout) < Q:
-        raise ValueError(
-            f"heads of width D_h={Dh} and D_out={Dout} outputs express at most min(D_h, D_out)={min(Dh, Dout)} "
-            f"output channels (Lemma 1), but the kernel has Q={Q}"
-        )
-    K = len(offsets)
-    value = np.zeros((K, P, Dh))
-    out = np.zeros((K, Dout, Dh))
-    out[:, np.arange(Q), np.arange(Q)] = 1.0
-    value_t, out_t = _like(value, weight), _like(out, weight)
-    value_t[:, :, :Q] = theta
-    big_bias = None
-    if bias is not None:
-        big_bias = _like(np.zeros(Dout), weight)
-        big_bias[:Q] = bias
-    return basis, LowRank(value_t, out_t), big_bias
+    heads = conv_heads(
+        weight, grid, bias, padding_mode=padding_mode, dilation=dilation, head_dim=head_dim, out_dim=out_dim,
+        where="conv_to_attention",
+    )  # fmt: skip
+    g, K = heads.grid, len(heads.offsets)
+    centres = _like(heads.offsets.astype(np.float64), weight)
+    widths = None if alpha is None else _like(np.full(K, float(alpha)), weight)
+    basis: Basis
+    if padding_mode == "zeros" and alpha is not None:
+        basis = _padded_heads(g, heads.margin, centres, widths)
+    elif padding_mode == "replicate" and alpha is None:
+        # The hard limit of heads renormalised over the image: one-hot on the nearest pixel.
+        basis = positional_basis(g, centres, _like(np.full(K, ONE_HOT_ALPHA), weight), heads.boundary)
+    else:  # hard zero padding (empty columns), or heads on a torus, or soft replicate
+        basis = positional_basis(g, centres, widths, heads.boundary)
+    return basis, heads.theta, heads.bias
 
 
 @dataclass(frozen=True)
@@ -193,6 +371,10 @@ class ConvolutionFit:
 
     Attributes
     ----------
+    grid
+        The grid the heads lie on.
+    padding_mode
+        ``"zeros"`` or ``"circular"``: the border of the shifts compared with.
     offsets
         ``(K, d)``: per head, the offset of its nearest one-hot shift.
     distance
@@ -204,7 +386,7 @@ class ConvolutionFit:
     """
 
     grid: tuple[int, ...]
-    boundary: str
+    padding_mode: str
     offsets: np.ndarray
     distance: np.ndarray
     mass: np.ndarray
@@ -220,13 +402,13 @@ class ConvolutionFit:
         return bool((self.distance <= tol).all())
 
 
-def nearest_convolution(basis: Basis | Array, grid: Any, boundary: str = "zero") -> ConvolutionFit:
+def nearest_convolution(basis: Basis | Array, grid: Any, *, padding_mode: str = "zeros") -> ConvolutionFit:
     r"""Each head's nearest one-hot shift on ``grid`` and its distance from it.
 
     The offset chosen for head :math:`k` is the one with the largest mean weight
     :math:`\frac1N\sum_n A_k[n + \delta, n]` (over instances too for a per-instance basis); the
-    one-hot shift of that offset under ``boundary`` is then compared with the head column by
-    column.  A "mixture of convolutions" diagnostic for trained attention heads.
+    one-hot shift of that offset under ``padding_mode`` is then compared with the head column
+    by column.  A "mixture of convolutions" diagnostic for trained attention heads.
 
     Parameters
     ----------
@@ -235,8 +417,11 @@ def nearest_convolution(basis: Basis | Array, grid: Any, boundary: str = "zero")
         a dense array).
     grid
         The grid the tokens lie on, :math:`(S_1, \dots, S_d)` (an int for :math:`d = 1`).
-    boundary
-        ``"zero"`` or ``"periodic"``: the shifts compared with (and the offsets they may have).
+    padding_mode
+        ``"zeros"`` (shifts within the grid, the columns whose offset leaves it empty) or
+        ``"circular"`` (shifts on the torus), as torch spells them: the shifts compared with,
+        and the offsets they may have.  A :class:`~structconv.nn.PositionalAttention` of
+        ``boundary="periodic"`` is compared with ``"circular"``, one of ``"zero"`` with ``"zeros"``.
 
     Returns
     -------
@@ -246,11 +431,12 @@ def nearest_convolution(basis: Basis | Array, grid: Any, boundary: str = "zero")
     Raises
     ------
     ValueError
-        If the basis does not have :math:`M = N = \prod_i S_i`, or for a bad grid or boundary.
+        If the basis does not have :math:`M = N = \prod_i S_i`, or for a bad grid or padding mode.
     """
     from ..bases.grid import GridBasis, _grid
     from ..structures.positional import relative_offsets
 
+    boundary = padding_boundary(padding_mode, modes=SHIFT_MODES, where="nearest_convolution")
     g = _grid(grid)
     b = as_basis(basis)
     rel = relative_offsets(g, boundary)
@@ -269,11 +455,11 @@ def nearest_convolution(basis: Basis | Array, grid: Any, boundary: str = "zero")
         offsets[k], mass[k] = rel.offsets[best], per_offset[best] / M
     shifts = GridBasis(g, g, offsets, stride=1, boundary=boundary).to_dense()
     distance = 0.5 * np.abs(dense - to_numpy(shifts)[None]).sum(axis=2).mean(axis=(0, 2))
-    return ConvolutionFit(g, boundary, offsets, distance, mass)
+    return ConvolutionFit(g, padding_mode, offsets, distance, mass)
 
 
 def attention_to_conv(
-    basis: Basis | Array, theta: Array, grid: Any, boundary: str = "zero", *, tol: float = 1e-6
+    basis: Basis | Array, theta: Array, grid: Any, *, padding_mode: str = "zeros", tol: float = 1e-6
 ) -> tuple[Basis, Array]:
     r"""Heads that are one-hot on translations, as a grid basis and :math:`\Theta` (the converse of Lemma 1).
 
@@ -283,8 +469,8 @@ def attention_to_conv(
         The heads, ``(K, M, M)`` (as for :func:`nearest_convolution`).
     theta
         Their parameter :math:`\Theta`, ``(K, P, Q)``.
-    grid, boundary
-        As for :func:`nearest_convolution`.
+    grid, padding_mode
+        As for :func:`nearest_convolution` (``"zeros"`` or ``"circular"``).
     tol
         The largest distance of a head from its one-hot shift (total variation).
 
@@ -304,7 +490,7 @@ def attention_to_conv(
     from ..bases.grid import GridBasis
 
     check_array(theta, "theta", (3,), ("(K, P, Q)",))
-    fit = nearest_convolution(basis, grid, boundary)
+    fit = nearest_convolution(basis, grid, padding_mode=padding_mode)
     if int(theta.shape[0]) != len(fit.offsets):
         raise ValueError(f"theta has K={int(theta.shape[0])} members but the basis has {len(fit.offsets)} heads")
     far = np.flatnonzero(fit.distance > tol)
@@ -319,4 +505,5 @@ def attention_to_conv(
     inverse = inverse.reshape(-1)
     merged = of(theta).scatter_add(theta, as_index(inverse, theta), len(unique))
     like = theta if is_floating(theta) else None
+    boundary = PADDING_MODES[padding_mode]
     return GridBasis(fit.grid, fit.grid, unique, stride=1, boundary=boundary, like=like), merged

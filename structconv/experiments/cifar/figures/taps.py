@@ -54,13 +54,14 @@ def convolutionality(
     model = check_model(model, "convolutionality")
     fits = []
     for attention, mean in zip(model.attention_layers(), mean_heads(model, images, "convolutionality"), strict=True):
-        fit = nearest_convolution(mean, attention.grid, attention.boundary)
+        mode = "circular" if attention.boundary == "periodic" else "zeros"  # the layer's grid, in torch's words
+        fit = nearest_convolution(mean, attention.grid, padding_mode=mode)
         if interior:
-            shifts = float64(GridBasis(fit.grid, fit.grid, fit.offsets, boundary=fit.boundary).to_dense())
+            shifts = float64(GridBasis(fit.grid, fit.grid, fit.offsets, boundary=attention.boundary).to_dense())
             valid = shifts.sum(axis=1) > 0.5  # (H, N): the queries whose key n + offset is on the grid
             per_query = 0.5 * np.abs(mean - shifts).sum(axis=1)  # (H, N)
             distance = (per_query * valid).sum(axis=1) / np.maximum(valid.sum(axis=1), 1)
-            fit = ConvolutionFit(fit.grid, fit.boundary, fit.offsets, distance, fit.mass)
+            fit = ConvolutionFit(fit.grid, fit.padding_mode, fit.offsets, distance, fit.mass)
         fits.append(fit)
     return fits
 

@@ -18,5 +18,12 @@ napoleon_google_docstring = False
 napoleon_use_rtype = False
 napoleon_custom_sections = ["Shapes"]  # the layers state input and output shapes, as PyG does
 exclude_patterns = ["_build", "peers/*"]  # fragments, included by peers.rst
-html_theme = "alabaster"
+# Furo, with a wider content column and larger code than its defaults (_static/custom.css), so
+# that the examples fit: `python docs/_ext/overflow.py docs/_build/html` measures it in Chromium.
+html_theme = "furo"
+html_title = "structconv"
+# Only the stylesheet is static: the figures and downloads under _static/ are copied by the
+# directives that use them.
+html_static_path = ["_static/custom.css"]
+html_css_files = ["custom.css"]
 nitpicky = False

@@ -15,7 +15,14 @@ import time
 from collections.abc import Sequence
 
 from . import __version__
-from .experiments.cli_common import EXIT_RUNTIME, EXIT_USAGE, ArgumentParser, nonnegative_int, positive_int
+from .experiments.cli_common import (
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    ArgumentParser,
+    did_you_mean,
+    nonnegative_int,
+    positive_int,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -28,9 +35,10 @@ def _check(args: argparse.Namespace) -> int:
     from .theory.selfcheck import format_results, run_checks
 
     backends = tuple(args.backends.split(","))
-    unknown = set(backends) - {"numpy", "torch"}
+    unknown = sorted(set(backends) - {"numpy", "torch"})
     if unknown:
-        print(f"structconv check: --backends got {sorted(unknown)}; expected numpy and/or torch", file=sys.stderr)
+        hint = did_you_mean(unknown[0], ("numpy", "torch")) or "expected numpy and/or torch"
+        print(f"structconv check: --backends got {unknown}; {hint}", file=sys.stderr)
         return EXIT_USAGE
     start = time.perf_counter()
     print(
@@ -44,16 +52,19 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _planetoid(args: argparse.Namespace) -> int:
-    from .data import load_planetoid
-    from .experiments.planetoid import MODELS, summarize, train
-
-    models = MODELS if args.model == "all" else tuple(m.strip() for m in args.model.split(","))
-    unknown = set(models) - set(MODELS)
-    if unknown:
-        print(
-            f"structconv planetoid: --model got {sorted(unknown)}; expected 'all' or some of {MODELS}", file=sys.stderr
-        )
+    models = PLANETOID_MODELS if args.model == "all" else tuple(m.strip() for m in args.model.split(",") if m.strip())
+    expected = f"expected 'all' or comma-separated names of {', '.join(PLANETOID_MODELS)}"
+    if not models:
+        print(f"structconv planetoid: --model: no model in {args.model!r}; {expected}", file=sys.stderr)
         return EXIT_USAGE
+    for model in models:  # checked before torch is imported: a typo fails at once
+        if model not in PLANETOID_MODELS:
+            hint = did_you_mean(model, PLANETOID_MODELS) or expected
+            print(f"structconv planetoid: --model: unknown model {model!r}; {hint}", file=sys.stderr)
+            return EXIT_USAGE
+    from .data import load_planetoid
+    from .experiments.planetoid import summarize, train
+
     try:
         data = load_planetoid(args.data, args.name)
     except FileNotFoundError as err:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from structconv.data import atomic as atomic_module
 from structconv.data.augment import CIFAR10_MEAN, CIFAR10_STD, Batches, augment, normalize
 from structconv.data.cifar import CLASSES, ENV, Cifar10, download_cifar10
 from structconv.experiments.cifar import checkpoint as ckpt_module
+from structconv.experiments.cifar import train as train_module
 from structconv.experiments.cifar.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from structconv.experiments.cifar.cli import results_table
 from structconv.experiments.cifar.models import MODELS, ResNet18, SelfAttentionNet, build_model, no_decay_parameters
@@ -609,7 +611,7 @@ def test_the_gemm_yardstick_records_every_product_of_a_step_backward_included() 
 
 def test_cli_reports_bad_input_clearly(tmp_path: Path) -> None:
     bad_model = _cli("train", "--model", "vgg", "--data", str(tmp_path))
-    assert bad_model.returncode == 2 and "--model got ['vgg']; expected 'all'" in bad_model.stderr
+    assert bad_model.returncode == 2 and "--model: unknown model 'vgg'; expected 'all'" in bad_model.stderr
     bad_preset = _cli("train", "--preset", "quick", "--data", str(tmp_path))
     assert bad_preset.returncode == 2 and "unknown preset 'quick'" in bad_preset.stderr
     no_data = _cli("train", "--preset", "smoke", "--data", str(tmp_path))
@@ -617,7 +619,76 @@ def test_cli_reports_bad_input_clearly(tmp_path: Path) -> None:
     bad_option = _cli("train", "--preset", "smoke", "--option", "heads", "--data", str(tmp_path))
     assert bad_option.returncode == 2 and "--option expects key=value" in bad_option.stderr
     missing = _cli("eval", str(tmp_path / "nothing"), "--data", str(tmp_path))
-    assert missing.returncode == 2 and "no CIFAR-10 archive" in missing.stderr
+    assert missing.returncode == 2 and "nothing: no such run directory or checkpoint" in missing.stderr
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")
+    no_archive = _cli("eval", str(tmp_path / "run"), "--data", str(tmp_path))
+    assert no_archive.returncode == 2 and "no CIFAR-10 archive" in no_archive.stderr
+
+
+def test_training_prints_a_header_then_an_estimate_from_its_first_steps(tmp_path: Path) -> None:
+    messages: list[str] = []
+    data = (_fake(32, 0), _fake(16, 1))
+    train(config_for("smoke", "resnet18"), tmp_path, data, progress=False, log=messages.append)
+    parameters = sum(p.numel() for p in build_model("resnet18", width=4).parameters())
+    threads = torch.get_num_threads()
+    assert messages[0] == (
+        f"resnet18: {parameters:,} parameters | device cpu, CPU ({threads} threads) | preset smoke: "
+        "1 epoch of 4 steps, batch 8"
+    )
+    estimate = re.fullmatch(
+        r"resnet18: about (.+) an epoch, (.+) for the 1 epoch to go \((.+) a step, timed over steps? ([\d-]+)\)",
+        messages[1],
+    )
+    assert estimate and estimate[1] == estimate[2], messages[1]
+    assert messages[2].startswith("resnet18 epoch 1/1: train loss") and len(messages) == 3  # no CPU warning
+
+
+def test_a_gpu_preset_on_a_cpu_says_how_long_it_would_take_and_trains_on(tmp_path: Path) -> None:
+    messages: list[str] = []
+    data = (_fake(32, 0), _fake(16, 1))
+    tiny = {"model_options": {"width": 4}, "train_subset": 32, "test_subset": 16, "batch_size": 8}
+    config = config_for("paper", "resnet18", **tiny)
+    history = train(config, tmp_path, data, progress=False, time_limit=0.0, log=messages.append)
+    assert len(history) == 1  # warned, not refused
+    assert messages[0].endswith("| preset paper: 300 epochs of 4 steps, batch 8")
+    total = re.fullmatch(r"resnet18: about .+ an epoch, (.+) for the 300 epochs to go \(.+\)", messages[1])
+    assert total, messages[1]
+    assert messages[2] == (
+        f"resnet18: the paper preset is meant for a GPU: at this speed it would take about {total[1]} on this CPU. "
+        "--preset demo is meant for a CPU (reduced models, 2,000 training images, 3 epochs: about a minute per "
+        "model); carrying on as asked."
+    )
+
+
+def test_the_step_clock_leaves_the_first_step_out_and_stops_early_when_steps_are_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Steps of 1 s: steps 2-6 are timed; of 7 s: the first alone (unless compiled); too few: all of them."""
+    now = [0.0]
+    monkeypatch.setattr(train_module.time, "perf_counter", lambda: now[0])
+
+    def run(steps: int, seconds: float, compiled: bool = False) -> tuple[int, tuple[float, range]]:
+        clock = train_module._StepClock(steps, "cpu", compiled)
+        for i in range(steps):
+            now[0] += seconds
+            if (measured := clock.after(i)) is not None:
+                return i, measured
+        raise AssertionError("no estimate")
+
+    assert run(10, 1.0) == (5, (1.0, range(1, 6)))
+    assert run(3, 1.0) == (2, (1.0, range(1, 3)))
+    assert run(1, 1.0) == (0, (1.0, range(0, 1)))
+    assert run(10, 7.0) == (0, (7.0, range(0, 1)))
+    assert run(10, 7.0, compiled=True) == (1, (7.0, range(1, 2)))
+    assert run(10, 2.0) == (3, (2.0, range(1, 4)))  # over 5 s after three timed steps
+
+
+def test_durations_read_as_a_person_would_say_them() -> None:
+    durations = [0.042, 4.2, 42.0, 420.0, 4200.0, 42_000.0, 4_200_000.0]
+    assert [train_module._duration(s) for s in durations] == [
+        "0.042 s", "4.2 s", "42 s", "7 min", "70 min", "12 h", "48.6 days"
+    ]  # fmt: skip
 
 
 def test_a_time_limit_stops_at_an_epoch_boundary_and_the_run_resumes(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -244,11 +246,14 @@ def test_planetoid_names_are_the_readers() -> None:
 
 
 def test_usage_errors_exit_2_and_runtime_failures_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")  # a run that exists: the data is what is wrong
     assert main(["cifar", "eval", str(tmp_path / "run"), "--data", str(tmp_path / "absent")]) == 2
     assert f"structconv cifar eval: data directory {tmp_path / 'absent'} does not exist" in capsys.readouterr().err
     assert main(["cifar", "train", "--set", "warmup=2", "--data", str(tmp_path)]) == 2
     assert "--set got unknown setting 'warmup'; did you mean warmup_epochs?" in capsys.readouterr().err
     (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"not a tar")  # a corrupt archive: a runtime failure
+    capsys.readouterr()
     assert main(["cifar", "eval", str(tmp_path / "run"), "--data", str(tmp_path)]) == 1
     assert "not a readable tar archive" in capsys.readouterr().err
 
@@ -260,6 +265,14 @@ def test_eval_and_results_md_state_how_many_test_images(tmp_path: Path, capsys: 
     out = tmp_path / "runs"
     common = ["--preset", "smoke", "--model", "resnet18", "--data", str(data), "--device", "cpu", "--no-progress"]
     assert main(["cifar", "train", *common, "--out", str(out)]) == 0  # smoke: test_subset 16
+    header, estimate = capsys.readouterr().out.splitlines()[:2]
+    assert re.fullmatch(
+        r"resnet18: [\d,]+ parameters \| device cpu, CPU \(\d+ threads?\) \| preset smoke: 1 epoch of 4 steps, batch 8",
+        header,
+    )
+    assert re.fullmatch(
+        r"resnet18: about .+ an epoch, .+ for the 1 epoch to go \(.+ a step, timed over steps? [\d-]+\)", estimate
+    )
     results = (out / "results.md").read_text()
     assert "| test images |" in results.splitlines()[0]
     assert "| resnet18 | smoke | 1/1 |" in results and "% | 16 | CPU" in results
@@ -305,3 +318,128 @@ def test_python_dash_m_runs_the_command_line() -> None:
     assert done.returncode == 0 and done.stdout.strip() == f"structconv {structconv.__version__}"
     usage = run("bogus")
     assert usage.returncode == 2
+
+
+# --- near names, missing directories, presets (issue 31) ------------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["cifar", "train", "--model", "sa-quadratc"],
+            "structconv cifar train: --model: unknown model 'sa-quadratc'; did you mean sa-quadratic?",
+        ),
+        (
+            ["cifar", "train", "--model", "vgg"],
+            "structconv cifar train: --model: unknown model 'vgg'; expected 'all' or comma-separated names of "
+            "resnet18, sa-quadratic, sa-gaussian, sa-learned, sa-learned-content",
+        ),
+        (
+            ["cifar", "train", "--model", "all", "--option", "heads=16"],
+            "structconv cifar train: --option heads: model 'resnet18' takes no option 'heads' "
+            "(its options: classes, width, channels, conv)",
+        ),
+        (
+            ["cifar", "train", "--model", "resnet18", "--option", "widht=8"],
+            "structconv cifar train: --option widht: model 'resnet18' takes no option 'widht' "
+            "(its options: classes, width, channels, conv); did you mean width?",
+        ),
+        (
+            ["cifar", "train", "--model", "sa-quadratic", "--option", "encoding=gaussian"],
+            "structconv cifar train: --option encoding: model 'sa-quadratic' fixes encoding='quadratic'; "
+            "choose another model instead (sa-gaussian, sa-learned, sa-learned-content)",
+        ),
+        (
+            ["cifar", "train", "--set", "epoch=3"],
+            "structconv cifar train: --set got unknown setting 'epoch'; did you mean epochs?",
+        ),
+        (["planetoid", "--model", "gnc"], "structconv planetoid: --model: unknown model 'gnc'; did you mean gcn?"),
+        (
+            ["planetoid", "--model", "gcn,,mlp"],
+            "structconv planetoid: --model: unknown model 'mlp'; expected 'all' or comma-separated names of "
+            "gcn, cheb, tag, gat",
+        ),
+        (["check", "--backends", "numpy,nunpy"], "structconv check: --backends got ['nunpy']; did you mean numpy?"),
+    ],
+)
+def test_an_unknown_model_option_or_setting_is_one_line_with_the_near_names(
+    argv: list[str], line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found before any data is read (the data directory here does not exist), in one line, with status 2."""
+    data = ["--data", str(tmp_path / "absent")] if argv[0] != "check" else []
+    assert main([*argv, *data]) == 2
+    assert capsys.readouterr().err == line + "\n"
+
+
+def test_option_heds_for_sa_quadratic_names_every_option_and_suggests_heads(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cifar", "train", "--model", "sa-quadratic", "--option", "heds=16", "--data", "absent"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.rstrip().endswith("; did you mean heads?")
+    assert err.startswith(
+        "structconv cifar train: --option heds: model 'sa-quadratic' takes no option 'heds' (its options: "
+    )
+    assert "heads, width, depth, ffn, dropout, attention_dropout" in err and "encoding" not in err
+
+
+def test_model_options_are_the_constructors_keywords_less_the_fixed_ones() -> None:
+    from structconv.experiments.cifar.cli import model_options
+    from structconv.experiments.cifar.models import MODELS
+
+    for name, entry in MODELS.items():
+        expected = [p for p in inspect.signature(entry.build).parameters if p not in entry.fixed]
+        assert list(model_options(name)) == expected, name
+    assert "encoding" not in model_options("sa-gaussian") and "content" not in model_options("sa-learned-content")
+    assert "heads" in model_options("sa-quadratic") and "width" in model_options("resnet18")
+
+
+def test_usage_errors_of_the_console_script_are_one_line_without_a_traceback(tmp_path: Path) -> None:
+    """Through the installed entry point, as a user meets them: status 2, the last line the message."""
+    argv = [sys.executable, "-m", "structconv", "cifar", "train", "--data", str(tmp_path)]
+    for extra, line in [
+        (
+            ["--device", "gpu"],
+            "structconv cifar train: error: --device must be auto or a device torch knows "
+            "(cpu, cuda, cuda:N, mps, xpu, ...), got 'gpu'; did you mean cuda?",
+        ),
+        (["--model", "sa-quadratic", "--option", "heds=16"], None),
+    ]:
+        done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        if line is None:  # no usage block above a check made after parsing: the message is all
+            assert done.stderr.count("\n") == 1 and done.stderr.rstrip().endswith("did you mean heads?")
+        else:
+            assert done.stderr.startswith("usage: ") and done.stderr.rstrip().splitlines()[-1] == line
+
+
+def test_a_missing_run_directory_is_a_usage_error_in_eval_and_plot_alike(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Status 2 in both, found before the data is read (there is none here), in one line."""
+    missing = tmp_path / "nonexistent"
+    assert main(["cifar", "plot", str(missing), "--data", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"structconv cifar plot: {missing}: no such directory\n"
+    assert main(["cifar", "eval", str(missing), "--data", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"structconv cifar eval: {missing}: no such run directory or checkpoint\n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["cifar", "plot", str(empty), "--data", str(tmp_path)]) == 2
+    assert "no run directories (holding a metrics.json) under" in capsys.readouterr().err
+    assert main(["cifar", "eval", str(empty), "--data", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"structconv cifar eval: {empty}: no checkpoint.pt in this directory\n"
+    assert "a missing data directory, archive, run directory\n     or checkpoint" in EXIT_STATUS
+
+
+def test_every_preset_smoke_included_is_documented_in_the_help_and_the_docs(capsys: pytest.CaptureFixture[str]) -> None:
+    from structconv.experiments.cifar.names import CPU_PRESET, PRESET_DEVICES, PRESET_NAMES, PRESET_SUMMARIES
+
+    assert tuple(PRESET_DEVICES) == tuple(PRESET_SUMMARIES) == PRESET_NAMES and PRESET_DEVICES[CPU_PRESET] == "cpu"
+    with pytest.raises(SystemExit):
+        main(["cifar", "train", "--help"])
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    for name in PRESET_NAMES:
+        assert f"  {name:6} {PRESET_DEVICES[name].upper()}: {PRESET_SUMMARIES[name]}\n" in out, name
+    assert "--preset PRESET one of the presets above: paper, fast (GPU); demo, smoke (CPU)" in flat
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "cifar.rst").read_text()
+    table = docs[docs.index("preset     settings") :]
+    for name in PRESET_NAMES:
+        assert f"\n``{name}``" in table, name

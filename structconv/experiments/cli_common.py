@@ -2,7 +2,8 @@
 
 Every parser is an :class:`ArgumentParser`: its ``--help`` states each option's default and the
 exit statuses (:data:`EXIT_STATUS`), an unknown option or subcommand is answered with the near
-names (``did you mean --epochs?``), and the number types (:func:`positive_int` and friends) say
+names (``did you mean --epochs?``; the commands' own checks of models, options and settings use
+:func:`did_you_mean` for the same hint), and the number types (:func:`positive_int` and friends) say
 which option wanted what (``--epochs must be a positive integer, got 0``).  Usage errors exit
 with status 2, runtime failures with 1.
 
@@ -30,6 +31,7 @@ __all__ = [
     "ArgumentParser",
     "HelpFormatter",
     "device_name",
+    "did_you_mean",
     "nonnegative_float",
     "nonnegative_int",
     "positive_float",
@@ -42,9 +44,41 @@ EXIT_STATUS = """exit status:
   0  success
   1  runtime failure: a failed check, a corrupt archive or checkpoint, a failed
      download, an unwritable cache
-  2  usage error: an unknown or malformed option or value, an unknown model or
-     preset, a missing data directory, archive or checkpoint"""
+  2  usage error: an unknown or malformed option or value, an unknown model,
+     model option or preset, a missing data directory, archive, run directory
+     or checkpoint"""
 _ACTIVE = "_structconv_parser"  # namespace attribute naming the innermost parser that ran
+
+
+# --- near names -----------------------------------------------------------------------------------
+def did_you_mean(word: str, names: Iterable[str], cutoff: float = 0.6) -> str:
+    """``"did you mean X?"`` naming up to three of ``names`` near ``word``, or ``""`` when none is.
+
+    Parameters
+    ----------
+    word : str
+        What the user typed.
+    names : iterable of str
+        The names it should have been one of.
+    cutoff : float, default 0.6
+        The least :class:`difflib.SequenceMatcher` ratio of a near name.
+
+    Returns
+    -------
+    str
+        The hint, to follow ``"; "`` in an error message, or ``""``.
+
+    Examples
+    --------
+    >>> did_you_mean("heds", ["heads", "width", "depth"])
+    'did you mean heads?'
+    >>> did_you_mean("sa-quadratc", ["resnet18", "sa-quadratic", "sa-gaussian"])
+    'did you mean sa-quadratic?'
+    >>> did_you_mean("vgg", ["resnet18", "sa-quadratic"])
+    ''
+    """
+    close = difflib.get_close_matches(word, list(names), n=3, cutoff=cutoff)
+    return f"did you mean {_either(close)}?" if close else ""
 
 
 # --- number types ---------------------------------------------------------------------------------
@@ -207,8 +241,7 @@ class ArgumentParser(argparse.ArgumentParser):
         if action.choices is None or value in action.choices:
             return
         names = [str(c) for c in action.choices]
-        close = difflib.get_close_matches(str(value), names, n=3, cutoff=0.5)
-        hint = f"did you mean {_either(close)}?" if close else f"expected one of {', '.join(names)}"
+        hint = did_you_mean(str(value), names, cutoff=0.5) or f"expected one of {', '.join(names)}"
         if isinstance(action, argparse._SubParsersAction):
             raise argparse.ArgumentError(None, f"unknown command {value!r}; {hint}")
         raise argparse.ArgumentError(None, f"{_name(action)}: unknown {action.dest} {value!r}; {hint}")

@@ -15,6 +15,7 @@ from ..cli_common import (
     EXIT_RUNTIME,
     EXIT_USAGE,
     device_name,
+    did_you_mean,
     nonnegative_float,
     nonnegative_int,
     positive_float,
@@ -76,13 +77,61 @@ def _options(pairs: list[str], flag: str = "--option") -> dict[str, Any]:
 
 
 def _models(arg: str) -> list[str]:
+    from .names import MODEL_NAMES
+
+    names = list(MODEL_NAMES) if arg == "all" else [m.strip() for m in arg.split(",") if m.strip()]
+    expected = f"expected 'all' or comma-separated names of {', '.join(MODEL_NAMES)}"
+    if not names:
+        raise UsageError(f"--model: no model in {arg!r}; {expected}")
+    for name in names:
+        if name not in MODEL_NAMES:
+            raise UsageError(f"--model: unknown model {name!r}; {did_you_mean(name, MODEL_NAMES) or expected}")
+    return names
+
+
+def model_options(model: str) -> tuple[str, ...]:
+    """The keys ``--option`` takes for ``model``: its constructor's keyword parameters, less those the name fixes.
+
+    Parameters
+    ----------
+    model : str
+        One of :data:`~structconv.experiments.cifar.models.MODELS`.
+
+    Returns
+    -------
+    tuple of str
+        The parameter names in the constructor's order.  Read from its signature, so that a new
+        parameter is an option without a list here to update.
+    """
+    import inspect
+
     from .models import MODELS
 
-    names = list(MODELS) if arg == "all" else [m.strip() for m in arg.split(",") if m.strip()]
-    unknown = [m for m in names if m not in MODELS]
-    if unknown or not names:
-        raise UsageError(f"--model got {unknown or arg!r}; expected 'all' or comma-separated names of {sorted(MODELS)}")
-    return names
+    entry = MODELS[model]
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    parameters = inspect.signature(entry.build).parameters.values()
+    return tuple(p.name for p in parameters if p.kind in kinds and p.name not in entry.fixed)
+
+
+def _check_options(models: list[str], options: dict[str, Any]) -> None:
+    """Refuse ``--option`` keys a chosen model's constructor does not take, naming the near ones and all it takes."""
+    from .models import MODELS
+
+    for model in models:
+        known = model_options(model)
+        for key in options:
+            if key in MODELS[model].fixed:  # e.g. encoding: another name is another model
+                others = [m for m in MODELS if key in MODELS[m].fixed and m != model]
+                raise UsageError(
+                    f"--option {key}: model {model!r} fixes {key}={MODELS[model].fixed[key]!r}; "
+                    f"choose another model instead ({', '.join(others)})"
+                )
+            if key not in known:
+                hint = did_you_mean(key, known)
+                raise UsageError(
+                    f"--option {key}: model {model!r} takes no option {key!r} (its options: {', '.join(known)})"
+                    + (f"; {hint}" if hint else "")
+                )
 
 
 def count_test_images(
@@ -146,6 +195,7 @@ def _train(args: argparse.Namespace) -> int:
     device = _device(args.device)
     overrides: dict[str, Any] = {k: v for k, v in _options(args.set, "--set").items()}
     options = _options(args.option)
+    _check_options(models, options)
     for name in ("epochs", "batch_size", "lr", "seed", "train_subset", "test_subset"):
         value = getattr(args, name)
         if value is not None:
@@ -197,15 +247,13 @@ def _leave_process_group() -> None:
 def _check_settings(overrides: dict[str, Any]) -> None:
     """Refuse ``--set`` keys that are not training settings, naming the near ones."""
     import dataclasses
-    import difflib
 
     from .presets import TrainConfig
 
     known = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("model", "preset", "model_options")]
     for key in overrides:
         if key not in known:
-            close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-            hint = f"did you mean {' or '.join(close)}?" if close else f"expected one of {', '.join(known)}"
+            hint = did_you_mean(key, known) or f"expected one of {', '.join(known)}"
             raise UsageError(f"--set got unknown setting {key!r}; {hint}")
 
 
@@ -226,11 +274,10 @@ def _eval(args: argparse.Namespace) -> int:
     from .train import evaluate, model_from_checkpoint
 
     device = _device(args.device)
+    checkpoints = [_checkpoint(Path(run)) for run in args.runs]  # before the data: a typo fails at once
     test = load_cifar10(_data_dir(args.data), "test", cache_dir=args.cache)
     batches: dict[str, Batches] = {}  # per normalisation: built once for every run that uses it
-    for run in args.runs:
-        path = Path(run)
-        ckpt = path / "checkpoint.pt" if path.is_dir() else path
+    for ckpt in checkpoints:
         model, config, state = model_from_checkpoint(ckpt, device)
         if config.normalization not in batches:
             mean, std = NORMALIZATIONS[config.normalization]
@@ -243,6 +290,18 @@ def _eval(args: argparse.Namespace) -> int:
             f"accuracy {100 * acc:.2f} % on {len(test):,} test images"
         )
     return 0
+
+
+def _checkpoint(path: Path) -> Path:
+    """The checkpoint of ``path``, a run directory or a checkpoint file; a missing one is a usage error."""
+    from .train import CHECKPOINT
+
+    if not path.exists():
+        raise UsageError(f"{path}: no such run directory or checkpoint")
+    ckpt = path / CHECKPOINT if path.is_dir() else path
+    if not ckpt.is_file():
+        raise UsageError(f"{path}: no {CHECKPOINT} in this directory")
+    return ckpt
 
 
 def _sample_images(data: str | None, cache: str | None, count: int) -> Any:
@@ -262,10 +321,14 @@ def _sample_images(data: str | None, cache: str | None, count: int) -> Any:
 
 def _plot(args: argparse.Namespace) -> int:
     from .figures import make_figures
+    from .train import iterate_runs
 
-    paths = make_figures(
-        Path(args.runs), Path(args.out) if args.out else None, _sample_images(args.data, args.cache, 100)
-    )
+    root = Path(args.runs)
+    if not root.is_dir():  # the same status as eval's missing run directory: the user named the wrong place
+        raise UsageError(f"{root}: no such directory")
+    if not any(iterate_runs(root)):
+        raise UsageError(f"no run directories (holding a metrics.json) under {root}; give the folder that holds them")
+    paths = make_figures(root, Path(args.out) if args.out else None, _sample_images(args.data, args.cache, 100))
     for p in paths:
         print(f"wrote {p}")
     return 0
@@ -342,7 +405,12 @@ def _train_arguments(p: argparse.ArgumentParser, demo: bool = False) -> None:
         help="test on this many images only (default: the preset's, else all 10,000)",
     )
     p.add_argument(
-        "--option", action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable (e.g. heads=16)"
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model option, repeatable (e.g. heads=16): a keyword of the model's constructor; a wrong key is "
+        "answered with those it takes",
     )
     p.add_argument(
         "--set",
@@ -365,7 +433,7 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_parser(sub: Any) -> None:
     """Register ``structconv cifar ...`` on the top-level subparsers ``sub``."""
-    from .names import MODEL_NAMES, PRESET_NAMES
+    from .names import MODEL_NAMES, PRESET_DEVICES, PRESET_NAMES, PRESET_SUMMARIES
 
     cifar = sub.add_parser(
         "cifar",
@@ -373,14 +441,24 @@ def add_parser(sub: Any) -> None:
         description="The CIFAR-10 study of Cordonnier et al.: train, evaluate, plot, benchmark, demonstrate.",
     )
     verbs = cifar.add_subparsers(dest="verb", required=True, title="commands")
+    presets = "\n".join(f"  {n:6} {PRESET_DEVICES[n].upper()}: {PRESET_SUMMARIES[n]}" for n in PRESET_NAMES)
     train = verbs.add_parser(
         "train",
         help="train models with a preset; resumes from checkpoints",
-        description="Train models with a preset; a run resumes from its checkpoint unless --restart.",
+        description="Train models with a preset; a run resumes from its checkpoint unless --restart.  It prints\n"
+        "the model, its parameters, the device and the preset first, then, after the first steps, the\n"
+        f"time an epoch and the run will take.\n\npresets (see docs/cifar.rst for their settings):\n{presets}",
     )
     train.add_argument("--model", default="resnet18", help=f"'all' or comma-separated of {', '.join(MODEL_NAMES)}")
     train.add_argument(
-        "--preset", default="fast", choices=PRESET_NAMES, metavar="PRESET", help=f"one of {', '.join(PRESET_NAMES)}"
+        "--preset",
+        default="fast",
+        choices=PRESET_NAMES,
+        metavar="PRESET",
+        help="one of the presets above: "
+        + "; ".join(
+            f"{', '.join(n for n in PRESET_NAMES if PRESET_DEVICES[n] == d)} ({d.upper()})" for d in ("gpu", "cpu")
+        ),
     )
     train.add_argument("--restart", action="store_true", help="ignore existing checkpoints")
     train.add_argument("--download", action="store_true", help="fetch the official archive if none is present")
@@ -433,9 +511,9 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run a parsed ``cifar`` command; report a failure in one line and return its exit status.
 
-    Usage errors (an unknown model, a malformed key=value, a missing data directory, archive or
-    checkpoint) return 2; runtime failures (a corrupt or refused archive or checkpoint, a failed
-    download, an unwritable cache) return 1.
+    Usage errors (an unknown model, model option or setting, a malformed key=value, a missing data
+    directory, archive, run directory or checkpoint) return 2; runtime failures (a corrupt or
+    refused archive or checkpoint, a failed download, an unwritable cache) return 1.
     """
     from .checkpoint import CheckpointError
 

@@ -17,7 +17,9 @@ preset     what it is
            attention width 64, 2 blocks, feed-forward 128, no attention dropout), 2,000 training
            and 1,000 test images, 3 epochs.  Numbers from it show the pipeline works, not what
            the models reach.
-``smoke``  the tests' preset: tiny models, a few batches, one epoch.
+``smoke``  a check that the pipeline runs, in seconds on a CPU (the tests use it): tiny models
+           (ResNet width 4; attention width 16, 1 block, 4 heads, feed-forward 16, no dropout),
+           32 training and 16 test images, batch 8, 1 epoch.  Its accuracies mean nothing.
 =========  =================================================================================
 """
 
@@ -28,7 +30,7 @@ from typing import Any
 
 from ...data.augment import NORMALIZATIONS
 from .models import MODELS
-from .names import PRESET_NAMES
+from .names import PRESET_DEVICES, PRESET_NAMES, PRESET_SUMMARIES
 
 __all__ = ["PRESETS", "TrainConfig", "config_for", "family"]
 
@@ -168,6 +170,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 
 
 assert tuple(PRESETS) == PRESET_NAMES, "names.PRESET_NAMES must list PRESETS"
+assert set(PRESET_DEVICES) == set(PRESET_SUMMARIES) == set(PRESETS), "names.py must describe every preset"
 
 
 def config_for(preset: str, model: str, **overrides: Any) -> TrainConfig:

@@ -13,7 +13,10 @@ epoch.  So an epoch is a function of the state at its start alone, and:
   per process, as torch offers no synchronised CPU version).
 
 Every epoch appends a row to ``metrics.csv`` and rewrites ``metrics.json`` in the output
-directory, and replaces ``checkpoint.pt``.
+directory, and replaces ``checkpoint.pt``.  Before the first epoch a header names the model, its
+parameters, the device and the preset; after the first few steps the time an epoch and the
+rest of the run will take is estimated from those steps (with a warning when a preset meant for
+a GPU runs on a CPU).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ...data.atomic import atomic_write
 from ...data.augment import NORMALIZATIONS, Batches
 from .checkpoint import RESUMABLE_CHANGES, load_checkpoint, save_checkpoint
 from .models import build_model, no_decay_parameters
+from .names import CPU_PRESET, PRESET_DEVICES, PRESET_SUMMARIES
 from .presets import TrainConfig, family
 
 __all__ = [
@@ -54,6 +58,9 @@ __all__ = [
 ]
 
 CHECKPOINT = "checkpoint.pt"
+_UNTIMED_STEPS = 1  # see _StepClock
+_TIMED_STEPS = 5
+_TIMED_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -265,6 +272,100 @@ def _environment(device: str, dist: Dist, compiled: bool) -> dict[str, Any]:
             "compiled": compiled}  # fmt: skip
 
 
+def _duration(seconds: float) -> str:
+    """``seconds`` as a person reads a duration: ``"0.42 s"``, ``"42 s"``, ``"7.5 min"``, ``"3.1 h"``, ``"12 days"``."""
+    if seconds < 10:
+        return f"{seconds:.2g} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.2g} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.2g} h"
+    return f"{seconds / 86400:.3g} days"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
+def _header(config: TrainConfig, model: nn.Module, device: str, environment: dict[str, Any], steps: int) -> str:
+    """The line printed before training: model, parameters, device, preset and the run's length."""
+    parameters = sum(p.numel() for p in model.parameters())
+    return (
+        f"{config.model}: {parameters:,} parameters | device {device}, {environment['device']} | "
+        f"preset {config.preset or '(none)'}: {_plural(config.epochs, 'epoch')} of {_plural(steps, 'step')}, "
+        f"batch {config.batch_size}"
+    )
+
+
+class _StepClock:
+    """Times real training steps at the start of a run for :func:`_estimate`: no extra passes.
+
+    The first step is left out, as it pays for allocations, cuDNN's autotuning and compilation;
+    the next :data:`_TIMED_STEPS` are timed, fewer when they take more than :data:`_TIMED_SECONDS`
+    (full models on a CPU), so the estimate comes within seconds.  A first step slower than that
+    is timed alone, unless the model is compiled: its overhead is then small against its work,
+    and the estimate comes a (long) step sooner.  All steps are timed when there are too few to
+    leave the first out.
+    """
+
+    def __init__(self, steps: int, device: str, compiled: bool) -> None:
+        first = _UNTIMED_STEPS if steps > _UNTIMED_STEPS else 0
+        self.timed = range(first, min(_UNTIMED_STEPS + _TIMED_STEPS, steps))
+        self.device, self.compiled = device, compiled
+        self.begin = time.perf_counter()  # before the first batch is drawn: drawing is part of a step
+
+    def after(self, step: int) -> tuple[float, range] | None:
+        """Call after step ``step`` (from 0); once enough are timed: the seconds a step and the steps timed."""
+        done = step + 1
+        if done < self.timed.start:
+            return None
+        if done == self.timed.start:
+            _synchronize(self.device)  # twice a run: a GPU's queue must be empty for the clock to mean anything
+            now = time.perf_counter()
+            if self.compiled or now - self.begin <= _TIMED_SECONDS:
+                self.begin = now
+                return None
+            timed = range(done)
+        elif done == self.timed.stop or time.perf_counter() - self.begin > _TIMED_SECONDS:
+            _synchronize(self.device)
+            timed = range(self.timed.start, done)
+        else:
+            return None
+        return (time.perf_counter() - self.begin) / len(timed), timed
+
+
+def _estimate(
+    config: TrainConfig, device: str, step_seconds: float, timed: range, steps: int, test_images: int, epochs_left: int
+) -> list[str]:
+    """The lines printed after the timed steps: the time an epoch and the run take, and a CPU warning.
+
+    Evaluation is counted at a third of a training step per image: a forward pass without the
+    backward, which costs about twice the forward.
+    """
+    epoch = step_seconds * (steps + test_images / (3 * config.batch_size))
+    over = f"step {timed.stop}" if len(timed) == 1 else f"steps {timed.start + 1}-{timed.stop}"
+    lines = [
+        f"{config.model}: about {_duration(epoch)} an epoch, {_duration(epoch * epochs_left)} for the "
+        f"{_plural(epochs_left, 'epoch')} to go ({_duration(step_seconds)} a step, timed over {over})"
+    ]
+    if device.split(":")[0] == "cpu" and PRESET_DEVICES.get(config.preset) == "gpu":
+        lines.append(
+            f"{config.model}: the {config.preset} preset is meant for a GPU: at this speed it would take about "
+            f"{_duration(epoch * epochs_left)} on this CPU. --preset {CPU_PRESET} is meant for a CPU "
+            f"({PRESET_SUMMARIES[CPU_PRESET]}); carrying on as asked."
+        )
+    return lines
+
+
+def _synchronize(device: str) -> None:
+    """Wait for the device's queued work, so that a clock reading includes it (torch.cuda, torch.mps, ...)."""
+    module: Any = getattr(torch, device.split(":")[0], None)
+    if hasattr(module, "synchronize"):
+        module.synchronize()
+
+
 def _out_of_time(start: float, epoch_times: list[float], limit: float, dist: Dist, device: str) -> bool:
     """Whether the next epoch would end past ``limit`` seconds; any process's "yes" stops all of them."""
     late = bool(epoch_times) and time.perf_counter() - start + max(epoch_times) > limit
@@ -366,6 +467,8 @@ def train(
     train_batches, test_batches = _batches(data, config, device, dist)
     steps = len(train_batches)
     environment = _environment(device, dist, compile)
+    if dist.main:
+        log(_header(config, model, device, environment, steps))
     epoch_times: list[float] = []
     for epoch in range(first, config.epochs):
         if time_limit is not None and _out_of_time(start, epoch_times, time_limit, dist, device):
@@ -378,6 +481,7 @@ def train(
         totals = torch.zeros(3, dtype=torch.float64, device=device)
         bar = _progress(steps, f"{config.model} epoch {epoch + 1}/{config.epochs}", progress and dist.main)
         readout = _LossReadout()
+        clock = _StepClock(steps, device, compile) if dist.main and epoch == first else None
         for i, (x, y) in enumerate(train_batches.epoch(config.seed, epoch)):
             lr = learning_rate(config, epoch * steps + i, steps)
             loss, logits = train_step(step_model, optimizer, config, device, x, y, lr)
@@ -386,6 +490,13 @@ def train(
                 bar.update(1)
                 if i % 20 == 0:
                     bar.set_postfix(loss=readout(loss), lr=f"{lr:.4f}")
+            measured = clock.after(i) if clock is not None else None
+            if measured is not None:
+                lines = _estimate(config, device, *measured, steps, len(test_batches.labels), config.epochs - epoch)
+                with bar.external_write_mode() if bar is not None else contextlib.nullcontext():
+                    for line in lines:
+                        log(line)
+                clock = None
         if bar is not None:
             bar.close()
         if cuda:

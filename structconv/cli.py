@@ -1,4 +1,4 @@
-"""The ``structconv`` console entry point: ``check``, ``planetoid`` and ``cifar``.
+"""The ``structconv`` console entry point: ``check``, ``planetoid``, ``tour`` and ``cifar``.
 
 The top of the layering: this module imports the experiments, nothing imports it.  The
 argument-parsing conventions every subcommand shares (:class:`ArgumentParser`, the number types,
@@ -79,6 +79,19 @@ def _planetoid(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tour(args: argparse.Namespace) -> int:
+    from .experiments.tour import run_tour
+
+    try:
+        return run_tour(args)
+    except FileNotFoundError as err:  # a data directory or archive that is not there
+        print(f"structconv tour: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, pickle.UnpicklingError) as err:  # a malformed or refused data file
+        print(f"structconv tour: {err}", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
 def build_parser() -> ArgumentParser:
     """The argument parser of ``structconv`` and all its subcommands."""
     parser = ArgumentParser(prog="structconv", description="Convolution on any structure: y = sum_k A_k^T x Theta_k")
@@ -106,6 +119,14 @@ def build_parser() -> ArgumentParser:
         "--epochs", type=positive_int, default=None, help="epochs per run (default: the paper's for each model)"
     )
     planetoid.set_defaults(func=_planetoid)
+    from .experiments.tour import DESCRIPTION
+    from .experiments.tour import add_arguments as add_tour
+
+    tour = sub.add_parser(
+        "tour", help="the library at work on real data, with a summary table", description=DESCRIPTION
+    )
+    add_tour(tour, default_data="../shared/data")
+    tour.set_defaults(func=_tour)
     from .experiments.cifar.cli import add_parser as add_cifar
 
     add_cifar(sub)

@@ -1,0 +1,57 @@
+"""``structconv tour``, the main job: each part on real data, and a summary that tells a failed check."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from structconv.experiments import tour
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_data = pytest.mark.skipif(not (DATA / "planetoid").is_dir(), reason="needs ../shared/data")
+
+
+def _args(tmp_path: Path, parts: tuple[str, ...], **kw: object) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    tour.add_arguments(parser, default_data=str(DATA))
+    args = parser.parse_args(["--out", str(tmp_path), "--parts", ",".join(parts), "--no-progress"])
+    for key, value in kw.items():
+        setattr(args, key, value)
+    return args
+
+
+@needs_data
+def test_the_theorem_part_holds_on_a_real_image_and_draws_it(tmp_path: Path) -> None:
+    row = tour.theorem_on_image(DATA, tmp_path, cache=str(tmp_path / "cache"))
+    assert row.passed
+    assert row.detail["errors"]["float64"] <= 1e-12
+    assert (tmp_path / "theorem.png").stat().st_size > 10_000
+
+
+@needs_data
+def test_planetoid_rows_name_the_published_numbers(tmp_path: Path) -> None:
+    rows = tour.planetoid(DATA / "planetoid", models=("gcn",), seeds=2, progress=False, epochs=5)
+    (row,) = rows
+    assert row.detail["published"] == 81.5
+    assert len(row.detail["accuracies"]) == 2
+    assert "Kipf & Welling" in row.reference
+
+
+def test_the_summary_is_written_and_a_failed_check_fails_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        tour, "identities", lambda cases: tour.Row("identities", "laws", "1 of 2 hold", "all hold", 0.1, False)
+    )
+    assert tour.run_tour(_args(tmp_path, ("identities",))) == 1
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved[0]["passed"] is False
+    assert "FAILED" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_identities_part_passes(tmp_path: Path) -> None:
+    assert tour.run_tour(_args(tmp_path, ("identities",), cases=2)) == 0
+    assert "| identities |" in (tmp_path / "summary.md").read_text()

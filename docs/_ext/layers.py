@@ -7,7 +7,9 @@
   it the matrix of those counts, importing layer by imported layer (an upward import would sit
   above the diagonal, in red);
 * the two generated blocks of ``docs/architecture.rst``: the table of each layer's modules
-  and the output of ``python -m structconv._layout``.
+  and the output of ``python -m structconv._layout``, its lines wrapped to :data:`WIDTH`.
+
+The rest of the page is written by hand and kept as it is.
 
 ``python docs/_ext/layers.py --check`` rewrites nothing and exits with status 1 when the page's
 generated blocks differ from what the tree gives now.  Everything is read by
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +33,9 @@ PAGE = ROOT / "docs" / "architecture.rst"
 PNG = ROOT / "docs" / "_static" / "architecture.png"
 BLOCKS = ("layer table", "layout report")
 OUTSIDE = "outside"  # the facade, `python -m structconv` and the report: not a layer
+
+#: Characters a line of the docs' code boxes holds (``LIMIT`` in ``tests/test_docs_layout.py``).
+WIDTH = 88
 
 #: Where each layer's box stands: (row from the bottom, left edge, width), in a 0..1 wide column.
 PLACES = {
@@ -91,9 +97,20 @@ def table(known: dict[str, _layout.Module]) -> str:
     return "\n".join(rows)
 
 
+def _wrap(line: str) -> list[str]:
+    """``line`` broken at spaces into lines of at most :data:`WIDTH` characters.
+
+    Continuation lines are indented four spaces past the line's own indentation; a word
+    longer than a whole line is cut.
+    """
+    indent = " " * (len(line) - len(line.lstrip(" ")))
+    return textwrap.wrap(line, WIDTH, subsequent_indent=indent + "    ", break_on_hyphens=False) or [""]
+
+
 def report() -> str:
-    """The output of ``python -m structconv._layout`` as an indented literal block."""
-    return "::\n\n" + "\n".join(f"   {line}" if line else "" for line in _layout.report().splitlines())
+    """The output of ``python -m structconv._layout`` as an indented literal block, wrapped to fit."""
+    lines = [part for line in _layout.report().splitlines() for part in _wrap(line)]
+    return "::\n\n" + "\n".join(f"   {line}" if line else "" for line in lines)
 
 
 def draw(known: dict[str, _layout.Module], path: Path) -> Path:

@@ -88,7 +88,8 @@ class EdgeBasis(OnEdgeList):
     --------
     >>> import numpy as np
     >>> from structconv import EdgeBasis
-    >>> A = EdgeBasis(np.array([0, 1]), np.array([1, 1]), np.array([[1.0, 2.0], [3.0, 4.0]]), (2, 2))
+    >>> weights = np.array([[1.0, 2.0], [3.0, 4.0]])
+    >>> A = EdgeBasis(np.array([0, 1]), np.array([1, 1]), weights, (2, 2))
     >>> A.to_dense()[1]
     array([[0., 2.],
            [0., 4.]])

@@ -51,7 +51,8 @@ class KroneckerBasis(Basis):
     >>> from structconv.bases.kronecker import KroneckerBasis
     >>> rng = np.random.default_rng(0)
     >>> A = KroneckerBasis([rng.random((2, 3, 3)), rng.random((2, 4, 4))])
-    >>> A.shape, bool(np.allclose(A.to_dense()[1], np.kron(A.factors[0][1], A.factors[1][1])))
+    >>> (f, g), dense = A.factors, A.to_dense()
+    >>> A.shape, bool(np.allclose(dense[1], np.kron(f[1], g[1])))
     ((2, 12, 12), True)
     """
 

@@ -148,7 +148,8 @@ class SoftmaxEdgeBasis(OnEdgeList):
     --------
     >>> import torch
     >>> from structconv.bases.softmax_edges import SoftmaxEdgeBasis
-    >>> A = SoftmaxEdgeBasis(torch.tensor([0, 1]), torch.tensor([1, 1]), torch.zeros(2, 1), (2, 2))
+    >>> src, dst = torch.tensor([0, 1]), torch.tensor([1, 1])
+    >>> A = SoftmaxEdgeBasis(src, dst, torch.zeros(2, 1), (2, 2))
     >>> A.to_dense()[0]
     tensor([[0.0000, 0.5000],
             [0.0000, 0.5000]])

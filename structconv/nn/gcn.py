@@ -82,13 +82,15 @@ class GCNConv(_GraphLayer):
     >>> import torch
     >>> from structconv.nn import GCNConv
     >>> x = torch.randn(4, 3)
-    >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])  # a path, both ways
+    >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3],
+    ...                            [1, 0, 2, 1, 3, 2]])  # a path, both ways
     >>> layer = GCNConv(3, 2)
     >>> A = torch.eye(4)  # A + I, entry [m, n] for the edge m -> n
     >>> A[edge_index[0], edge_index[1]] = 1.0
     >>> d = A.sum(0).rsqrt()
     >>> A_hat = d[:, None] * A * d
-    >>> torch.allclose(layer(x, edge_index), A_hat.T @ x @ layer.theta[0] + layer.bias, atol=1e-6)
+    >>> ref = A_hat.T @ x @ layer.theta[0] + layer.bias
+    >>> torch.allclose(layer(x, edge_index), ref, atol=1e-6)
     True
     """
 

@@ -152,7 +152,8 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
     >>> layer = PositionalAttention((8, 8), 64, 9, heads=QuadraticHeads(alpha=1.0))
     >>> layer  # doctest: +NORMALIZE_WHITESPACE
     PositionalAttention(grid=(8, 8), embed_dim=64, num_heads=9,
-                        heads=QuadraticHeads(alpha=1.0, width='exp'), content=None, head_dim=None)
+                        heads=QuadraticHeads(alpha=1.0, width='exp'),
+                        content=None, head_dim=None)
     >>> x = torch.randn(2, 8, 8, 64)
     >>> layer(x).shape
     torch.Size([2, 8, 8, 64])

@@ -42,7 +42,8 @@ class ContentHeads(Encoding):
     --------
     >>> import torch
     >>> from structconv.nn import ContentHeads, PositionalAttention
-    >>> layer = PositionalAttention((4, 4), 8, 2, content=ContentHeads(key_dim=3, bias=True))
+    >>> content = ContentHeads(key_dim=3, bias=True)
+    >>> layer = PositionalAttention((4, 4), 8, 2, content=content)
     >>> layer.content
     ContentHeads(key_dim=3, bias=True)
     >>> layer.content.query.shape, layer.content.query_bias.shape

@@ -251,7 +251,8 @@ class GaussianHeads(PositionalHeads):
     --------
     >>> import torch
     >>> from structconv.nn import GaussianHeads, PositionalAttention
-    >>> layer = PositionalAttention((6, 6), 16, 4, heads=GaussianHeads(alpha=0.5, width_noise=0.01))
+    >>> heads = GaussianHeads(alpha=0.5, width_noise=0.01)
+    >>> layer = PositionalAttention((6, 6), 16, 4, heads=heads)
     >>> layer.heads
     GaussianHeads(alpha=0.5, width_noise=0.01)
     >>> layer.heads.inv_sqrt_cov.shape
@@ -327,7 +328,8 @@ class LearnedHeads(PositionalHeads):
     >>> layer = PositionalAttention((5, 5), 8, 2, heads=LearnedHeads(positional_dim=6))
     >>> [tuple(t.shape) for t in layer.heads.tables], tuple(layer.heads.weight.shape)
     ([(9, 3), (9, 3)], (2, 6))
-    >>> eq5 = PositionalAttention((5, 5), 8, 2, heads=LearnedHeads(relative_terms=True), content=ContentHeads())
+    >>> heads, content = LearnedHeads(relative_terms=True), ContentHeads()
+    >>> eq5 = PositionalAttention((5, 5), 8, 2, heads=heads, content=content)
     >>> eq5.heads
     LearnedHeads(positional_dim=8, relative_terms=True)
     >>> eq5(torch.randn(3, 25, 8)).shape

@@ -350,7 +350,8 @@ def check_layer(
     >>> from structconv.nn import GCNConv
     >>> from structconv.testing import check_layer
     >>> layer = GCNConv(3, 4).double()
-    >>> x, edges = torch.randn(5, 3, dtype=torch.float64), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    >>> x = torch.randn(5, 3, dtype=torch.float64)
+    >>> edges = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
     >>> check_layer(layer, x, edges).shape
     torch.Size([5, 4])
     """

@@ -180,7 +180,8 @@ def run_module(
     >>> import torch
     >>> from structconv.testing import run_module
     >>> layer = torch.nn.Linear(3, 2, dtype=torch.float64)
-    >>> run = run_module(layer, torch.randn(4, 3), dtype=torch.float64)  # the input cast to the layer's dtype
+    >>> # the input is cast to the layer's dtype
+    >>> run = run_module(layer, torch.randn(4, 3), dtype=torch.float64)
     >>> sorted(run.named()), run.outputs["output"].dtype
     (['bias', 'input', 'output', 'weight'], torch.float64)
     """

@@ -325,10 +325,11 @@ def conv_to_attention(
     >>> from torch.nn import functional as F
     >>> from structconv import conv
     >>> from structconv.theory import conv_to_attention
-    >>> x, weight = torch.randn(2, 3, 6, 6, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    >>> x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    >>> weight = torch.randn(4, 3, 3, 3, dtype=torch.float64)
     >>> basis, theta, _ = conv_to_attention(weight, (6, 6))  # zero padding, hard heads
-    >>> y = conv(basis, x.flatten(2).transpose(1, 2), theta).transpose(1, 2).reshape(2, 4, 6, 6)
-    >>> torch.allclose(y, F.conv2d(x, weight, padding=1))
+    >>> y = conv(basis, x.flatten(2).transpose(1, 2), theta).transpose(1, 2)
+    >>> torch.allclose(y.reshape(2, 4, 6, 6), F.conv2d(x, weight, padding=1))
     True
     """
     from ..structures.positional import positional_basis

@@ -14,6 +14,7 @@ import csv
 import gzip
 import io
 import json
+import textwrap
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,10 @@ from .allow import ALLOWED, Allow
 from .spec import OUTCOMES
 
 PROBLEMS = ("raw", "silent", "crash", "security", "harness")
+
+#: Characters per line of the examples in ``findings.inc``: what a code box of the docs holds
+#: (``LIMIT`` in ``tests/test_docs_layout.py``).
+WIDTH = 88
 
 
 def counts(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -81,8 +86,20 @@ def table_csv(table: dict[str, dict[str, int]]) -> str:
     return buffer.getvalue()
 
 
+def _wrap(text: str) -> list[str]:
+    """``text`` broken at spaces into lines of at most :data:`WIDTH` characters.
+
+    Continuation lines are indented four spaces; a word longer than a whole line is cut.
+    """
+    return textwrap.wrap(text, WIDTH, subsequent_indent="    ", break_on_hyphens=False) or [""]
+
+
 def findings_rst(groups: list[dict[str, Any]]) -> str:
-    """The findings as a reStructuredText fragment: one item per group, its example in a literal block."""
+    """The findings as a reStructuredText fragment: one item per group, its example in a literal block.
+
+    The example's input and message are wrapped to :data:`WIDTH` characters a line, each line
+    of them on its own.
+    """
     if not groups:
         return "No case ended ``raw``, ``silent``, ``crash`` or ``security``.\n"
     lines = []
@@ -97,7 +114,7 @@ def findings_rst(groups: list[dict[str, Any]]) -> str:
         example = g["example"]
         for text in (example["input"], example["message"]):
             for line in str(text).splitlines() or [""]:
-                lines.append("     " + line)
+                lines.extend("     " + part for part in _wrap(line))
         lines.append("")
     return "\n".join(lines)
 

@@ -42,38 +42,6 @@ LIMIT = 88
 #: of each (stripped), with its line number when this list was written.  Delete a file's entry
 #: once it fits; an entry whose line is gone is ignored.
 PENDING: dict[str, set[str]] = {
-    "docs/_static/robustness/findings.inc": {
-        "AvgPool3d(3, stride=1, padding=0, ceil_mode=False,",  # line 5
-    },
-    "docs/architecture.rst": {
-        "engine  |  structures    conv/explain and its plan",  # line 14
-        "bases                    the Basis values: dense, ",  # line 15
-        "python docs/_ext/layers.py            # rewrites d",  # line 87
-        "python docs/_ext/layers.py --check    # exit statu",  # line 88
-        "layer.basis(x, *structure) -> Basis            # A",  # line 130
-        "layer.parameter()          -> Theta            # a",  # line 131
-        "layer(x, *structure)       == conv(layer.basis(x, ",  # line 132
-    },
-    "docs/attention.rst": {
-        ">>> bool(np.allclose(A.to_dense().sum(2), 1.0)), b",  # line 37
-        ">>> layer = MultiHeadSelfAttention(16, 4, batch_fi",  # line 86
-        ">>> causal = torch.ones(5, 5, dtype=torch.bool).tr",  # line 89
-        ">>> (y, w), (y_ref, w_ref) = layer(xt, xt, xt, att",  # line 90
-        ">>> explain(attention_basis(xt, mechanism=layer.me",  # line 94
-        ">>> torch.allclose(conv(basis, xb, theta).transpos",  # lines 135, 139
-        ">>> def head(alpha):                              ",  # line 167
-        "...     return positional_basis((9, 9), torch.tens",  # line 169
-        ">>> def threshold(holds, lo=1.0, hi=200.0):       ",  # line 170
-        "...         lo, hi = (lo, (lo + hi) / 2) if holds(",  # line 172
-        ">>> threshold(rounds_to_one), threshold(exact_zero",  # line 176
-        ">>> basis, theta, _ = conv_to_attention(weight, (8",  # lines 186, 210
-        ">>> heads = QuadraticPosition((8, 8), torch.tensor",  # line 265
-        ">>> type(shifts).__name__, bool((shifts.to_dense()",  # line 268
-        "from structconv.nn import ContentHeads, LearnedHea",  # line 351
-        "gaussian_prior = PositionalAttention((16, 16), 400",  # line 353
-        "eq5 = PositionalAttention((16, 16), 400, 9, heads=",  # line 354
-        ">>> soft = QuadraticPosition((8, 8), torch.tensor(",  # line 368
-    },
     "docs/cifar.rst": {
         "bash scripts/main.sh        # CPU demo: 3 reduced ",  # line 137
         "structconv cifar train --model all --preset paper ",  # line 140
@@ -109,42 +77,6 @@ PENDING: dict[str, set[str]] = {
         "from structconv import ComposedBasis, DenseBasis, ",  # line 10
         'print("y:", tuple(y.shape), "max |y - einsum|:", f',  # line 23
         "error = (conv(basis, x, fused_theta) - sequence).a",  # line 38
-    },
-    "structconv/bases/edges.py": {
-        ">>> A = EdgeBasis(np.array([0, 1]), np.array([1, 1",  # line 91
-    },
-    "structconv/bases/kronecker.py": {
-        ">>> A.shape, bool(np.allclose(A.to_dense()[1], np.",  # line 54
-    },
-    "structconv/bases/softmax_edges.py": {
-        ">>> A = SoftmaxEdgeBasis(torch.tensor([0, 1]), tor",  # line 151
-    },
-    "structconv/nn/gcn.py": {
-        ">>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3],",  # line 85
-        ">>> torch.allclose(layer(x, edge_index), A_hat.T @",  # line 91
-    },
-    "structconv/nn/positional.py": {
-        "heads=QuadraticHeads(alpha=1.0, width='exp'), cont",  # line 155
-    },
-    "structconv/nn/positional_content.py": {
-        ">>> layer = PositionalAttention((4, 4), 8, 2, cont",  # line 45
-    },
-    "structconv/nn/positional_heads.py": {
-        ">>> layer = PositionalAttention((6, 6), 16, 4, hea",  # line 254
-        ">>> eq5 = PositionalAttention((5, 5), 8, 2, heads=",  # line 330
-    },
-    "structconv/structures/grid.py": {
-        ">>> torch.allclose(y.transpose(1, 2).reshape(2, 3,",  # line 269
-    },
-    "structconv/testing/layer.py": {
-        ">>> x, edges = torch.randn(5, 3, dtype=torch.float",  # line 353
-    },
-    "structconv/testing/peer.py": {
-        ">>> run = run_module(layer, torch.randn(4, 3), dty",  # line 183
-    },
-    "structconv/theory/conv_attention.py": {
-        ">>> x, weight = torch.randn(2, 3, 6, 6, dtype=torc",  # line 328
-        ">>> y = conv(basis, x.flatten(2).transpose(1, 2), ",  # line 330
     },
 }
 

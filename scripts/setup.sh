@@ -12,9 +12,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 # pip's output without one harmless notice; a failing install stops the script with pip's message.
+# --no-compile: pip would byte-compile every module of torch (two thirds of its install time);
+# Python compiles what is imported on first use instead.
 quiet_pip() {
   local out
-  if ! out=$(pip install -q "$@" 2>&1); then
+  if ! out=$(pip install -q --no-compile "$@" 2>&1); then
     printf '%s\n' "$out" >&2
     return 1
   fi

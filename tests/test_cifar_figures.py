@@ -285,6 +285,7 @@ def test_plot_accuracy_draws_percent_per_epoch(tmp_path: Path, monkeypatch: pyte
     lines = {line.get_label(): line.get_xydata().tolist() for line in ax.lines}
     assert lines == {"sa-quadratic (fast)": [[1, 25.0], [2, 50.0], [3, 62.5]], "resnet18": [[1, 40.0], [2, 80.0]]}
     assert ax.get_ylabel() == "test accuracy (%)" and ax.get_title() == "t"
+    assert ax.title.get_fontsize() >= 10
     assert ax.get_legend() is not None
 
 
@@ -315,6 +316,39 @@ def test_model_figures_are_pngs(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="query"):
         plot_attention_maps(quadratic, tmp_path / "x.png", query=(16, 0))
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "encoding"),
+    [
+        ("sa-quadratic", "quadratic encoding"),
+        ("sa-gaussian", "gaussian encoding"),
+        ("sa-learned", "learned encoding"),
+        ("sa-learned-content", "learned + content encoding"),
+    ],
+)
+def test_figure_titles_name_the_encoding_in_readable_type(
+    name: str, encoding: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Figures of different models are told apart by their titles, set in type large enough to read."""
+    from matplotlib.text import Text
+
+    saved = _capture(monkeypatch)
+    model, images = _tiny(name), _images(2)
+    plot_attention_maps(model, tmp_path / "a.png", images=images)
+    plot_convolutionality(model, tmp_path / "c.png", images=images)
+    if name in ("sa-quadratic", "sa-gaussian"):
+        plot_centres(model, tmp_path / "d.png")
+    assert len(saved) == (3 if name in ("sa-quadratic", "sa-gaussian") else 2)
+    for fig in saved:
+        title = fig.get_suptitle()
+        assert title.startswith(encoding), title  # "learned encoding" is no prefix of "learned + content ..."
+        (shown,) = [t for t in fig.findobj(Text) if t.get_text() == title]
+        assert shown.get_fontsize() >= 11
+        assert all(ax.title.get_fontsize() >= 10 for ax in fig.axes if ax.get_title())
+    maps_title = saved[0].get_suptitle()
+    assert "query pixel (8, 8)" in maps_title
+    assert ("averaged over images" if name.endswith("content") else "position only") in maps_title
 
 
 @pytest.fixture(scope="module")

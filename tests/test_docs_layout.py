@@ -42,18 +42,6 @@ LIMIT = 88
 #: of each (stripped), with its line number when this list was written.  Delete a file's entry
 #: once it fits; an entry whose line is gone is ignored.
 PENDING: dict[str, set[str]] = {
-    "docs/cifar.rst": {
-        "bash scripts/main.sh        # CPU demo: 3 reduced ",  # line 137
-        "structconv cifar train --model all --preset paper ",  # line 140
-        "torchrun --nproc_per_node 4 -m structconv.cli cifa",  # line 141
-        "structconv cifar plot runs/cifar          # accura",  # line 142
-        "resnet18: 44,622 parameters | device cpu, CPU (2 t",  # line 212
-        "resnet18: about 0.49 s an epoch, 0.49 s for the 1 ",  # line 213
-        "# 1. where the step's time goes, and the throughpu",  # line 347
-        "structconv cifar bench --device cuda --batch 100 -",  # line 349
-        "structconv cifar train --model sa-quadratic --pres",  # lines 351, 352
-        '>>> model = build_model("sa-quadratic", width=16, ',  # line 408
-    },
     "docs/getting_started.rst": {
         "bash scripts/main.sh    # set up, check the framew",  # line 13
         "resnet18 epoch 1/3: train loss 2.2789 acc 0.1805 |",  # line 76

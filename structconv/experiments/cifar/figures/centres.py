@@ -156,7 +156,7 @@ def _centres_figure(model: SelfAttentionNet) -> Figure:
         ax.set_ylim(limit, -limit)  # rows grow downwards, as in an image
         ax.set_aspect("equal")
         ax.grid(True, alpha=0.25)
-        ax.set_title(f"layer {i + 1}")
+        ax.set_title(f"layer {i + 1}", fontsize=12)
         ax.set_xlabel("column offset")
         ax.set_ylabel("row offset")
     for ax in axes.flat[len(layers) :]:
@@ -167,8 +167,8 @@ def _centres_figure(model: SelfAttentionNet) -> Figure:
         Line2D([], [], linestyle="-", color="gray", label="50 % contour"),
         Line2D([], [], linestyle=":", color="gray", label="90 % contour"),
     ]
-    fig.legend(handles=handles, loc="outside right upper", fontsize="small")
-    fig.suptitle(f"attention centres ({layers[0].heads.name} encoding)")
+    fig.legend(handles=handles, loc="outside right upper", fontsize=10)
+    fig.suptitle(f"{layers[0].heads.name} encoding: attention centres of each head", fontsize=13)
     return fig
 
 

@@ -72,7 +72,7 @@ def plot_accuracy(runs: Sequence[Path], path: Path, title: str | None = None) ->
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="lower right", fontsize=9)
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=12)
     return save(fig, path)

@@ -130,13 +130,16 @@ def plot_attention_maps(
             top = float(np.nanmax(shown)) if np.isfinite(shown).any() else 1.0
             ax.imshow(shown, cmap="viridis", vmin=0.0, vmax=max(top, 1e-12), extent=extent, interpolation="nearest")
             ax.add_patch(Rectangle((-0.5, -0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.2))
-            ax.text(0.03, 0.97, f"{top:.2g}", transform=ax.transAxes, va="top", ha="left", fontsize=6, color="white")
+            ax.text(0.03, 0.97, f"{top:.2g}", transform=ax.transAxes, va="top", ha="left", fontsize=7, color="white")
             ax.set_xticks([])
             ax.set_yticks([])
             if layer == 0:
-                ax.set_title(f"head {h + 1}", fontsize=8)
+                ax.set_title(f"head {h + 1}", fontsize=10)
             if h == 0:
-                ax.set_ylabel(f"layer {layer + 1}", fontsize=8)
-    kind = "averaged over images" if any(a.content is not None for a in model.attention_layers()) else "position only"
-    fig.suptitle(f"attention at query pixel {q} ({kind})", fontsize=9)
+                ax.set_ylabel(f"layer {layer + 1}", fontsize=10)
+    layers = model.attention_layers()
+    content = any(a.content is not None for a in layers)
+    encoding = layers[0].heads.name + (" + content" if content else "")
+    kind = "averaged over images" if content else "position only"
+    fig.suptitle(f"{encoding} encoding ({kind})\nattention of each head at query pixel {q}", fontsize=12)
     return save(fig, path)

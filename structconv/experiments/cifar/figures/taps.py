@@ -98,11 +98,15 @@ def plot_convolutionality(model: SelfAttentionNet, path: Path, images: torch.Ten
             dr, dc = (int(v) for v in fit.offsets[h])
             colour = "black" if distance[layer, h] < 0.5 else "white"
             text = f"{dr},{dc}\n{distance[layer, h]:.2f}"
-            ax.text(h, layer, text, ha="center", va="center", fontsize=6.5, color=colour)
+            ax.text(h, layer, text, ha="center", va="center", fontsize=7.5, color=colour)
     ax.set_xticks(range(H), [str(h + 1) for h in range(H)])
     ax.set_yticks(range(L), [str(layer + 1) for layer in range(L)])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title("distance to the nearest convolution tap (cells: its row,col offset; the distance)", fontsize=9)
+    ax.set_title("cells: the tap's (row, column) offset, then the distance", fontsize=10)
+    layers = model.attention_layers()
+    content = any(a.content is not None for a in layers)
+    encoding = layers[0].heads.name + (" + content" if content else "")
+    fig.suptitle(f"{encoding} encoding\ndistance of each head to its nearest convolution tap", fontsize=12)
     fig.colorbar(image, ax=ax, label="total variation")
     return save(fig, path)

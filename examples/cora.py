@@ -2,8 +2,8 @@
 
     python examples/cora.py [path/to/planetoid] [--epochs N] [--seed S]
 
-The data directory defaults to ``../shared/data/planetoid`` (beside the repository).  The
-default 200 epochs are the paper's; fewer epochs give a quick check at a lower accuracy.
+The data directory defaults to ``../shared/data/planetoid`` (beside the repository).
+The default 200 epochs are the paper's; fewer give a quick check at a lower accuracy.
 The same experiment for all four models and ten seeds: ``structconv planetoid``.
 """
 
@@ -27,8 +27,19 @@ def main(argv: list[str] | None = None) -> None:
         The command-line arguments (default: ``sys.argv[1:]``).
     """
     parser = argparse.ArgumentParser(description="Train a two-layer GCN on Cora.")
-    parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA, help="directory of the ind.cora.* files")
-    parser.add_argument("--epochs", type=int, default=200, help="training epochs (default 200, the paper's)")
+    parser.add_argument(
+        "data",
+        nargs="?",
+        type=Path,
+        default=DEFAULT_DATA,
+        help="directory of the ind.cora.* files",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=200,
+        help="training epochs (default 200, the paper's)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     args = parser.parse_args(argv)
     data = load_planetoid(args.data, "cora")

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import torch
 
-from structconv import ComposedBasis, DenseBasis, LowRank, SparseBasis, compose, concat, conv, explain
+from structconv import (
+    ComposedBasis,
+    DenseBasis,
+    LowRank,
+    SparseBasis,
+    compose,
+    concat,
+    conv,
+    explain,
+)
 
 
 def main() -> None:
@@ -20,7 +29,8 @@ def main() -> None:
 
     y = conv(A, x, theta)
     reference = torch.einsum("kmn,bmp,kpq->bnq", A.to_dense(), x, theta)
-    print("y:", tuple(y.shape), "max |y - einsum|:", f"{(y - reference).abs().max():.2e}")
+    error = (y - reference).abs().max()
+    print("y:", tuple(y.shape), "max |y - einsum|:", f"{error:.2e}")
     print(explain(A, x, theta))
 
     # More heads: concatenate with a dense member; low-rank (multi-head) parameter.
@@ -35,7 +45,8 @@ def main() -> None:
     lazy = ComposedBasis(A, A2)
     sequence = conv(A2, conv(A, x, theta), theta2)
     for basis in (fused, lazy):
-        error = (conv(basis, x, fused_theta) - sequence).abs().max() / sequence.abs().max()
+        fused_y = conv(basis, x, fused_theta)
+        error = (fused_y - sequence).abs().max() / sequence.abs().max()
         print(f"{basis.representation} basis K={basis.K}: relative error {error:.1e}")
 
 

@@ -303,7 +303,7 @@ def add_arguments(p: argparse.ArgumentParser, *, default_data: str) -> None:
     p.add_argument("--cache", default=None, help="where decoded CIFAR-10 JPEGs are cached (default: the user cache)")
     p.add_argument("--out", default="runs/tour", help="where figures, runs and the summary are written")
     p.add_argument("--seeds", type=positive_int, default=2, help="Planetoid runs per model (seeds 0, 1, ...)")
-    p.add_argument("--cases", type=positive_int, default=6, help="random cases per identity")
+    p.add_argument("--cases", type=positive_int, default=4, help="random cases per identity")
     p.add_argument(
         "--models", type=_names(tuple(PUBLISHED), "model"), default=",".join(PUBLISHED),
         help=f"Planetoid models, comma-separated, of {','.join(PUBLISHED)}",

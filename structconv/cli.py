@@ -125,7 +125,7 @@ def build_parser() -> ArgumentParser:
     tour = sub.add_parser(
         "tour", help="the library at work on real data, with a summary table", description=DESCRIPTION
     )
-    add_tour(tour, default_data="../shared/data")
+    add_tour(tour)
     tour.set_defaults(func=_tour)
     from .experiments.cifar.cli import add_parser as add_cifar
 

@@ -230,7 +230,7 @@ def test_a_misspelling_gets_the_near_names(argv: list[str], line: str, capsys: p
 
 
 def test_a_missing_command_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _fails([], capsys).endswith("required: {check,planetoid,cifar}")
+    assert _fails([], capsys).endswith("required: {check,planetoid,tour,cifar}")
     assert _fails(["cifar"], capsys).endswith("required: {train,eval,plot,bench,demo}")
 
 

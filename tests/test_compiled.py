@@ -268,3 +268,30 @@ def test_a_keyed_run_is_the_call() -> None:
     torch.testing.assert_close(c.run_keyed(x, other, None), F.conv2d(x, other, padding=1))
     with pytest.raises(ValueError, match="theta's arrays must have shapes"):
         c.run_keyed(x, torch.randn(4, 3, 2, 2), None)
+
+
+@pytest.mark.parametrize("make", ["grid-native", "grid-ax", "gcn"])
+def test_a_layer_refuses_a_bias_or_weight_changed_after_its_first_call(make: str) -> None:
+    """The keyed run compares the parameter and the bias on every call, as the first call did."""
+    from structconv.nn import GCNConv, GridConv2d
+
+    if make == "gcn":
+        layer: torch.nn.Module = GCNConv(3, 4)
+        args: tuple[Any, ...] = (torch.randn(5, 3), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]]))
+        weight = "theta"
+    else:
+        layer = GridConv2d(3, 4, 3, padding=1, order=make.removeprefix("grid-"))
+        args, weight = (torch.randn(2, 3, 6, 6),), "weight"
+    layer(*args)
+    saved = layer.bias
+    layer.bias = torch.nn.Parameter(torch.zeros(1))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        layer(*args)
+    layer.bias = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        layer(*args)
+    layer.bias = saved
+    param = getattr(layer, weight)
+    param.data = param.data[..., :1] if make == "gcn" else param.data[:, :, :1, :1]
+    with pytest.raises(ValueError, match="theta"):
+        layer(*args)

@@ -75,10 +75,29 @@ BLOCKS = blocks()
 PYTHON = [(line, code, shown) for lang, line, code, shown in BLOCKS if lang == "python"]
 
 
+FLOAT = r"[-+]?\d+\.\d+(?:e[-+]?\d+)?"
+
+
 def masked(text: str) -> list[str]:
     """Lines with every floating-point number (``1.5``, ``2.0e-15``, ``80.7%``) as ``<float>``."""
-    text = re.sub(r"[-+]?\d+\.\d+(?:e[-+]?\d+)?", "<float>", text)
+    text = re.sub(FLOAT, "<float>", text)
     return [" ".join(line.split()) for line in text.strip().split("\n")]
+
+
+def numbers_agree(printed: str, shown: str) -> list[str]:
+    """The printed numbers that disagree with the README's: what a reader would see differ.
+
+    A number of magnitude at least 1e-3 (an accuracy, a score ratio) must be within 5 % of the
+    shown one (seeds fix them; other BLAS builds move the last digits); a smaller one (a
+    rounding error such as ``2.0e-15``) must stay below ten times the shown one.
+    """
+    bad = []
+    for got, want in zip(re.findall(FLOAT, printed), re.findall(FLOAT, shown), strict=True):
+        g, w = float(got), float(want)
+        ok = abs(g) <= 10 * abs(w) if abs(w) < 1e-3 else abs(g - w) <= 0.05 * abs(w)
+        if not ok:
+            bad.append(f"{got} where README shows {want}")
+    return bad
 
 
 def bash_lines() -> list[str]:
@@ -121,6 +140,7 @@ def test_python_block_runs_alone(line: int, code: str, shown: str | None, monkey
     assert printed.strip(), f"the block at README.md:{line} prints nothing"
     if shown is not None:
         assert masked(printed) == masked(shown), f"README.md:{line} prints:\n{printed}"
+        assert not numbers_agree(printed, shown), f"README.md:{line}: {numbers_agree(printed, shown)}"
 
 
 def test_every_bash_line_is_classified() -> None:

@@ -143,11 +143,14 @@ class Contraction:
             return self._general(b, x, theta, bias)  # operands converted, or refused, by conv's rules
         prm = self._param(theta)
         if bias is not None and (bias.shape != self._bias_shape or bias.dtype != self._dtype):
-            raise ValueError(
-                f"bias must have shape {shape_str(self._bias_shape)} and dtype {self._dtype}, got "
-                f"{shape_str(tuple(bias.shape))} and {bias.dtype}"
-            )
+            raise self._bias_mismatch(bias)
         return self._run(b, x, prm, bias)
+
+    def _bias_mismatch(self, bias: Array) -> ValueError:
+        return ValueError(
+            f"bias must have shape {shape_str(self._bias_shape)} and dtype {self._dtype}, got "
+            f"{shape_str(tuple(bias.shape))} and {bias.dtype}"
+        )
 
     def run_keyed(self, x: Array, theta: Parameter, bias: Array | None = None, basis: Basis | None = None) -> Array:
         """The call for a caller that keys its contractions by what the call would compare.
@@ -155,8 +158,8 @@ class Contraction:
         A layer that looks its contraction up by ``x``'s shape, dtype and device (and by the
         structure, :meth:`~structconv.Basis.plan_key`, of a ``basis`` it rebuilds every call) has
         made those comparisons already; this runs the order without repeating them.  The first
-        call still makes every check of :func:`~structconv.conv`, a parameter other than the last
-        one is compared as :meth:`__call__` compares it, and a basis placed otherwise goes through
+        call still makes every check of :func:`~structconv.conv`, the parameter and the bias are
+        compared as :meth:`__call__` compares them, and a basis placed otherwise goes through
         :func:`~structconv.conv`'s conversion rules.
         """
         if not self._verified:
@@ -166,8 +169,9 @@ class Contraction:
             basis is not None and (basis.dtype, basis.device) != self._placement
         ):
             return self._general(b, x, theta, bias)
-        last = self._last
-        prm = last if last is not None and last.operands[0] is theta else self._param(theta)
+        prm = self._param(theta)  # shape, dtype and device: a weight changed in place is caught too
+        if bias is not None and (bias.shape != self._bias_shape or bias.dtype != self._dtype):
+            raise self._bias_mismatch(bias)
         bound = self._bound
         return bound(x, prm, bias) if bound is not None and basis is None else self._run(b, x, prm, bias)
 

@@ -22,6 +22,8 @@ from ._grid_common import BasisCache, grid_and_like, own_init, split_input
 from ._grid_docs import pool_doc
 from ._module import NotScriptable
 
+_ORDERS = ("auto", "native", "shift")  # apply_shifts'
+
 
 class _AvgPoolNd(NotScriptable, nn.Module):
     _ndim = 0
@@ -52,6 +54,8 @@ class _AvgPoolNd(NotScriptable, nn.Module):
         self.ceil_mode = bool(ceil_mode)
         self.count_include_pad = count_include_pad
         self.divisor_override = divisor_override
+        if order not in _ORDERS:
+            raise ValueError(f"{name}: order must be one of {_ORDERS}, got {order!r}")
         self.order = order
         self._bases: BasisCache[GridBasis] = BasisCache()
 

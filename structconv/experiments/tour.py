@@ -22,7 +22,7 @@ The main job of the repository (``bash scripts/main.sh``), in four parts, each t
    :meth:`structconv.nn.PositionalAttention.from_conv` (Cordonnier et al., ICLR 2020, Theorem 1:
    one quadratic head per kernel offset) and run on a CIFAR-10 test image; the two outputs agree
    to rounding, measured in float64 and float32, and drawn side by side.
-4. **The CIFAR-10 pipeline demo** (``structconv cifar demo``, cut to one epoch on 1,000 images):
+4. **The CIFAR-10 pipeline demo** (``structconv cifar demo``, cut to one epoch on 500 images):
    the three reduced models of the demo preset.  It checks that the study's pipeline runs end to
    end (data, training, checkpoints, figures); its accuracies are those of seconds of CPU
    training and say nothing about the paper's.
@@ -226,16 +226,16 @@ def cifar_demo(data_dir: Path, out: Path, *, cache: str | None, progress: bool) 
 
     parser = argparse.ArgumentParser(prog="structconv")
     add_parser(parser.add_subparsers(dest="command"))
-    # One epoch on 1,000 images: the pipeline's every stage runs, in seconds rather than minutes.
+    # One epoch on 500 images: the pipeline's every stage runs, in seconds rather than minutes.
     argv = ["cifar", "demo", "--data", str(data_dir), "--out", str(out)]
-    argv += ["--epochs", "1", "--train-subset", "1000", "--test-subset", "500"]
+    argv += ["--epochs", "1", "--train-subset", "500", "--test-subset", "250"]
     argv += ["--cache", cache] if cache else []
     argv += [] if progress else ["--no-progress"]
     start = time.perf_counter()
     status = run(parser.parse_args(argv))
     table = (out / "results.md").read_text() if (out / "results.md").is_file() else ""
     return Row(
-        "cifar demo", "CIFAR-10 pipeline: 3 reduced models, 1 epoch on 1,000 images (not the paper's results)",
+        "cifar demo", "CIFAR-10 pipeline: 3 reduced models, 1 epoch on 500 images (not the paper's results)",
         "ran end to end" if status == 0 else f"failed (status {status})", "runs, figures in " + str(out),
         time.perf_counter() - start, status == 0, {"results": table},
     )  # fmt: skip
@@ -324,7 +324,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", default=None, help="where decoded CIFAR-10 JPEGs are cached (default: the user cache)")
     p.add_argument("--out", default="runs/tour", help="where figures, runs and the summary are written")
     p.add_argument("--seeds", type=positive_int, default=2, help="Planetoid runs per model (seeds 0, 1, ...)")
-    p.add_argument("--cases", type=positive_int, default=4, help="random cases per identity")
+    p.add_argument("--cases", type=positive_int, default=2, help="random cases per identity")
     p.add_argument(
         "--model", type=_names(tuple(PUBLISHED), "model"), default=",".join(PUBLISHED),
         help=f"Planetoid models, comma-separated, of {','.join(PUBLISHED)} (those with a published Cora number)",

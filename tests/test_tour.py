@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from structconv.data.cifar import FOLDER, OFFICIAL
 from structconv.experiments import tour
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_cora = pytest.mark.skipif(not (DATA / "planetoid").is_dir(), reason="needs ../shared/data/planetoid")
 needs_cifar = pytest.mark.skipif(
-    not any((DATA / name).is_file() for name in tour._CIFAR), reason="needs a CIFAR-10 archive in ../shared/data"
+    not any((DATA / name).is_file() for name in (OFFICIAL, FOLDER)), reason="needs a CIFAR-10 archive in ../shared/data"
 )
 
 

@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cifar.cli import DEFAULT_DATA
+from .cifar.names import DATA_ENV
 from .cli_common import ArgumentParser, did_you_mean, positive_int
 
 DESCRIPTION = (
@@ -255,17 +257,17 @@ def summary(rows: Sequence[Row], out: Path) -> str:
 
 
 PARTS = ("identities", "planetoid", "theorem", "cifar")
-DATA_ENV = "STRUCTCONV_DATA"  # as the cifar commands read it
-DEFAULT_DATA = "../shared/data"
-_CIFAR = ("cifar-10-python.tar.gz", "cifar10-jpeg.tar.gz")  # structconv.data.cifar's OFFICIAL, FOLDER
 
 
 def _check_data(data: Path, parts: Sequence[str]) -> None:
     """Refuse a data directory that lacks what the parts read, before any part runs."""
+    from ..data.cifar import FOLDER, OFFICIAL  # imports torch: only once the tour runs
+
+    cifar = (OFFICIAL, FOLDER)
     if "planetoid" in parts and not (data / "planetoid").is_dir():
         raise FileNotFoundError(f"--data {data}: no planetoid/ folder (the ind.cora.* files) in it")
-    if {"theorem", "cifar"} & set(parts) and not any((data / name).is_file() for name in _CIFAR):
-        raise FileNotFoundError(f"--data {data}: no CIFAR-10 archive ({' or '.join(_CIFAR)}) in it")
+    if {"theorem", "cifar"} & set(parts) and not any((data / name).is_file() for name in cifar):
+        raise FileNotFoundError(f"--data {data}: no CIFAR-10 archive ({' or '.join(cifar)}) in it")
 
 
 def run_tour(args: argparse.Namespace) -> int:

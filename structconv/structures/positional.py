@@ -48,7 +48,16 @@ from ..bases.dense import DenseBasis
 from ..bases.grid import GridBasis, _grid
 from ..bases.kronecker import KroneckerBasis
 from .attention import Mechanism
-from .relative import RelativeAttention, RelativeOffsets, _axis_sum, _check_tables, _split, placed, relative_offsets
+from .relative import (
+    RelativeAttention,
+    RelativeOffsets,
+    _axis_sum,
+    _check_tables,
+    _split,
+    check_host_memory,
+    placed,
+    relative_offsets,
+)
 
 __all__ = [
     "GaussianPosition",
@@ -109,9 +118,12 @@ class PositionalMechanism(Mechanism):
         per_axis = self.axis_scores()
         if per_axis is None:
             return None
+        # Per axis an int64 index and a factor of at most 8 bytes an entry.
+        check_host_memory(self.grid, "its per-axis softmaxes", sum(self.heads * s * s * 16 for s in self.grid))
         factors = []
         for size, scores in zip(self.grid, per_axis, strict=True):
-            factors.append(masked_softmax(scores[:, relative_offsets((size,), self.boundary).index_like(scores)]))
+            index = placed(relative_offsets((size,), self.boundary), "axis_index0", scores)
+            factors.append(masked_softmax(scores[:, index]))
         return KroneckerBasis.of_weights(factors)  # softmaxes of finite scores: no host read on a GPU
 
     #: Whether every head's score is a concave function of the offset (the Gaussian encodings).
@@ -129,18 +141,18 @@ class PositionalMechanism(Mechanism):
         rel = self.relative
         if rel.boundary == "periodic":
             return np.asarray(flat.max(axis=1))
-        columns = _corner_columns(self.grid) if self.concave else np.arange(rel.index.shape[1])
-        return np.asarray(flat[:, rel.index[:, columns]].max(axis=1).min(axis=1))
+        columns = _corner_columns(self.grid) if self.concave else np.arange(rel.positions)
+        return np.asarray(flat[:, rel.column_index(columns)].max(axis=1).min(axis=1))
 
     def dense_scores(self) -> Array:
         """Scores ``(K, M, N)``: :meth:`offset_scores` gathered for every pair."""
-        s = self.offset_scores()
-        return s[:, self.relative.index_like(s)]
+        return self.relative.gather(self.offset_scores())
 
     def scores(self, x: Array, z: Array) -> Array:
-        if int(x.shape[1]) != self.relative.index.shape[0] or int(z.shape[1]) != self.relative.index.shape[1]:
+        M = self.relative.positions
+        if int(x.shape[1]) != M or int(z.shape[1]) != M:
             raise ValueError(
-                f"a positional mechanism on the grid {self.grid} needs {self.relative.index.shape[0]} "
+                f"a positional mechanism on the grid {self.grid} needs {M} "
                 f"positions, got x with {int(x.shape[1])} and z with {int(z.shape[1])}"
             )
         return self.dense_scores()[None]
@@ -184,13 +196,13 @@ class PositionalMechanism(Mechanism):
         if threshold is None and form == "shifts":
             raise ValueError("the shift form needs a threshold in (0, 1)")
         if threshold is None or form == "dense":
-            return DenseBasis.of_weights(masked_softmax(scores[:, rel.index_like(scores)]))
+            return DenseBasis.of_weights(masked_softmax(rel.gather(scores)))
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must lie in (0, 1) or be None, got {threshold!r}")
         flat = _detached(scores)
         floor = self._weakest_best(flat)
         keep = flat >= (floor + math.log(threshold))[:, None]
-        K, M = int(scores.shape[0]), rel.index.shape[0]
+        K, M = int(scores.shape[0]), rel.positions
         too_wide = bool((flat.max(axis=1) - floor > _LOG_RANGE).any())
         if too_wide and form == "shifts":
             raise ValueError(
@@ -198,7 +210,7 @@ class PositionalMechanism(Mechanism):
                 "under- or overflow (use the dense form)"
             )
         if too_wide or (form == "auto" and _SHIFT_COST * int(keep.sum()) >= K * M):
-            return DenseBasis.of_weights(masked_softmax(scores[:, rel.index_like(scores)]))
+            return DenseBasis.of_weights(masked_softmax(rel.gather(scores)))
         from ..bases.composite import ConcatBasis
 
         lib = namespace(scores)

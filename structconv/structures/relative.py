@@ -13,8 +13,10 @@ can never go stale, whatever objects are freed and rebuilt in between.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -26,48 +28,124 @@ from .attention import Mechanism
 
 #: How many placed tables :func:`placed` keeps (the oldest goes first).
 _PLACED_SIZE = 256
+#: How many grids :func:`relative_offsets` keeps (the least recently used goes first).
+_RELATIVE_SIZE = 64
 
 
 @dataclass(frozen=True)
 class RelativeOffsets:
-    """The distinct offsets of a grid and, for every pair ``(m, n)``, which one joins them.
+    r"""The distinct offsets of a grid, and per axis which one joins two coordinates.
+
+    Only :math:`O(S_i)` numbers per axis are stored: the offset between two positions is the
+    tuple of per-axis differences :math:`\mathrm{pos}_i(m) - \mathrm{pos}_i(n)`, so whatever
+    indexes a pair of positions is built from the axes on demand (:meth:`gather`,
+    :meth:`column_index`), never stored as an :math:`(M, N)` table.
 
     Attributes
     ----------
-    offsets
-        ``(O, d)`` integer offsets, row-major over the per-axis ranges.
-    index
-        ``(M, N)``: the offset id of :math:`\\mathrm{pos}(m) - \\mathrm{pos}(n)`.
-    axis_index
-        ``(d, M, N)``: per axis, the position of :math:`\\delta_i` in that axis's range.
+    grid, boundary
+        The grid's sizes :math:`(S_1, \dots, S_d)` and ``"zero"`` or ``"periodic"``.
     lows, lengths
-        Per axis, the smallest offset and the number of offsets.
+        Per axis, the smallest offset and the number of offsets :math:`L_i`.
+    axis_ids
+        Per axis, ``(2 S_i - 1,)`` int64: the position in that axis's range of the difference
+        :math:`\mathrm{pos}_i(m) - \mathrm{pos}_i(n) = j - (S_i - 1)` (wrapped on a torus).
+    offsets
+        ``(O, d)`` integer offsets, row-major over the per-axis ranges, :math:`O = \prod_i L_i`
+        (built on first use).
     """
 
     grid: tuple[int, ...]
     boundary: str
-    offsets: np.ndarray = field(repr=False)
-    index: np.ndarray = field(repr=False)
-    axis_index: np.ndarray = field(repr=False)
     lows: tuple[int, ...]
     lengths: tuple[int, ...]
+    axis_ids: tuple[np.ndarray, ...] = field(repr=False)
 
-    def index_like(self, like: Array) -> Any:
-        """:attr:`index` as an integer array on the backend and device of ``like`` (see :func:`placed`).
+    @cached_property
+    def offsets(self) -> np.ndarray:
+        """``(O, d)`` integer offsets, row-major over the per-axis ranges (built on first use: :math:`O(M)`)."""
+        check_host_memory(self.grid, "its table of offsets", math.prod(self.lengths) * len(self.grid) * 8)
+        axes = [np.arange(lo, lo + n, dtype=np.int64) for lo, n in zip(self.lows, self.lengths, strict=True)]
+        table = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(self.grid))
+        table.setflags(write=False)
+        return table
+
+    @property
+    def positions(self) -> int:
+        r""":math:`M = \prod_i S_i`."""
+        return math.prod(self.grid)
+
+    def axis_index(self, i: int) -> np.ndarray:
+        """``(S_i, S_i)``: along axis ``i``, the position in the axis's range of :math:`m_i - n_i` (built now)."""
+        size = self.grid[i]
+        return self.axis_ids[i][np.subtract.outer(np.arange(size), np.arange(size)) + size - 1]
+
+    def column_index(self, columns: np.ndarray) -> np.ndarray:
+        r"""``(M, len(columns))``: the offset id of :math:`\mathrm{pos}(m) - \mathrm{pos}(n)`, ``n`` in ``columns``."""
+        coords = np.unravel_index(np.asarray(columns, dtype=np.int64), self.grid)
+        ids = np.zeros((1, len(columns)), dtype=np.int64)
+        for i, size in enumerate(self.grid):
+            along = self.axis_ids[i][np.arange(size)[:, None] - coords[i][None, :] + size - 1]  # (S_i, C)
+            shape = [1] * len(self.grid) + [len(columns)]
+            shape[i] = size
+            ids = ids * self.lengths[i] + along.reshape(shape)
+        return ids.reshape(self.positions, len(columns))
+
+    @property
+    def index(self) -> np.ndarray:
+        """``(M, N)``: the offset id of every pair, built now (:math:`O(MN)`; for analyses of dense heads only)."""
+        _check_pairs(self.grid, "an (M, N) offset index")
+        return self.column_index(np.arange(self.positions))
+
+    def gather(self, scores: Array) -> Array:
+        """Per-offset ``scores`` ``(..., O)`` at every pair of positions: ``(..., M, N)``.
+
+        The index of each axis, ``(S_i, S_i)``, is broadcast against the others', so no
+        :math:`(M, N)` index is built; the result itself is dense.
 
         Parameters
         ----------
-        like
-            An array of the backend and device wanted.
+        scores
+            ``(..., O)`` values, one per offset of :attr:`offsets`.
         """
-        return placed(self, "index", like)
+        lead = tuple(int(v) for v in scores.shape[:-1])
+        d = len(self.grid)
+        if int(scores.shape[-1]) != math.prod(self.lengths):
+            raise ValueError(
+                f"scores must have {math.prod(self.lengths)} offsets of the grid {self.grid} on its last axis, "
+                f"got {shape_str(tuple(scores.shape))}"
+            )
+        _check_pairs(self.grid, "dense scores of every pair", per_pair=max(1, math.prod(lead)) * 8)
+        per_axis = scores.reshape(*lead, *self.lengths)
+        index = []
+        for i in range(d):
+            table = placed(self, f"axis_index{i}", scores)
+            index.append(table.reshape([self.grid[i] if j in (i, d + i) else 1 for j in range(2 * d)]))
+        out = per_axis[(Ellipsis, *index)]  # (..., S_1..S_d [keys], S_1..S_d [queries])
+        return out.reshape(*lead, self.positions, self.positions)
 
 
-_RELATIVE: dict[tuple[tuple[int, ...], str], RelativeOffsets] = {}
+def check_host_memory(grid: tuple[int, ...], what: str, need: float) -> None:
+    """Refuse ``what`` for ``grid``, ``need`` bytes, beyond half the host's memory, before allocating it."""
+    host = np.empty(0)
+    budget = of(host).memory_capacity(host) / 2
+    if need > budget:
+        raise ValueError(
+            f"grid {grid} has {math.prod(grid):,} positions; {what} would need {need / 2**30:.3g} GiB, "
+            f"more than half of this host's {2 * budget / 2**30:.3g} GiB"
+        )
+
+
+def _check_pairs(grid: tuple[int, ...], what: str, per_pair: int = 8) -> None:
+    """:func:`check_host_memory` for ``per_pair`` bytes per pair of positions."""
+    check_host_memory(grid, what, math.prod(grid) ** 2 * per_pair)
+
+
+_RELATIVE: OrderedDict[tuple[tuple[int, ...], str], RelativeOffsets] = OrderedDict()
 
 
 def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeOffsets:
-    r"""The :class:`RelativeOffsets` of ``grid`` under ``boundary`` (cached by value).
+    r"""The :class:`RelativeOffsets` of ``grid`` under ``boundary`` (cached by value, bounded).
 
     Parameters
     ----------
@@ -80,12 +158,14 @@ def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeO
     Returns
     -------
     RelativeOffsets
-        Read-only tables, shared by every caller of the same ``(grid, boundary)``.
+        Read-only tables of :math:`O(S_i)` per axis and the :math:`O = \prod_i L_i` offsets,
+        shared by every caller of the same ``(grid, boundary)``; the :data:`_RELATIVE_SIZE` most
+        recently used grids are kept.
 
     Raises
     ------
     ValueError
-        For a bad grid or boundary, or tables larger than half the host's memory.
+        For a bad grid or boundary.
     """
     # A plain dictionary, not functools.lru_cache: torch.compile honours a dictionary lookup (and
     # guards on it) but traces through an lru_cache into the NumPy construction below.
@@ -93,6 +173,8 @@ def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeO
     cached = _RELATIVE.get(key)
     if cached is None:
         cached = _RELATIVE[key] = _relative_offsets(*key)
+        if len(_RELATIVE) > _RELATIVE_SIZE:
+            _RELATIVE.popitem(last=False)
     return cached
 
 
@@ -100,31 +182,18 @@ def _relative_offsets(grid: tuple[int, ...], boundary: str) -> RelativeOffsets:
     g = _grid(grid)
     if boundary not in BOUNDARIES:
         raise ValueError(f"boundary must be one of {BOUNDARIES}, got {boundary!r}")
-    size = np.asarray(g)
     periodic = boundary == "periodic"
-    lows = tuple(int(v) for v in (-(size // 2) if periodic else -(size - 1)))
-    lengths = tuple(int(v) for v in (size if periodic else 2 * size - 1))
-    positions = math.prod(g)
-    # delta, axis_index and index: (2d + 1) int64 entries per pair of positions, all built at once.
-    need = positions**2 * (2 * len(g) + 1) * 8
-    host = np.empty(0)
-    budget = of(host).memory_capacity(host) / 2
-    if need > budget:
-        raise ValueError(
-            f"grid {g} has {positions:,} positions; its relative-offset tables would need {need / 2**30:.3g} GiB, "
-            f"more than half of this host's {2 * budget / 2**30:.3g} GiB"
-        )
-    pos = np.stack(np.meshgrid(*[np.arange(s) for s in g], indexing="ij"), -1).reshape(-1, len(g))
-    delta = pos[:, None, :] - pos[None, :, :]
-    if periodic:
-        delta = (delta + size // 2) % size - size // 2
-    axis_index = np.moveaxis(delta - np.asarray(lows), -1, 0).astype(np.int64)
-    index = np.ravel_multi_index(tuple(axis_index), lengths).astype(np.int64)
-    axes = [np.arange(lo, lo + n) for lo, n in zip(lows, lengths, strict=True)]
-    offsets = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(g)).astype(np.int64)
-    for a in (offsets, index, axis_index):
+    lows = tuple(-(s // 2) if periodic else -(s - 1) for s in g)
+    lengths = tuple(s if periodic else 2 * s - 1 for s in g)
+    axis_ids = []
+    for s, low in zip(g, lows, strict=True):
+        delta = np.arange(-(s - 1), s, dtype=np.int64)
+        if periodic:
+            delta = (delta + s // 2) % s - s // 2
+        axis_ids.append(delta - low)
+    for a in axis_ids:
         a.setflags(write=False)
-    return RelativeOffsets(g, boundary, offsets, index, axis_index, lows, lengths)
+    return RelativeOffsets(g, boundary, lows, lengths, tuple(axis_ids))
 
 
 _PLACED: dict[tuple[Any, ...], Any] = {}
@@ -133,12 +202,10 @@ _PLACED: dict[tuple[Any, ...], Any] = {}
 def _table(rel: RelativeOffsets, name: str) -> tuple[np.ndarray, str | None]:
     """The NumPy table ``name`` of ``rel`` and its dtype on a backend (``None``: the dtype of ``like``)."""
     # Copies: the cached tables are read-only, and torch does not share read-only memory.
-    if name == "index":
-        return rel.index.copy(), "int64"
     if name == "offsets":
         return rel.offsets.astype(np.float64), None
-    if name.startswith("axis_index_t"):  # (N, M) per axis: the gather index of RelativeAttention
-        return np.ascontiguousarray(rel.axis_index[int(name.removeprefix("axis_index_t"))].T), "int64"
+    if name.startswith("axis_index"):  # (S_i, S_i), built now: O(S_i^2), the size of one axis' factor
+        return rel.axis_index(int(name.removeprefix("axis_index"))), "int64"
     raise KeyError(name)
 
 
@@ -154,8 +221,8 @@ def placed(rel: RelativeOffsets, name: str, like: Array) -> Any:
     rel
         The tables of a grid (:func:`relative_offsets`).
     name
-        ``"index"`` (:attr:`RelativeOffsets.index`), ``"offsets"`` or ``"axis_index_t<i>"``
-        (axis ``i`` of :attr:`RelativeOffsets.axis_index`, transposed to ``(N, M)``).
+        ``"offsets"`` (:attr:`RelativeOffsets.offsets`) or ``"axis_index<i>"``
+        (:meth:`RelativeOffsets.axis_index` of axis ``i``, ``(S_i, S_i)``).
     like
         An array of the backend, device (and, for ``"offsets"``, dtype) wanted.
 
@@ -310,7 +377,7 @@ class RelativeAttention(Mechanism):
 
     def scores(self, x: Array, z: Array) -> Array:
         rel = self.relative
-        M, N = rel.index.shape
+        M = N = rel.positions
         if int(x.shape[1]) != M or int(z.shape[1]) != N:
             raise ValueError(
                 f"RelativeAttention on the grid {self.grid} needs {M} positions, got x with "
@@ -329,14 +396,31 @@ class RelativeAttention(Mechanism):
         if query_pos or position:
             projected = self._projected_tables()
         if query_pos:
-            xp = namespace(x)
-            for i, table in enumerate(projected):
-                per_offset = einsum("bknd,kld->bknl", queries, table)  # (B, K, N, L_i)
-                idx = placed(rel, f"axis_index_t{i}", per_offset)  # (N, M)
-                gathered = xp.take_along_axis(per_offset, xp.broadcast_to(idx, (B, K, N, M)), axis=-1)
-                total = total + gathered.swapaxes(-1, -2)
+            total = total + self._query_position(queries, projected, B, K)
         if position:
             per_axis = [einsum("kld,kd->kl", t, self.v) for t in projected]
-            offset_scores = _axis_sum(per_axis, rel.lengths)
-            total = total + offset_scores[:, rel.index_like(offset_scores)][None]
+            total = total + rel.gather(_axis_sum(per_axis, rel.lengths))[None]
         return total * self.scale if self.scale != 1.0 else total
+
+    def _query_position(self, queries: Array, projected: list[Array], B: int, K: int) -> Array:
+        r""":math:`q_n\cdot\hat r_{\delta_{mn}}`, ``(B, K, M, N)``, one axis at a time.
+
+        Axis :math:`i` scores each query against the :math:`L_i` offsets of the axis
+        (``(B, K, N, L_i)``), picks for it the :math:`S_i` differences :math:`m_i - n_i`
+        (``(B, K, N, S_i)``) and broadcasts them over the keys' other coordinates: no
+        ``(M, N)`` index and no ``(M, N, D)`` embeddings are built.
+        """
+        rel, d, grid = self.relative, len(self.grid), self.grid
+        xp = namespace(queries)
+        total: Any = None
+        for i, table in enumerate(projected):
+            per_offset = einsum("bknd,kld->bknl", queries, table).reshape(B, K, *grid, -1)  # (B, K, n..., L_i)
+            index = placed(rel, f"axis_index{i}", per_offset).swapaxes(0, 1)  # (n_i, m_i)
+            shape = [1, 1] + [grid[j] if j == i else 1 for j in range(d)] + [grid[i]]
+            target = (B, K, *grid, grid[i])
+            picked = xp.take_along_axis(per_offset, xp.broadcast_to(index.reshape(shape), target), axis=-1)
+            # (B, K, n_1..n_d, m_i) -> (B, K, [m: m_i only], n_1..n_d): broadcast over the other m_j
+            keys_first = xp.moveaxis(picked, -1, 2).reshape(B, K, *[grid[j] if j == i else 1 for j in range(d)], *grid)
+            total = keys_first if total is None else total + keys_first
+        assert total is not None
+        return xp.broadcast_to(total, (B, K, *grid, *grid)).reshape(B, K, rel.positions, rel.positions)

@@ -450,8 +450,9 @@ def nearest_convolution(basis: Basis | Array, grid: Any, *, padding_mode: str = 
     K = mean.shape[0]
     offsets = np.zeros((K, len(g)), dtype=np.int64)
     mass = np.zeros(K)
+    index = rel.index.reshape(-1)  # O(MN), as the dense heads read here
     for k in range(K):
-        per_offset = np.bincount(rel.index.reshape(-1), weights=mean[k].reshape(-1), minlength=len(rel.offsets))
+        per_offset = np.bincount(index, weights=mean[k].reshape(-1), minlength=len(rel.offsets))
         best = int(per_offset.argmax())
         offsets[k], mass[k] = rel.offsets[best], per_offset[best] / M
     shifts = GridBasis(g, g, offsets, stride=1, boundary=boundary).to_dense()

@@ -25,6 +25,8 @@ and the basis' plan key, so repeated calls do not re-plan.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..backend import Array, device_of, of
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
@@ -116,7 +118,9 @@ def explain(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -
     True
     """
     basis, x3, prm, _ = prepare(a, x, theta)
-    return _plan(basis, x3, prm, order)[0]
+    # The notes describe this basis' values (a window's radii), which a cached plan may not share.
+    plan, notes = _plan(basis, x3, prm, order)[0], basis.plan_notes()
+    return replace(plan, notes=notes) if notes else plan
 
 
 def conv(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> Array:

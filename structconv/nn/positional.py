@@ -17,10 +17,9 @@ from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 from ..bases.grid_args import _grid, _ints
-from ..bases.kronecker import KroneckerBasis
 from ..structures.attention import Mechanism, attention_basis
 from ..structures.grid import BOUNDARIES
-from ..structures.positional import PositionalMechanism
+from ..structures.positional import PositionalMechanism, inner_positions
 from ._module import CompiledRuns, NotScriptable
 from .positional_base import optional_positive_int
 from .positional_content import ContentHeads
@@ -476,10 +475,10 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
             # Shared by the batch and cheap: built in the parameters' precision even under autocast
             # (bf16 scores would blur the Gaussians); the engine converts the finished weights.
             with autocast_off(self.theta_device().type):
-                return self._inner(mech.basis(self.threshold))
+                return mech.basis(self.threshold, padding=self.padding)
         if x is None:
             raise ValueError(f"{type(self).__name__}: content attention needs x to build its heads")
-        return self._inner(attention_basis(self._padded(self._flat(x)), mechanism=mech))
+        return inner_positions(attention_basis(self._padded(self._flat(x)), mechanism=mech), self.tokens, self.padding)
 
     def _padded(self, flat: torch.Tensor) -> torch.Tensor:
         """``flat`` ``(B, M, E)`` among the zero tokens of :attr:`padding`, ``(B, prod(tokens), E)``."""
@@ -490,19 +489,6 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
             pads += [p, p]
         framed = F.pad(flat.reshape(flat.shape[0], *self.grid, self.embed_dim), pads)
         return framed.reshape(flat.shape[0], -1, self.embed_dim)
-
-    def _inner(self, basis: Basis) -> Basis:
-        """``basis`` over :attr:`tokens` restricted to the grid's own tokens, as keys and as queries."""
-        if not any(self.padding):
-            return basis
-        spans = [slice(p, p + s) for s, p in zip(self.grid, self.padding, strict=True)]
-        if isinstance(basis, KroneckerBasis):  # the grid's tokens are a product set: restrict every factor
-            return KroneckerBasis.of_weights([f[:, span, span] for f, span in zip(basis.factors, spans, strict=True)])
-        weights = basis.to_dense()
-        index = (
-            torch.arange(math.prod(self.tokens), device=weights.device).reshape(self.tokens)[tuple(spans)].reshape(-1)
-        )
-        return DenseBasis.of_weights(weights[..., index, :][..., index])
 
     def dropped(self, basis: Basis, batch: int) -> Basis:
         """``basis`` with :attr:`attention_dropout` applied (in training; ``basis`` itself otherwise)."""

@@ -40,13 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, as_index, einsum, is_floating, namespace, of, shape_str, to_numpy
+from ..backend import Array, as_index, einsum, is_floating, namespace, native, of, shape_str, to_numpy
 from ..backend.checks import check_array
 from ..bases.attention import masked_softmax
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.grid import GridBasis, _grid
 from ..bases.kronecker import KroneckerBasis
+from ..bases.window import AxisBands, Window, block_size
 from .attention import Mechanism
 from .relative import (
     RelativeAttention,
@@ -85,6 +86,12 @@ def _detached(a: Array) -> np.ndarray:
     return to_numpy(xp.astype(a, xp.float64))
 
 
+#: Sides up to which no window is built: the exact per-axis factors then cost no more than the
+#: narrowest band (a block of 16 outputs reads at least 18 inputs), so the heads' widths and centres
+#: are not read back from a GPU for nothing.
+WINDOW_MIN_SIDE = 32
+
+
 class PositionalMechanism(Mechanism):
     """A mechanism whose scores depend on the offset between key and query alone (no content)."""
 
@@ -108,23 +115,44 @@ class PositionalMechanism(Mechanism):
         """Per-axis scores ``(K, L_i)`` whose sum is :meth:`offset_scores`, or ``None`` if not separable."""
         return None
 
-    def kronecker(self) -> KroneckerBasis | None:
+    def kronecker(
+        self, threshold: float | None = None, *, padding: tuple[int, ...] | None = None
+    ) -> KroneckerBasis | None:
         """The heads as exact per-axis softmax factors, if separable.
 
         The result is a :class:`~structconv.bases.kronecker.KroneckerBasis`.  When the score is
         a sum of per-axis terms its exponential is a product, and so is the set of grid positions:
         the column-wise softmax over the grid is the Kronecker product of the per-axis softmaxes.
+        With a ``threshold``, heads that are local (:meth:`window`) carry banded factors too,
+        for the engine's ``"window"`` order.
+
+        Parameters
+        ----------
+        threshold
+            The L1 error per column the window may have (``None``: no window).
+        padding
+            Tokens on each side of each axis that are keys only (zero features, see
+            :class:`~structconv.nn.PositionalAttention`): the basis is that of the inner grid.
         """
         per_axis = self.axis_scores()
         if per_axis is None:
             return None
+        pads = _pads(padding, self.grid)
         # Per axis an int64 index and a factor of at most 8 bytes an entry.
         check_host_memory(self.grid, "its per-axis softmaxes", sum(self.heads * s * s * 16 for s in self.grid))
         factors = []
-        for size, scores in zip(self.grid, per_axis, strict=True):
+        for size, scores, p in zip(self.grid, per_axis, pads, strict=True):
             index = placed(relative_offsets((size,), self.boundary), "axis_index0", scores)
-            factors.append(masked_softmax(scores[:, index]))
-        return KroneckerBasis.of_weights(factors)  # softmaxes of finite scores: no host read on a GPU
+            factor = masked_softmax(scores[:, index])
+            factors.append(factor[:, p : size - p, p : size - p] if p else factor)
+        window = None if threshold is None else self.window(threshold, padding=pads)
+        return KroneckerBasis.of_weights(factors, window=window)  # softmaxes of finite scores: no host read
+
+    def window(
+        self, threshold: float, *, padding: tuple[int, ...] | None = None, min_side: int = WINDOW_MIN_SIDE
+    ) -> Window | None:
+        """Banded per-axis factors within ``threshold`` of the exact heads, or ``None`` (here: never local)."""
+        return None
 
     #: Whether every head's score is a concave function of the offset (the Gaussian encodings).
     concave: bool = False
@@ -157,7 +185,9 @@ class PositionalMechanism(Mechanism):
             )
         return self.dense_scores()[None]
 
-    def basis(self, threshold: float | None = None, *, representation: str = "auto") -> Basis:
+    def basis(
+        self, threshold: float | None = None, *, representation: str = "auto", padding: tuple[int, ...] | None = None
+    ) -> Basis:
         r"""The heads as one ``(K, M, N)`` basis, shared by the batch.
 
         ``threshold=None`` gives the exact column-wise softmax (a Kronecker basis for separable
@@ -172,6 +202,8 @@ class PositionalMechanism(Mechanism):
         otherwise the dense softmax is returned.  Gradients flow to the
         mechanism's parameters either way (the kept set itself is not differentiated).
         ``representation="shifts"`` insists on the shift form, ``"dense"`` on the dense softmax.
+        ``padding`` tokens on each side of each axis are keys only (zero features): the basis is
+        then that of the grid within them.
 
         Heads whose scores are a sum of per-axis terms (:class:`QuadraticPosition`,
         :class:`LearnedPosition`) are returned exactly, whatever the threshold, as the Kronecker
@@ -183,22 +215,26 @@ class PositionalMechanism(Mechanism):
         form = representation
         if form not in ("auto", "shifts", "dense", "kronecker"):
             raise ValueError(f"representation must be 'auto', 'kronecker', 'shifts' or 'dense', got {form!r}")
+        if threshold is not None and not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must lie in (0, 1) or be None, got {threshold!r}")
         if form in ("kronecker", "auto"):
-            separable = self.kronecker()
+            separable = self.kronecker(threshold, padding=padding)
             if separable is not None:
                 return separable
             if form == "kronecker":
                 raise ValueError(
                     f"{type(self).__name__} heads are not separable by axis; use representation='shifts' or 'dense'"
                 )
+        return inner_positions(self._unseparated(threshold, form), self.grid, _pads(padding, self.grid))
+
+    def _unseparated(self, threshold: float | None, form: str) -> Basis:
+        """:meth:`basis` over every token, dense or as shifts."""
         scores = self.offset_scores()
         rel = self.relative
         if threshold is None and form == "shifts":
             raise ValueError("the shift form needs a threshold in (0, 1)")
         if threshold is None or form == "dense":
             return DenseBasis.of_weights(masked_softmax(rel.gather(scores)))
-        if not 0.0 < threshold < 1.0:
-            raise ValueError(f"threshold must lie in (0, 1) or be None, got {threshold!r}")
         flat = _detached(scores)
         floor = self._weakest_best(flat)
         keep = flat >= (floor + math.log(threshold))[:, None]
@@ -224,6 +260,59 @@ class PositionalMechanism(Mechanism):
                 )
             )
         return ConcatBasis(heads)
+
+
+def window_radius(
+    alpha: np.ndarray, dims: int, threshold: float, *, limit: int
+) -> tuple[np.ndarray | None, np.ndarray]:
+    r"""Per head, the least :math:`R \ge 1` with :math:`2d\,\varepsilon(\alpha, R) \le` ``threshold``, and the bound.
+
+    :math:`\varepsilon` is that of :meth:`QuadraticPosition.window`, computed in the log domain
+    (one-hot heads have :math:`\alpha` of :math:`10^4` and more).
+
+    Returns
+    -------
+    tuple
+        ``(radius, bound)``, ``(K,)`` each; ``radius`` is ``None`` if a head needs more than ``limit``.
+    """
+    R = np.arange(1, limit + 1, dtype=np.float64)[None, :]
+    a = np.asarray(alpha, dtype=np.float64)[:, None]
+    log_bound = math.log(4 * dims) + a / 4 - a * R * R - np.log1p(-np.exp(-a * (2 * R + 1)))
+    ok = log_bound <= math.log(threshold)
+    if not ok.any(axis=1).all():
+        return None, np.full(len(alpha), np.inf)
+    first = ok.argmax(axis=1)
+    return (first + 1).astype(np.int64), np.exp(log_bound[np.arange(len(alpha)), first])
+
+
+def _pads(padding: tuple[int, ...] | None, tokens: tuple[int, ...]) -> tuple[int, ...]:
+    """``padding`` checked against the grid of ``tokens`` it lies within (``None``: none)."""
+    if padding is None:
+        return (0,) * len(tokens)
+    pads = tuple(int(p) for p in padding)
+    if len(pads) != len(tokens) or any(p < 0 or 2 * p >= s for p, s in zip(pads, tokens, strict=True)):
+        raise ValueError(f"padding must give each axis of the grid {tokens} fewer than half its tokens, got {padding}")
+    return pads
+
+
+def inner_positions(basis: Basis, tokens: tuple[int, ...], padding: tuple[int, ...]) -> Basis:
+    """``basis`` over the grid ``tokens`` restricted to the positions ``padding`` away from its borders.
+
+    As keys and as queries: the tokens beyond have zero features (they add nothing to a sum)
+    and are no outputs.  Their weights stay in each column's softmax, so a head normalises over
+    them as over any key.
+    """
+    if not any(padding):
+        return basis
+    spans = [slice(p, s - p) for s, p in zip(tokens, padding, strict=True)]
+    if isinstance(basis, KroneckerBasis):  # the inner tokens are a product set: restrict every factor
+        if basis.window is not None:
+            raise ValueError("a windowed basis bands its outputs: build it with padding rather than restrict it")
+        return KroneckerBasis.of_weights([f[:, span, span] for f, span in zip(basis.factors, spans, strict=True)])
+    weights = basis.to_dense()
+    flat = np.arange(math.prod(tokens)).reshape(tokens)[tuple(spans)].reshape(-1)
+    index = as_index(flat, weights)
+    return DenseBasis.of_weights(weights[..., index, :][..., index])
 
 
 def _corner_columns(grid: tuple[int, ...]) -> np.ndarray:
@@ -307,6 +396,97 @@ class QuadraticPosition(PositionalMechanism):
             diff = _wrapped_difference(relative_offsets((size,), self.boundary), self.centres[:, i : i + 1])
             out.append(-self.alpha[:, None] * diff[..., 0] ** 2)
         return out
+
+    def window(
+        self, threshold: float, *, padding: tuple[int, ...] | None = None, min_side: int = WINDOW_MIN_SIDE
+    ) -> Window | None:
+        r"""Each head truncated to a window of radius :math:`R_h` per axis, within L1 ``threshold`` of its softmax.
+
+        Along an axis a head's weights for query :math:`n` are
+        :math:`p(m) \propto e^{-\alpha(m - t)^2}`, :math:`t = n + \Delta`, over the keys
+        :math:`m` of the axis (with ``padding``, the zero tokens too).  The window keeps the
+        offsets :math:`\delta = m - n` in :math:`[\lceil\min(\Delta, 0)\rceil - R,
+        \lfloor\max(\Delta, 0)\rfloor + R]` and renormalises over them.  Whether :math:`t` lies
+        among the keys or beyond them, every dropped key is farther from :math:`t` than
+        :math:`R` plus its rank among the dropped keys on its side, while the nearest key is
+        within :math:`\tfrac12` of :math:`t` (or is the nearest border, which a dropped key
+        beyond the window only moves away from); so the dropped mass is at most
+
+        .. math:: \varepsilon(\alpha, R) = 2\,e^{\alpha/4}\sum_{j\ge0} e^{-\alpha(R + j)^2}
+                  \le \frac{2\,e^{\alpha/4 - \alpha R^2}}{1 - e^{-\alpha(2R + 1)}} .
+
+        Renormalising moves a column by twice the dropped mass in L1, and a product over
+        :math:`d` axes by at most the sum of its factors' moves, so a column of the windowed
+        head is within :math:`2d\,\varepsilon(\alpha_h, R_h)` of the exact one in L1 and each
+        output :math:`y_n` within that times :math:`\sum_h \max_m\lVert x_m\Theta_h\rVert_\infty`.
+        :math:`R_h \ge 1` is the least radius meeting ``threshold``.
+
+        The radius is read from the current :math:`\alpha_h` and :math:`\Delta_h` (one read of
+        :math:`K(d + 1)` numbers from a GPU); the window's weights stay differentiable.
+
+        Parameters
+        ----------
+        threshold
+            The largest L1 distance of a column from the exact softmax, in ``(0, 1)``.
+        padding
+            As for :meth:`kronecker`.
+        min_side
+            Build no window unless an axis has more positions (:data:`WINDOW_MIN_SIDE`: the
+            exact factors then cost no more than the narrowest band, and nothing is read).
+
+        Returns
+        -------
+        Window or None
+            ``None`` on grids up to ``min_side``, or when a radius would need the whole axis.
+        """
+        pads = _pads(padding, self.grid)
+        inner = [s - 2 * p for s, p in zip(self.grid, pads, strict=True)]
+        if max(inner) <= min_side:
+            return None
+        alpha = _detached(self.alpha)
+        centres = _detached(self.centres)
+        radius, bound = window_radius(alpha, len(self.grid), threshold, limit=max(self.grid))
+        if radius is None:
+            return None
+        axes = []
+        for i, (tokens, size, p) in enumerate(zip(self.grid, inner, pads, strict=True)):
+            bands = self._axis_bands(i, tokens, size, p, centres[:, i], radius)
+            if bands is None:
+                return None
+            axes.append(bands)
+        return Window(tuple(axes), radius, bound, float(threshold))
+
+    def _axis_bands(
+        self, i: int, tokens: int, size: int, pad: int, centre: np.ndarray, radius: np.ndarray
+    ) -> AxisBands | None:
+        """Axis ``i``'s blocks: ``size`` queries, keys ``pad`` beyond them on each side (or wrapped)."""
+        periodic = self.boundary == "periodic"
+        if periodic:
+            centre = (centre + tokens / 2) % tokens - tokens / 2
+            lows, highs = np.ceil(centre - radius), np.floor(centre + radius)
+            if int((highs - lows).max()) + 1 >= tokens:
+                return None  # the window would hold the whole torus
+        else:
+            reach = size - 1 + pad  # the farthest key
+            lows = np.maximum(np.ceil(np.minimum(centre, 0.0)) - radius, -reach)
+            highs = np.minimum(np.floor(np.maximum(centre, 0.0)) + radius, reach)
+        low, width = int(lows.min()), int(highs.max() - lows.min()) + 1
+        b = block_size(width, size)
+        nb, span = -(-size // b), b + width - 1
+        delta = low + np.arange(span)[None, :] - np.arange(b)[:, None]  # (b, span): the offset of each entry
+        own = (delta >= lows[:, None, None]) & (delta <= highs[:, None, None])  # (K, b, span)
+        keys = (np.arange(nb) * b)[:, None] + low + np.arange(span)[None, :]  # (nb, span)
+        outputs = (np.arange(nb) * b)[:, None] + np.arange(b)[None, :]  # (nb, b)
+        real = np.ones_like(keys, dtype=bool) if periodic else (keys >= -pad) & (keys <= size - 1 + pad)
+        allowed = own[:, None] & real[None, :, None, :] & (outputs < size)[None, :, :, None]  # (K, nb, b, span)
+        scores = self.axis_scores()[i]  # (K, L) over the tokens' offsets of this axis
+        ids = relative_offsets((tokens,), self.boundary).axis_ids[0][np.clip(delta + tokens - 1, 0, 2 * tokens - 2)]
+        band = scores[:, as_index(ids, scores)]  # (K, b, span)
+        lib = native(band)
+        band = lib.broadcast_to(band[:, None], (self.heads, nb, b, span))
+        mask = of(band).asarray(allowed, band, "bool")
+        weights = masked_softmax(band.swapaxes(-1, -2), mask.swapaxes(-1, -2)).swapaxes(-1, -2)
+        return AxisBands(weights, size, low, width, periodic)
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,0 +1,157 @@
+"""The windowed order of local positional heads: its error bound, its dtypes, its gradients and the planner's choice."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from structconv import QuadraticPosition, conv, explain
+from structconv.bases.kronecker import KroneckerBasis
+from structconv.nn import PositionalAttention
+from structconv.structures.positional import window_radius
+
+D64 = torch.float64
+
+
+def _mechanism(seed: int, grid: tuple[int, ...], heads: int, boundary: str, reach: float) -> QuadraticPosition:
+    rng = np.random.default_rng(seed)
+    centres = torch.from_numpy(rng.uniform(-reach, reach, size=(heads, len(grid))))
+    alpha = torch.from_numpy(np.exp(rng.uniform(math.log(0.05), math.log(50.0), size=heads)))
+    return QuadraticPosition(grid, centres, alpha, boundary)
+
+
+def _windowed(mech: QuadraticPosition, threshold: float, padding: tuple[int, ...]) -> KroneckerBasis:
+    exact = mech.basis(padding=padding)
+    assert isinstance(exact, KroneckerBasis)
+    window = mech.window(threshold, padding=padding, min_side=0)
+    assume(window is not None)  # heads as wide as the grid have none: the exact factors are as cheap
+    assert window is not None
+    return KroneckerBasis(exact.factors, window=window)
+
+
+def _matrices(basis: KroneckerBasis, order: str) -> torch.Tensor:
+    """Every member as an (M, N) matrix, read through ``order`` (x and Theta the identities)."""
+    M = basis.M
+    eye = torch.eye(M, dtype=basis.dtype)[None]
+    return torch.stack([conv(basis.select([k]), eye, eye, order=order)[0].T for k in range(basis.K)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    grid=st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple),
+    boundary=st.sampled_from(["zero", "periodic"]),
+    pad=st.integers(0, 2),
+    reach=st.sampled_from([0.0, 2.0, 12.0]),  # 12: centres far beyond the grid, targets off the keys
+    threshold=st.sampled_from([1e-2, 1e-4, 1e-7]),
+)
+def test_each_windowed_column_is_within_its_stated_bound_of_the_softmax(
+    seed: int, grid: tuple[int, ...], boundary: str, pad: int, reach: float, threshold: float
+) -> None:
+    """The law of :meth:`QuadraticPosition.window`: L1(column, exact column) <= bound <= threshold, renormalised."""
+    padding = (pad,) * len(grid) if boundary == "zero" else (0,) * len(grid)
+    tokens = tuple(s + 2 * p for s, p in zip(grid, padding, strict=True))
+    mech = _mechanism(seed, tokens, 3, boundary, reach)
+    basis = _windowed(mech, threshold, padding)
+    assert basis.window is not None
+    exact, windowed = _matrices(basis, "ax"), _matrices(basis, "window")
+    distance = (exact - windowed).abs().sum(1)  # (K, N): L1 per column
+    bound = torch.from_numpy(basis.window.bound)
+    assert bool((bound <= threshold).all())
+    assert bool((distance <= bound[:, None] + 1e-12).all()), (distance.max(1).values, bound)
+    # Columns over the keys that exist (zero tokens included) sum to one: renormalised, not truncated.
+    if not any(padding):
+        torch.testing.assert_close(windowed.sum(1), torch.ones_like(distance))
+
+
+def test_the_radius_meets_the_bound_at_every_width_and_is_the_least_that_does() -> None:
+    alpha = np.array([0.05, 0.5, 1.0, 2.0, 5.0, 1e4])
+    radius, bound = window_radius(alpha, 2, 1e-6, limit=200)
+    assert radius is not None
+    assert bool((bound <= 1e-6).all())
+    # One less than the chosen radius (where above 1) breaks the bound.
+    R, a = radius.astype(float) - 1, alpha
+    with np.errstate(divide="ignore"):  # R = 0 where the radius is 1: no bound, as the window needs
+        log_bound = np.log(8) + a / 4 - a * R * R - np.log1p(-np.exp(-a * (2 * R + 1)))
+    assert bool((log_bound[radius > 1] > np.log(1e-6)).all())
+    assert list(radius[:5]) == sorted(radius[:5], reverse=True)  # wider heads, larger windows
+    assert window_radius(np.array([1e-4]), 2, 1e-6, limit=50)[0] is None  # needs the whole axis
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_windowed_order_in_low_precision_follows_the_float64_softmax(dtype: torch.dtype) -> None:
+    """float32 and bfloat16 windows stay within the bound plus the dtype's rounding of the float64 exact heads."""
+    torch.manual_seed(0)
+    grid, K, P, Q = (40, 36), 4, 8, 6
+    mech = _mechanism(3, grid, K, "zero", 3.0)
+    exact = mech.basis()
+    window = mech.window(1e-5)
+    assert window is not None
+    x, theta = torch.randn(2, math.prod(grid), P, dtype=D64), torch.randn(K, P, Q, dtype=D64) / math.sqrt(K * P)
+    reference = conv(exact, x, theta)
+    low = KroneckerBasis(exact.factors, window=window).to(dtype=dtype)
+    y = conv(low, x.to(dtype), theta.to(dtype), order="window").double()
+    scale = float(sum((x @ theta[k]).abs().max() for k in range(K)))  # the bound's factor
+    eps = float(torch.finfo(dtype).eps)
+    tol = (float(window.bound.max()) + 8 * eps) * scale
+    assert float((y - reference).abs().max()) <= tol
+
+
+def test_the_window_order_has_the_gradients_of_its_formula() -> None:
+    """float64 gradcheck and gradgradcheck through the window's weights (centres, widths), x and Theta."""
+    torch.manual_seed(1)
+    grid, K = (9, 7), 2
+    x = torch.randn(1, math.prod(grid), 3, dtype=D64, requires_grad=True)
+    theta = torch.randn(K, 3, 2, dtype=D64, requires_grad=True)
+    centres = torch.tensor([[0.3, -1.2], [2.2, 0.6]], dtype=D64, requires_grad=True)
+    log_alpha = torch.tensor([0.1, 0.7], dtype=D64, requires_grad=True)
+
+    def run(x: torch.Tensor, theta: torch.Tensor, centres: torch.Tensor, log_alpha: torch.Tensor) -> torch.Tensor:
+        mech = QuadraticPosition(grid, centres, log_alpha.exp(), positive=True)
+        window = mech.window(1e-3, min_side=0)
+        assert window is not None
+        return conv(KroneckerBasis(mech.basis().factors, window=window), x, theta, order="window")
+
+    assert torch.autograd.gradcheck(run, (x, theta, centres, log_alpha))
+    assert torch.autograd.gradgradcheck(run, (x, theta, centres, log_alpha))
+
+
+def test_the_planner_takes_the_window_on_large_grids_and_explain_states_its_radius_and_bound() -> None:
+    layer = PositionalAttention((96, 96), 64, 9)
+    x = torch.randn(1, 96 * 96, 64)
+    basis = layer.basis()
+    assert isinstance(basis, KroneckerBasis) and basis.window is not None
+    plan = explain(basis, x, layer.parameter())
+    assert plan.chosen == "window"
+    text = str(plan)
+    assert "radius per head [" in text and "of the exact softmax" in text
+    radius = basis.window.radius
+    assert f"radius per head [{','.join(str(int(r)) for r in radius)}]" in text
+    # On small grids no window is built, and nothing is read back to choose one.
+    small = PositionalAttention((16, 16), 64, 9).basis()
+    assert isinstance(small, KroneckerBasis) and small.window is None
+
+
+def test_a_layer_on_the_window_never_forms_dense_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward and backward at 64x64 tokens run without any (K, M, N) matrix, and match the exact heads."""
+    torch.manual_seed(2)
+    layer = PositionalAttention((64, 64), 16, 4, padding=1)
+    x = torch.randn(2, 64, 64, 16)
+
+    def refuse(self: object) -> None:
+        raise AssertionError("the window order formed a dense basis")
+
+    with torch.no_grad():
+        exact = PositionalAttention((64, 64), 16, 4, padding=1, threshold=None)
+        exact.load_state_dict(layer.state_dict())
+        expected = exact(x)
+    monkeypatch.setattr(KroneckerBasis, "to_dense", refuse)
+    y = layer(x)
+    y.square().sum().backward()
+    assert layer.heads.centres.grad is not None and bool(layer.heads.centres.grad.abs().sum() > 0)
+    torch.testing.assert_close(y.detach(), expected, rtol=0, atol=1e-5)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from structconv import QuadraticPosition, conv, explain
 from structconv.bases.kronecker import KroneckerBasis
+from structconv.bases.local import LocalBasis, local_weights
 from structconv.nn import PositionalAttention
 from structconv.structures.positional import window_radius
 
@@ -155,3 +156,82 @@ def test_a_layer_on_the_window_never_forms_dense_heads(monkeypatch: pytest.Monke
     y.square().sum().backward()
     assert layer.heads.centres.grad is not None and bool(layer.heads.centres.grad.abs().sum() > 0)
     torch.testing.assert_close(y.detach(), expected, rtol=0, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    grid=st.lists(st.integers(1, 8), min_size=1, max_size=3).map(tuple),
+    boundary=st.sampled_from(["zero", "periodic"]),
+    order=st.sampled_from(["ax", "xtheta"]),
+)
+def test_local_blocks_hold_the_windowed_heads_entry_by_entry(
+    seed: int, grid: tuple[int, ...], boundary: str, order: str
+) -> None:
+    """LocalBasis(local_weights(window)) is the window order, through either order of the engine."""
+    mech = _mechanism(seed, grid, 3, boundary, 2.0)
+    basis = _windowed(mech, 1e-4, (0,) * len(grid))
+    assert basis.window is not None
+    local = LocalBasis(local_weights(basis.window), basis.window)
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(rng.normal(size=(2, basis.M, 3)))
+    theta = torch.from_numpy(rng.normal(size=(3, 3, 4)))
+    expected = conv(basis, x, theta, order="window")
+    torch.testing.assert_close(conv(local, x, theta, order=order), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(local.to_dense(), _matrices(basis, "window"), rtol=0, atol=1e-15)
+
+
+def test_local_blocks_have_the_gradients_of_their_formula() -> None:
+    """float64 gradcheck and gradgradcheck of a fixed dropout mask on the local entries (centres, widths, x, Theta)."""
+    torch.manual_seed(4)
+    grid, K = (7, 6), 2
+    x = torch.randn(1, math.prod(grid), 3, dtype=D64, requires_grad=True)
+    theta = torch.randn(K, 3, 2, dtype=D64, requires_grad=True)
+    centres = torch.tensor([[0.3, -1.2], [1.6, 0.6]], dtype=D64, requires_grad=True)
+    log_alpha = torch.tensor([0.4, 0.9], dtype=D64, requires_grad=True)
+    window = QuadraticPosition(grid, centres, log_alpha.exp(), positive=True).window(1e-3, min_side=0)
+    assert window is not None
+    mask = (torch.rand(local_weights(window).shape) > 0.3).double() / 0.7
+
+    def run(x: torch.Tensor, theta: torch.Tensor, centres: torch.Tensor, log_alpha: torch.Tensor) -> torch.Tensor:
+        mech = QuadraticPosition(grid, centres, log_alpha.exp(), positive=True)
+        found = mech.window(1e-3, min_side=0)
+        assert found is not None
+        return conv(LocalBasis(local_weights(found) * mask, found), x, theta)
+
+    assert torch.autograd.gradcheck(run, (x, theta, centres, log_alpha))
+    assert torch.autograd.gradgradcheck(run, (x, theta, centres, log_alpha))
+
+
+def test_shared_dropout_on_a_windowed_layer_drops_each_entry_once_per_step_for_the_whole_batch() -> None:
+    """The paper's rule in block-local form: every windowed entry kept with probability 1 - p, scaled by 1/(1 - p)."""
+    torch.manual_seed(5)
+    p = 0.3
+    layer = PositionalAttention((40,), 6, 3, attention_dropout=p).double().train()
+    built = layer.basis()
+    assert isinstance(built, KroneckerBasis) and built.window is not None
+    windowed = local_weights(built.window)
+    dropped = layer.dropped(built, batch=2)
+    assert isinstance(dropped, LocalBasis)
+    kept = dropped.weights[windowed > 0]
+    entries = windowed[windowed > 0]
+    ratio = kept / entries
+    assert bool(((ratio == 0) | torch.isclose(ratio, torch.full_like(ratio, 1 / (1 - p)))).all())
+    n, dropped_share = ratio.numel(), float((ratio == 0).double().mean())
+    assert abs(dropped_share - p) < 5 * math.sqrt(p * (1 - p) / n)
+    # One mask for the batch: two copies of an image get the same output in a training step.
+    image = torch.randn(1, 40, 6, dtype=D64)
+    y = layer(torch.cat([image, image]))
+    torch.testing.assert_close(y[0], y[1], rtol=0, atol=0)
+
+
+def test_training_with_dropout_at_64x64_never_forms_dense_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: object) -> None:
+        raise AssertionError("a dense (K, M, N) basis was formed")
+
+    monkeypatch.setattr(KroneckerBasis, "to_dense", refuse)
+    monkeypatch.setattr(LocalBasis, "to_dense", refuse)
+    layer = PositionalAttention((64, 64), 8, 4, attention_dropout=0.1).train()
+    y = layer(torch.randn(2, 64, 64, 8))
+    y.square().sum().backward()
+    assert layer.theta.grad is not None and layer.heads.centres.grad is not None

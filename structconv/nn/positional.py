@@ -17,6 +17,8 @@ from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 from ..bases.grid_args import _grid, _ints
+from ..bases.kronecker import KroneckerBasis
+from ..bases.local import LocalBasis, local_weights
 from ..structures.attention import Mechanism, attention_basis
 from ..structures.grid import BOUNDARIES
 from ..structures.positional import PositionalMechanism, inner_positions
@@ -114,6 +116,10 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         ``(relative_terms=True)``, the four terms of Eq. 5 instead); bound as :attr:`content`.
     attention_dropout : float, default 0.0
         Drops attention weights in training, after the softmax (scaled by :math:`1/(1-p)`).
+        Position-only heads with a window (grids with a side above 32, see
+        :meth:`~structconv.QuadraticPosition.window`) drop the windowed heads' entries, each
+        with probability :math:`p`, one mask per step shared by the batch, in block-local form
+        (:class:`~structconv.bases.local.LocalBasis`): no ``(K, M, M)`` matrix is formed.
     dropout_shared : bool, optional
         ``None`` (the default) does what Cordonnier et al.'s code does: position-only heads are
         one ``(K, M, M)`` tensor with no batch axis, and one mask per step is drawn for it,
@@ -494,6 +500,11 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         """``basis`` with :attr:`attention_dropout` applied (in training; ``basis`` itself otherwise)."""
         if not self.training or self.attention_dropout == 0.0:
             return basis
+        if isinstance(basis, KroneckerBasis) and basis.window is not None and self.dropout_shared is not False:
+            # The windowed heads entry by entry, block by block: one mask per step for the layer,
+            # the paper's rule, on N (b + w - 1)^d weights per head instead of a dense (K, N, N).
+            local = local_weights(basis.window)
+            return LocalBasis(F.dropout(local, self.attention_dropout, training=True), basis.window)
         weights = basis.to_dense()
         narrow = autocast_dtype(weights.device.type)
         if narrow is not None and weights.dtype == torch.float32:

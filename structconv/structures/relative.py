@@ -78,7 +78,7 @@ class RelativeOffsets:
     def axis_index(self, i: int) -> np.ndarray:
         """``(S_i, S_i)``: along axis ``i``, the position in the axis's range of :math:`m_i - n_i` (built now)."""
         size = self.grid[i]
-        return self.axis_ids[i][np.subtract.outer(np.arange(size), np.arange(size)) + size - 1]
+        return np.asarray(self.axis_ids[i][np.subtract.outer(np.arange(size), np.arange(size)) + size - 1])
 
     def column_index(self, columns: np.ndarray) -> np.ndarray:
         r"""``(M, len(columns))``: the offset id of :math:`\mathrm{pos}(m) - \mathrm{pos}(n)`, ``n`` in ``columns``."""

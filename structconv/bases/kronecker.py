@@ -98,7 +98,7 @@ class KroneckerBasis(Basis):
         return (*super().plan_key(), None if self._window is None else self._window.key())
 
     def plan_notes(self) -> tuple[str, ...]:
-        return () if self._window is None else (self._window.describe(),)
+        return () if self._window is None else self._window.describe()
 
     @property
     def factors(self) -> tuple[Array, ...]:

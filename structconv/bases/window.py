@@ -109,13 +109,16 @@ class Window:
         """The plan key's share: the bands' sizes."""
         return tuple(a.key() for a in self.axes)
 
-    def describe(self) -> str:
-        """One line for :func:`structconv.explain`: radii, widths, blocks and the bound."""
+    def describe(self) -> tuple[str, ...]:
+        """Lines for :func:`structconv.explain`: the radii, the bands and the bound."""
         radii = ",".join(str(int(r)) for r in self.radius)
-        widths = " x ".join(f"{a.width} (block {a.block})" for a in self.axes)
+        widths = " x ".join(str(a.width) for a in self.axes)
+        blocks = " x ".join(str(a.block) for a in self.axes)
         return (
-            f"window: radius per head [{radii}], band widths {widths}; "
-            f"each column within L1 {float(self.bound.max()):.2g} of the exact softmax (asked {self.tolerance:g})"
+            f"window: radius per head [{radii}]",
+            f"window: band widths {widths}, output blocks {blocks}",
+            f"window: each column within L1 {float(self.bound.max()):.2g} of the exact softmax "
+            f"(asked {self.tolerance:g})",
         )
 
     def select(self, members: list[int]) -> Window:

@@ -22,6 +22,7 @@ from ..bases.local import LocalBasis, local_weights
 from ..structures.attention import Mechanism, attention_basis
 from ..structures.grid import BOUNDARIES
 from ..structures.positional import PositionalMechanism, inner_positions
+from ..structures.relative import check_host_memory
 from ._module import CompiledRuns, NotScriptable
 from .positional_base import optional_positive_int
 from .positional_content import ContentHeads
@@ -505,6 +506,9 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
             # the paper's rule, on N (b + w - 1)^d weights per head instead of a dense (K, N, N).
             local = local_weights(basis.window)
             return LocalBasis(F.dropout(local, self.attention_dropout, training=True), basis.window)
+        copies = batch if basis.batch is None and self.dropout_shared is False else 1
+        need = 2 * copies * math.prod(basis.shape) * 4  # the dense heads and their dropped copy, float32 or wider
+        check_host_memory(self.grid, f"attention dropout on dense heads ({copies} per step)", need)
         weights = basis.to_dense()
         narrow = autocast_dtype(weights.device.type)
         if narrow is not None and weights.dtype == torch.float32:

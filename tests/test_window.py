@@ -235,3 +235,17 @@ def test_training_with_dropout_at_64x64_never_forms_dense_heads(monkeypatch: pyt
     y = layer(torch.randn(2, 64, 64, 8))
     y.square().sum().backward()
     assert layer.theta.grad is not None and layer.heads.centres.grad is not None
+
+
+@pytest.mark.parametrize("boundary", ["zero", "periodic"])
+def test_the_window_runs_alike_on_numpy_and_torch(boundary: str) -> None:
+    rng = np.random.default_rng(6)
+    centres, alpha = rng.normal(size=(3, 2)), np.array([0.5, 1.0, 3.0])
+    x, theta = rng.normal(size=(2, 40 * 36, 4)), rng.normal(size=(3, 4, 5))
+    on_numpy = QuadraticPosition((40, 36), centres, alpha, boundary).basis(1e-6)
+    on_torch = QuadraticPosition((40, 36), torch.from_numpy(centres), torch.from_numpy(alpha), boundary).basis(1e-6)
+    assert isinstance(on_numpy, KroneckerBasis) and on_numpy.window is not None
+    expected = conv(on_torch, torch.from_numpy(x), torch.from_numpy(theta), order="window").numpy()
+    np.testing.assert_allclose(conv(on_numpy, x, theta, order="window"), expected, rtol=1e-12, atol=1e-12)
+    local = LocalBasis(local_weights(on_numpy.window), on_numpy.window)
+    np.testing.assert_allclose(conv(local, x, theta), expected, rtol=1e-12, atol=1e-12)

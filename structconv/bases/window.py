@@ -227,15 +227,24 @@ def run_window(window: Window, x: Array, theta: Array) -> Array:
 
 
 def cost_window(window: Window, batch: int, p: int, q: int, members: int) -> Cost:
-    """The work of :func:`run_window`: the passes' block GEMMs, their copies, and the GEMM with Θ."""
+    """The work of :func:`run_window`: the passes' block GEMMs, their copies, and the GEMM with Θ.
+
+    The passes count as irregular work (:data:`~structconv.engine.plan.SPARSE_FLOP_WEIGHT`):
+    their GEMMs have a block's rows on zero-padded, overlapping windows copied for the batched
+    call, and measured on CPU (width 400, 9 heads, 64x64 to 256x256 tokens) they ran several
+    times slower per flop than the GEMM with Θ; the exact per-axis passes, plain GEMMs on views,
+    were faster up to 256x256 tokens although they do 2 to 9 times the flops.
+    """
     sizes = [a.size for a in window.axes]
     M = math.prod(sizes)
     flops = 2.0 * batch * M * members * p * q
+    band = 0.0
     written = float(batch * M * (members * p + q))
     for i, a in enumerate(window.axes):
         rest = batch * (M // a.size) * p
         outputs = a.blocks * a.block
-        flops += 2.0 * members * rest * outputs * a.span
-        # the shifted input blocks (copied for the batched GEMM) and the members' outputs
-        written += float((1 if i == 0 else members) * rest * a.blocks * a.span + members * rest * outputs)
-    return Cost(flops, written)
+        band += 2.0 * members * rest * outputs * a.span
+        # the padded input, its shifted blocks (copied for the batched GEMM) and the members' outputs
+        copies = 1 if i == 0 else members
+        written += float(copies * rest * (outputs + a.width + a.blocks * a.span) + members * rest * outputs)
+    return Cost(flops, written, band)

@@ -120,6 +120,18 @@ def _graph(kind: str) -> Callable[[Convert], Any]:
     return build
 
 
+def _windowed(local: bool) -> Callable[[Convert], Any]:
+    def build(cv: Convert) -> Any:
+        heads = sc.QuadraticPosition((6, 5), cv(np.array([[0.0, 1.0], [1.5, -1.0]])), cv(np.array([1.0, 2.0])))
+        window = heads.window(1e-3, min_side=0)
+        assert window is not None
+        if local:
+            return sc.bases.local.LocalBasis(sc.bases.local.local_weights(window), window)
+        return sc.bases.kronecker.KroneckerBasis(heads.basis().factors, window=window)
+
+    return build
+
+
 KINDS: dict[str, Callable[[Convert], Any]] = {
     "dense": lambda cv: sc.DenseBasis(cv(_DENSE)),
     "dense-batched": lambda cv: sc.DenseBasis(cv(_BATCHED)),
@@ -127,6 +139,8 @@ KINDS: dict[str, Callable[[Convert], Any]] = {
     "sparse-batched": lambda cv: sc.SparseBasis.from_dense(cv(_BATCHED)),
     "edges": lambda cv: sc.EdgeBasis(cv(_EDGES[0]), cv(_EDGES[1]), cv(_EDGE_VALUES), (6, 6)),
     "kronecker": lambda cv: sc.bases.kronecker.KroneckerBasis([cv(f) for f in _FACTORS]),
+    "kronecker-windowed": _windowed(local=False),
+    "local": _windowed(local=True),
     "concat": lambda cv: sc.ConcatBasis([sc.DenseBasis(cv(_DENSE[:1])), sc.SparseBasis.from_dense(cv(_DENSE[1:]))]),
     "composed": lambda cv: sc.ComposedBasis(
         sc.SparseBasis.from_dense(cv(_DENSE)), sc.DenseBasis(cv(_DENSE[:2, :5, :4]))

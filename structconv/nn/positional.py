@@ -506,8 +506,10 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
             # the paper's rule, on N (b + w - 1)^d weights per head instead of a dense (K, N, N).
             local = local_weights(basis.window)
             return LocalBasis(F.dropout(local, self.attention_dropout, training=True), basis.window)
-        copies = batch if basis.batch is None and self.dropout_shared is False else 1
-        need = 2 * copies * math.prod(basis.shape) * 4  # the dense heads and their dropped copy, float32 or wider
+        # From the layer's sizes, not the basis' (torch.compile traces this without a break).
+        M = math.prod(self.grid)
+        copies = batch if self.content is not None or self.dropout_shared is False else 1
+        need = 2 * copies * self.num_heads * M * M * 4  # the dense heads and their dropped copy, float32 or wider
         check_host_memory(self.grid, f"attention dropout on dense heads ({copies} per step)", need)
         weights = basis.to_dense()
         narrow = autocast_dtype(weights.device.type)

@@ -139,7 +139,7 @@ class PositionalMechanism(Mechanism):
             return None
         pads = _pads(padding, self.grid)
         # Per axis an int64 index and a factor of at most 8 bytes an entry.
-        check_host_memory(self.grid, "its per-axis softmaxes", sum(self.heads * s * s * 16 for s in self.grid))
+        check_host_memory(self.grid, "its per-axis softmaxes", 16 * self.heads * sum([s * s for s in self.grid]))
         factors = []
         for size, scores, p in zip(self.grid, per_axis, pads, strict=True):
             index = placed(relative_offsets((size,), self.boundary), "axis_index0", scores)
@@ -289,8 +289,9 @@ def _pads(padding: tuple[int, ...] | None, tokens: tuple[int, ...]) -> tuple[int
     """``padding`` checked against the grid of ``tokens`` it lies within (``None``: none)."""
     if padding is None:
         return (0,) * len(tokens)
-    pads = tuple(int(p) for p in padding)
-    if len(pads) != len(tokens) or any(p < 0 or 2 * p >= s for p, s in zip(pads, tokens, strict=True)):
+    # Lists, not generators: torch.compile traces a layer's forward through here.
+    pads = tuple([int(p) for p in padding])
+    if len(pads) != len(tokens) or any([p < 0 or 2 * p >= s for p, s in zip(pads, tokens, strict=True)]):
         raise ValueError(f"padding must give each axis of the grid {tokens} fewer than half its tokens, got {padding}")
     return pads
 

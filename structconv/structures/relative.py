@@ -125,10 +125,15 @@ class RelativeOffsets:
         return out.reshape(*lead, self.positions, self.positions)
 
 
+_HOST: dict[str, float] = {}
+
+
 def check_host_memory(grid: tuple[int, ...], what: str, need: float) -> None:
     """Refuse ``what`` for ``grid``, ``need`` bytes, beyond half the host's memory, before allocating it."""
-    host = np.empty(0)
-    budget = of(host).memory_capacity(host) / 2
+    budget = _HOST.get("half")
+    if budget is None:  # asked once: torch.compile traces a dictionary lookup, not a system call
+        host = np.empty(0)
+        budget = _HOST["half"] = of(host).memory_capacity(host) / 2
     if need > budget:
         raise ValueError(
             f"grid {grid} has {math.prod(grid):,} positions; {what} would need {need / 2**30:.3g} GiB, "

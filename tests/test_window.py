@@ -11,6 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from structconv import QuadraticPosition, conv, explain
+from structconv import nn as snn
 from structconv.bases.kronecker import KroneckerBasis
 from structconv.bases.local import LocalBasis, local_weights
 from structconv.nn import PositionalAttention
@@ -125,7 +126,8 @@ def test_the_window_order_has_the_gradients_of_its_formula() -> None:
 def test_the_planner_weighs_the_window_against_the_exact_passes_and_explain_states_its_radius_and_bound() -> None:
     """At width 400 up to 256x256 the exact per-axis GEMMs were faster (measured), from 512x512 the window."""
     layer = PositionalAttention((96, 96), 400, 9)
-    basis = layer.basis()
+    assert layer.basis().window is None  # type: ignore[attr-defined]  # the layer reads no widths back there
+    basis = layer.heads.mechanism().basis(1e-7)
     assert isinstance(basis, KroneckerBasis) and basis.window is not None
     plan = explain(basis, torch.empty(1, 96 * 96, 400), layer.parameter())
     assert plan.chosen == "ax" and "window" in plan.orders
@@ -141,7 +143,7 @@ def test_the_planner_weighs_the_window_against_the_exact_passes_and_explain_stat
 
 
 def test_a_layer_on_the_window_never_forms_dense_heads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Forward and backward at 64x64 tokens (windowed heads) form no (K, M, N) matrix and match the exact ones."""
+    """Forward and backward at 64x64 tokens form no (K, M, N) matrix and match the exact heads."""
     torch.manual_seed(2)
     layer = PositionalAttention((64, 64), 16, 4, padding=1)
     x = torch.randn(2, 64, 64, 16)
@@ -209,7 +211,7 @@ def test_shared_dropout_on_a_windowed_layer_drops_each_entry_once_per_step_for_t
     """The paper's rule in block-local form: every windowed entry kept with probability 1 - p, scaled by 1/(1 - p)."""
     torch.manual_seed(5)
     p = 0.3
-    layer = PositionalAttention((40,), 6, 3, attention_dropout=p).double().train()
+    layer = PositionalAttention((96,), 6, 3, attention_dropout=p).double().train()
     built = layer.basis()
     assert isinstance(built, KroneckerBasis) and built.window is not None
     windowed = local_weights(built.window)
@@ -222,7 +224,7 @@ def test_shared_dropout_on_a_windowed_layer_drops_each_entry_once_per_step_for_t
     n, dropped_share = ratio.numel(), float((ratio == 0).double().mean())
     assert abs(dropped_share - p) < 5 * math.sqrt(p * (1 - p) / n)
     # One mask for the batch: two copies of an image get the same output in a training step.
-    image = torch.randn(1, 40, 6, dtype=D64)
+    image = torch.randn(1, 96, 6, dtype=D64)
     y = layer(torch.cat([image, image]))
     torch.testing.assert_close(y[0], y[1], rtol=0, atol=0)
 
@@ -251,3 +253,21 @@ def test_the_window_runs_alike_on_numpy_and_torch(boundary: str) -> None:
     np.testing.assert_allclose(conv(on_numpy, x, theta, order="window"), expected, rtol=1e-12, atol=1e-12)
     local = LocalBasis(local_weights(on_numpy.window), on_numpy.window)
     np.testing.assert_allclose(conv(local, x, theta), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_bad_windows_are_refused_with_the_argument_named() -> None:
+    heads = QuadraticPosition((40,), torch.zeros(2, 1), torch.ones(2))
+    for bad in (0.0, -1.0, 1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"threshold must lie in \(0, 1\)"):
+            heads.window(bad)
+    torus = QuadraticPosition((44,), torch.zeros(2, 1), torch.ones(2), boundary="periodic")
+    with pytest.raises(ValueError, match=r"padding=\(2,\) adds zero tokens beyond the grid, and a periodic grid"):
+        torus.basis(1e-7, padding=(2,))
+
+
+def test_dropout_keeps_dense_heads_where_the_local_blocks_would_be_larger() -> None:
+    """Wide heads on 33 positions: the block-local form would hold more entries than the dense heads."""
+    layer = PositionalAttention((33,), 4, 2, heads=snn.QuadraticHeads(alpha=0.02), attention_dropout=0.1).train()
+    built = layer.basis()
+    assert isinstance(built, KroneckerBasis) and built.window is not None
+    assert not isinstance(layer.dropped(built, batch=1), LocalBasis)

@@ -41,8 +41,9 @@ class AxisBands:
     r"""One axis' banded factor, ``(K, n_b, b, b + w - 1)``.
 
     ``weights[k, j, r, c]`` is the weight of input :math:`jb + \ell + c` for output :math:`jb + r`
-    in member :math:`k` (zero outside the member's own window, outside the inputs and past the
-    last output).
+    in member :math:`k` (zero outside the member's own window, beyond the keys and past the last
+    output; keys beyond the inputs but among the zero tokens of a padding keep their weight, and
+    read zeros).
 
     Attributes
     ----------
@@ -95,7 +96,7 @@ class Window:
     radius
         ``(K,)`` per member, the radius :math:`R` its windows were chosen with.
     bound
-        ``(K,)`` per member, the largest L1 distance of one of its columns from the exact one.
+        ``(K,)`` per member, an upper bound on the L1 distance of each of its columns from the exact one.
     tolerance
         The bound asked for: every entry of :attr:`bound` is at most it.
     """

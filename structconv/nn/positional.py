@@ -19,6 +19,7 @@ from ..bases.factor import LowRank
 from ..bases.grid_args import _grid, _ints
 from ..bases.kronecker import KroneckerBasis
 from ..bases.local import LocalBasis, local_weights
+from ..bases.window import Window
 from ..structures.attention import Mechanism, attention_basis
 from ..structures.grid import BOUNDARIES
 from ..structures.positional import PositionalMechanism, inner_positions
@@ -70,6 +71,18 @@ def upgrade_state_dict(state: Mapping[str, V], module: nn.Module) -> dict[str, V
     if metadata is not None:  # torch reads each module's version from it (the names of modules are unchanged)
         out._metadata = metadata  # type: ignore[attr-defined]
     return out
+
+
+#: Sides from which the layer's heads carry a window without dropout: at width 400 with 9 heads
+#: the planner took the exact per-axis passes through 384x384 tokens and the window from 512x512
+#: (which was faster there, measured on CPU; see docs/attention.rst).
+WINDOW_SIDE = 384
+
+
+def _local_size(window: Window) -> int:
+    """Entries of the block-local form of ``window`` (:func:`~structconv.bases.local.local_weights`)."""
+    K = int(window.axes[0].weights.shape[0])
+    return K * math.prod([a.blocks * a.block * a.span for a in window.axes])
 
 
 class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
@@ -136,7 +149,11 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
     boundary : {"zero", "periodic"}
         The grid's offsets: within its box, or wrapped around it.
     threshold : float or None, default 1e-7
-        The truncation of position-only Gaussian heads to shift bases (``None``: exact).
+        The truncation of position-only Gaussian heads to shift bases, and the L1 error per
+        column allowed to the window of quadratic heads (``None``: exact).  Quadratic heads
+        carry a window on grids with a side of :data:`WINDOW_SIDE` or more, where the engine may
+        run it when cheaper, and for attention dropout on grids with a side above 32
+        (:meth:`~structconv.QuadraticPosition.window`).
     padding : int or tuple of int, default 0
         Zero tokens around the grid, on each side of each axis (``boundary="zero"`` only): keys
         the heads may attend to, whose features are zero and which are not outputs.  The softmax
@@ -482,10 +499,20 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
             # Shared by the batch and cheap: built in the parameters' precision even under autocast
             # (bf16 scores would blur the Gaussians); the engine converts the finished weights.
             with autocast_off(self.theta_device().type):
-                return mech.basis(self.threshold, padding=self.padding)
+                return mech.basis(self.threshold, padding=self.padding, banded=self._banded())
         if x is None:
             raise ValueError(f"{type(self).__name__}: content attention needs x to build its heads")
         return inner_positions(attention_basis(self._padded(self._flat(x)), mechanism=mech), self.tokens, self.padding)
+
+    def _banded(self) -> bool:
+        """Whether the heads should carry a window: for dropout in block-local form, or where the planner may take it.
+
+        Building one reads the heads' widths and centres back from the device; below
+        :data:`WINDOW_SIDE` the engine runs the exact passes anyway (measured: see
+        :meth:`~structconv.QuadraticPosition.window`), so only dropout asks for it there.
+        """
+        dropout = self.training and self.attention_dropout > 0.0 and self.dropout_shared is not False
+        return dropout or max(self.grid) >= WINDOW_SIDE
 
     def _padded(self, flat: torch.Tensor) -> torch.Tensor:
         """``flat`` ``(B, M, E)`` among the zero tokens of :attr:`padding`, ``(B, prod(tokens), E)``."""
@@ -501,11 +528,12 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         """``basis`` with :attr:`attention_dropout` applied (in training; ``basis`` itself otherwise)."""
         if not self.training or self.attention_dropout == 0.0:
             return basis
-        if isinstance(basis, KroneckerBasis) and basis.window is not None and self.dropout_shared is not False:
+        window = basis.window if isinstance(basis, KroneckerBasis) else None
+        if window is not None and self.dropout_shared is not False and _local_size(window) < math.prod(basis.shape):
             # The windowed heads entry by entry, block by block: one mask per step for the layer,
             # the paper's rule, on N (b + w - 1)^d weights per head instead of a dense (K, N, N).
-            local = local_weights(basis.window)
-            return LocalBasis(F.dropout(local, self.attention_dropout, training=True), basis.window)
+            local = local_weights(window)
+            return LocalBasis(F.dropout(local, self.attention_dropout, training=True), window)
         # From the layer's sizes, not the basis' (torch.compile traces this without a break).
         M = math.prod(self.grid)
         copies = batch if self.content is not None or self.dropout_shared is False else 1

@@ -116,7 +116,7 @@ class PositionalMechanism(Mechanism):
         return None
 
     def kronecker(
-        self, threshold: float | None = None, *, padding: tuple[int, ...] | None = None
+        self, threshold: float | None = None, *, padding: tuple[int, ...] | None = None, banded: bool = True
     ) -> KroneckerBasis | None:
         """The heads as exact per-axis softmax factors, if separable.
 
@@ -132,12 +132,15 @@ class PositionalMechanism(Mechanism):
             The L1 error per column the window may have (``None``: no window).
         padding
             Tokens on each side of each axis that are keys only (zero features, see
-            :class:`~structconv.nn.PositionalAttention`): the basis is that of the inner grid.
+            :class:`~structconv.nn.PositionalAttention`): the basis is that of the inner grid
+            (``"zero"`` boundary only).
+        banded
+            Whether to look for a window at all (``False``: no parameter is read back).
         """
         per_axis = self.axis_scores()
         if per_axis is None:
             return None
-        pads = _pads(padding, self.grid)
+        pads = _pads(padding, self.grid, self.boundary)
         # Per axis an int64 index and a factor of at most 8 bytes an entry.
         check_host_memory(self.grid, "its per-axis softmaxes", 16 * self.heads * sum([s * s for s in self.grid]))
         factors = []
@@ -145,7 +148,7 @@ class PositionalMechanism(Mechanism):
             index = placed(relative_offsets((size,), self.boundary), "axis_index0", scores)
             factor = masked_softmax(scores[:, index])
             factors.append(factor[:, p : size - p, p : size - p] if p else factor)
-        window = None if threshold is None else self.window(threshold, padding=pads)
+        window = None if threshold is None or not banded else self.window(threshold, padding=pads)
         return KroneckerBasis.of_weights(factors, window=window)  # softmaxes of finite scores: no host read
 
     def window(
@@ -186,7 +189,12 @@ class PositionalMechanism(Mechanism):
         return self.dense_scores()[None]
 
     def basis(
-        self, threshold: float | None = None, *, representation: str = "auto", padding: tuple[int, ...] | None = None
+        self,
+        threshold: float | None = None,
+        *,
+        representation: str = "auto",
+        padding: tuple[int, ...] | None = None,
+        banded: bool = True,
     ) -> Basis:
         r"""The heads as one ``(K, M, N)`` basis, shared by the batch.
 
@@ -203,11 +211,14 @@ class PositionalMechanism(Mechanism):
         mechanism's parameters either way (the kept set itself is not differentiated).
         ``representation="shifts"`` insists on the shift form, ``"dense"`` on the dense softmax.
         ``padding`` tokens on each side of each axis are keys only (zero features): the basis is
-        then that of the grid within them.
+        then that of the grid within them (``"zero"`` boundary only).
 
         Heads whose scores are a sum of per-axis terms (:class:`QuadraticPosition`,
-        :class:`LearnedPosition`) are returned exactly, whatever the threshold, as the Kronecker
-        product of per-axis softmaxes (:meth:`kronecker`) by ``"auto"`` and ``"kronecker"``: its
+        :class:`LearnedPosition`) are returned as the Kronecker product of per-axis softmaxes
+        (:meth:`kronecker`) by ``"auto"`` and ``"kronecker"``, exact; with a ``threshold``, local
+        heads (quadratic, on a grid with a side above :data:`WINDOW_MIN_SIDE`, unless
+        ``banded=False``) also carry a window, which the engine's ``"window"`` order runs within
+        L1 ``threshold`` per column of the exact heads when it is cheaper (:meth:`QuadraticPosition.window`): its
         per-axis passes cost :math:`2/\sqrt M` of the dense aggregation on a square grid, and the
         engine runs them as plain GEMMs (measured on CPU at 16x16 tokens, 9 heads, width 400: a
         forward and backward 0.75x the time of the dense softmax's, whose GEMM is the same).
@@ -218,14 +229,15 @@ class PositionalMechanism(Mechanism):
         if threshold is not None and not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must lie in (0, 1) or be None, got {threshold!r}")
         if form in ("kronecker", "auto"):
-            separable = self.kronecker(threshold, padding=padding)
+            separable = self.kronecker(threshold, padding=padding, banded=banded)
             if separable is not None:
                 return separable
             if form == "kronecker":
                 raise ValueError(
                     f"{type(self).__name__} heads are not separable by axis; use representation='shifts' or 'dense'"
                 )
-        return inner_positions(self._unseparated(threshold, form), self.grid, _pads(padding, self.grid))
+        pads = _pads(padding, self.grid, self.boundary)
+        return inner_positions(self._unseparated(threshold, form), self.grid, pads)
 
     def _unseparated(self, threshold: float | None, form: str) -> Basis:
         """:meth:`basis` over every token, dense or as shifts."""
@@ -285,10 +297,12 @@ def window_radius(
     return (first + 1).astype(np.int64), np.exp(log_bound[np.arange(len(alpha)), first])
 
 
-def _pads(padding: tuple[int, ...] | None, tokens: tuple[int, ...]) -> tuple[int, ...]:
+def _pads(padding: tuple[int, ...] | None, tokens: tuple[int, ...], boundary: str) -> tuple[int, ...]:
     """``padding`` checked against the grid of ``tokens`` it lies within (``None``: none)."""
     if padding is None:
         return (0,) * len(tokens)
+    if boundary == "periodic" and any([int(p) for p in padding]):
+        raise ValueError(f"padding={padding} adds zero tokens beyond the grid, and a periodic grid has no beyond")
     # Lists, not generators: torch.compile traces a layer's forward through here.
     pads = tuple([int(p) for p in padding])
     if len(pads) != len(tokens) or any([p < 0 or 2 * p >= s for p, s in zip(pads, tokens, strict=True)]):
@@ -438,9 +452,12 @@ class QuadraticPosition(PositionalMechanism):
         Returns
         -------
         Window or None
-            ``None`` on grids up to ``min_side``, or when a radius would need the whole axis.
+            ``None`` on grids up to ``min_side``, when a radius would need more than the grid's
+            largest side, or when a periodic window would hold a whole axis.
         """
-        pads = _pads(padding, self.grid)
+        if not 0.0 < threshold < 1.0:  # NaN fails too
+            raise ValueError(f"threshold must lie in (0, 1), got {threshold!r}")
+        pads = _pads(padding, self.grid, self.boundary)
         inner = [s - 2 * p for s, p in zip(self.grid, pads, strict=True)]
         if max(inner) <= min_side:
             return None

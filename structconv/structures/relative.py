@@ -28,7 +28,7 @@ from .attention import Mechanism
 
 #: How many placed tables :func:`placed` keeps (the oldest goes first).
 _PLACED_SIZE = 256
-#: How many grids :func:`relative_offsets` keeps (the least recently used goes first).
+#: How many grids :func:`relative_offsets` keeps (the oldest goes first).
 _RELATIVE_SIZE = 64
 
 
@@ -82,6 +82,7 @@ class RelativeOffsets:
 
     def column_index(self, columns: np.ndarray) -> np.ndarray:
         r"""``(M, len(columns))``: the offset id of :math:`\mathrm{pos}(m) - \mathrm{pos}(n)`, ``n`` in ``columns``."""
+        check_host_memory(self.grid, "the offset ids of these columns", 8.0 * self.positions * len(columns))
         coords = np.unravel_index(np.asarray(columns, dtype=np.int64), self.grid)
         ids = np.zeros((1, len(columns)), dtype=np.int64)
         for i, size in enumerate(self.grid):
@@ -150,7 +151,7 @@ _RELATIVE: OrderedDict[tuple[tuple[int, ...], str], RelativeOffsets] = OrderedDi
 
 
 def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeOffsets:
-    r"""The :class:`RelativeOffsets` of ``grid`` under ``boundary`` (cached by value, bounded).
+    r"""The :class:`RelativeOffsets` of ``grid`` under ``boundary`` (cached by value, the oldest dropped first).
 
     Parameters
     ----------
@@ -165,7 +166,7 @@ def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeO
     RelativeOffsets
         Read-only tables of :math:`O(S_i)` per axis and the :math:`O = \prod_i L_i` offsets,
         shared by every caller of the same ``(grid, boundary)``; the :data:`_RELATIVE_SIZE` most
-        recently used grids are kept.
+        recently built grids are kept.
 
     Raises
     ------

@@ -14,6 +14,7 @@ from structconv import QuadraticPosition, conv, explain
 from structconv import nn as snn
 from structconv.bases.kronecker import KroneckerBasis
 from structconv.bases.local import LocalBasis, local_weights
+from structconv.bases.window import Window
 from structconv.nn import PositionalAttention
 from structconv.structures.positional import window_radius
 
@@ -104,19 +105,36 @@ def test_the_windowed_order_in_low_precision_follows_the_float64_softmax(dtype: 
     assert float((y - reference).abs().max()) <= tol
 
 
+def _leaves(grid: tuple[int, ...], centres: list[list[float]], log_alpha: list[float]) -> tuple[torch.Tensor, ...]:
+    """x, Theta, centres and log widths in float64, requiring gradients (x and Theta drawn in that order)."""
+    K = len(centres)
+    x = torch.randn(1, math.prod(grid), 3, dtype=D64, requires_grad=True)
+    theta = torch.randn(K, 3, 2, dtype=D64, requires_grad=True)
+    return (
+        x,
+        theta,
+        torch.tensor(centres, dtype=D64, requires_grad=True),
+        torch.tensor(log_alpha, dtype=D64, requires_grad=True),
+    )
+
+
+def _window_of(
+    grid: tuple[int, ...], centres: torch.Tensor, log_alpha: torch.Tensor
+) -> tuple[QuadraticPosition, Window]:
+    mech = QuadraticPosition(grid, centres, log_alpha.exp(), positive=True)
+    window = mech.window(1e-3, min_side=0)
+    assert window is not None
+    return mech, window
+
+
 def test_the_window_order_has_the_gradients_of_its_formula() -> None:
     """float64 gradcheck and gradgradcheck through the window's weights (centres, widths), x and Theta."""
     torch.manual_seed(1)
-    grid, K = (9, 7), 2
-    x = torch.randn(1, math.prod(grid), 3, dtype=D64, requires_grad=True)
-    theta = torch.randn(K, 3, 2, dtype=D64, requires_grad=True)
-    centres = torch.tensor([[0.3, -1.2], [2.2, 0.6]], dtype=D64, requires_grad=True)
-    log_alpha = torch.tensor([0.1, 0.7], dtype=D64, requires_grad=True)
+    grid = (9, 7)
+    x, theta, centres, log_alpha = _leaves(grid, [[0.3, -1.2], [2.2, 0.6]], [0.1, 0.7])
 
     def run(x: torch.Tensor, theta: torch.Tensor, centres: torch.Tensor, log_alpha: torch.Tensor) -> torch.Tensor:
-        mech = QuadraticPosition(grid, centres, log_alpha.exp(), positive=True)
-        window = mech.window(1e-3, min_side=0)
-        assert window is not None
+        mech, window = _window_of(grid, centres, log_alpha)
         return conv(KroneckerBasis(mech.basis().factors, window=window), x, theta, order="window")
 
     assert torch.autograd.gradcheck(run, (x, theta, centres, log_alpha))
@@ -188,19 +206,12 @@ def test_local_blocks_hold_the_windowed_heads_entry_by_entry(
 def test_local_blocks_have_the_gradients_of_their_formula() -> None:
     """float64 gradcheck and gradgradcheck of a fixed dropout mask on the local entries (centres, widths, x, Theta)."""
     torch.manual_seed(4)
-    grid, K = (7, 6), 2
-    x = torch.randn(1, math.prod(grid), 3, dtype=D64, requires_grad=True)
-    theta = torch.randn(K, 3, 2, dtype=D64, requires_grad=True)
-    centres = torch.tensor([[0.3, -1.2], [1.6, 0.6]], dtype=D64, requires_grad=True)
-    log_alpha = torch.tensor([0.4, 0.9], dtype=D64, requires_grad=True)
-    window = QuadraticPosition(grid, centres, log_alpha.exp(), positive=True).window(1e-3, min_side=0)
-    assert window is not None
-    mask = (torch.rand(local_weights(window).shape) > 0.3).double() / 0.7
+    grid = (7, 6)
+    x, theta, centres, log_alpha = _leaves(grid, [[0.3, -1.2], [1.6, 0.6]], [0.4, 0.9])
+    mask = (torch.rand(local_weights(_window_of(grid, centres, log_alpha)[1]).shape) > 0.3).double() / 0.7
 
     def run(x: torch.Tensor, theta: torch.Tensor, centres: torch.Tensor, log_alpha: torch.Tensor) -> torch.Tensor:
-        mech = QuadraticPosition(grid, centres, log_alpha.exp(), positive=True)
-        found = mech.window(1e-3, min_side=0)
-        assert found is not None
+        found = _window_of(grid, centres, log_alpha)[1]
         return conv(LocalBasis(local_weights(found) * mask, found), x, theta)
 
     assert torch.autograd.gradcheck(run, (x, theta, centres, log_alpha))

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, device_of, native, of, shape_str
+from ..backend import Array, device_of, namespace, native, of, shape_str
 from .base import Basis, Cost
 from .dense import DenseBasis
 from .window import Window, _padded, _windows
@@ -39,11 +39,6 @@ def local_weights(window: Window) -> Array:
         out = out[:, None, :, :, None, :, None] * w[None, :, :, None, :, None, :]  # (nb, nb2, K, b, b2, s, s2)
         out = out.reshape(nb * nb2, K, b * b2, s * s2)
     return out
-
-
-def _permuted(a: Array, order: list[int]) -> Array:
-    """``a`` with its axes in ``order`` (a view), on either backend."""
-    return a.permute(order) if of(a).name == "torch" else a.transpose(order)
 
 
 class LocalBasis(Basis):
@@ -116,7 +111,7 @@ class LocalBasis(Basis):
             u = blocked.reshape(*before, bands.blocks, bands.span, *after)
         # (GB, nb_1, s_1, ..., nb_d, s_d, C) -> (GB, nb_1..nb_d, s_1..s_d, C)
         order = [0] + [1 + 2 * i for i in range(d)] + [2 + 2 * i for i in range(d)] + [1 + 2 * d]
-        u = _permuted(u, order)
+        u = namespace(u).permute_dims(u, tuple(order))
         blocks = math.prod(a.blocks for a in axes)
         return u.reshape(G, B, blocks, math.prod(a.span for a in axes), C)
 
@@ -128,7 +123,7 @@ class LocalBasis(Basis):
         grid = out.reshape(B, *[a.blocks for a in axes], K, *[a.block for a in axes], C)
         # (B, nb_1..nb_d, K, b_1..b_d, C) -> (B, K, nb_1, b_1, ..., nb_d, b_d, C)
         order = [0, 1 + d] + [p for i in range(d) for p in (1 + i, 2 + d + i)] + [2 + 2 * d]
-        grid = _permuted(grid, order).reshape(B, K, *[a.blocks * a.block for a in axes], C)
+        grid = namespace(grid).permute_dims(grid, tuple(order)).reshape(B, K, *[a.blocks * a.block for a in axes], C)
         crop = (slice(None), slice(None), *[slice(0, a.size) for a in axes], slice(None))
         return grid[crop].reshape(B, K, self.N, C)
 
@@ -141,7 +136,8 @@ class LocalBasis(Basis):
         if G == 1:  # the members of a block stacked into one GEMM on the keys they share
             out = (self._weights.reshape(nb, K * qb, kb) @ keys[0]).reshape(B, nb, K, qb, C)
         else:
-            out = self._weights @ _permuted(keys, [1, 2, 0, 3, 4])  # (nb, K, Qb, Kb) @ (B, nb, K, Kb, C)
+            # (nb, K, Qb, Kb) @ (B, nb, K, Kb, C)
+            out = self._weights @ namespace(keys).permute_dims(keys, (1, 2, 0, 3, 4))
         return self._outputs(out)
 
     def apply_each(self, x: Array) -> Array:

@@ -142,6 +142,7 @@ def _padded(t: Array, bands: AxisBands) -> Array:
     """
     length = bands.blocks * bands.block + bands.width - 1
     S, low = bands.size, bands.low
+    front, crop, end = max(0, -low), max(0, low), max(0, low + length - S)  # zeros before, rows dropped, zeros after
     if of(t).name == "torch":
         import torch
         from torch.nn import functional as F  # noqa: N812
@@ -149,13 +150,9 @@ def _padded(t: Array, bands: AxisBands) -> Array:
         if bands.periodic:
             index = torch.remainder(torch.arange(low, low + length, device=t.device), S)
             return t.index_select(2, index)
-        front, crop = max(0, -low), max(0, low)
-        end = max(0, low + length - S)
         return F.pad(t[:, :, crop:], (0, 0, front, end))[:, :, :length]
     if bands.periodic:
         return np.take(t, np.remainder(np.arange(low, low + length), S), axis=2)
-    front, crop = max(0, -low), max(0, low)
-    end = max(0, low + length - S)
     return np.pad(t[:, :, crop:], ((0, 0), (0, 0), (front, end), (0, 0)))[:, :, :length]
 
 

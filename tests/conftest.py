@@ -8,9 +8,9 @@ import os
 import pickle
 import resource
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -27,6 +27,8 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=300, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+_Test = TypeVar("_Test", bound=Callable[..., Any])
 
 REPRESENTATIONS = ("dense", "sparse", "concat", "composed")
 BACKENDS = ("numpy", "torch")
@@ -74,7 +76,40 @@ def make_basis(A: Any, representation: str) -> Any:
     return ComposedBasis(DenseBasis(A), SparseBasis.from_dense(eye))
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def cuda(test: _Test) -> _Test:
+    """Skip ``test`` without a CUDA device, and mark it for ``pytest -m cuda`` (the GPU machine's run)."""
+    skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+    marked: _Test = pytest.mark.cuda(skip(test))
+    return marked
+
+
+#: The device ``tests/test_cuda.py`` runs on: ``STRUCTCONV_TEST_DEVICE``, ``"cuda"`` unless set
+#: (``STRUCTCONV_TEST_DEVICE=cpu`` runs the same tests on the CPU, against float64 there too).
+TEST_DEVICE = os.environ.get("STRUCTCONV_TEST_DEVICE", "cuda")
+
+
+def device_available(device: str) -> bool:
+    """Whether tensors can be placed on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``) here.
+
+    A string that names no torch device raises ``RuntimeError``: a misspelt
+    ``STRUCTCONV_TEST_DEVICE`` stops the collection instead of skipping every test.
+    """
+    place = torch.device(device)
+    if place.type == "cpu":
+        return True
+    module = getattr(torch, place.type, None)
+    if module is None or not module.is_available():
+        return False
+    count = getattr(module, "device_count", lambda: 1)()
+    return place.index is None or place.index < count
+
+
+def needs_device(device: str) -> pytest.MarkDecorator:
+    """Skip unless ``device`` is available; the reason names the variable that chose it."""
+    kind = torch.device(device).type
+    label = "CUDA" if kind == "cuda" else kind
+    reason = f"needs a {label} device (STRUCTCONV_TEST_DEVICE={device})"
+    return pytest.mark.skipif(not device_available(device), reason=reason)
 
 
 def official_archive(root: Path, per_batch: int = 8) -> Path:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from basis_kinds import KINDS, TORCH_ONLY, Convert, parameters
 
 import structconv as sc
 from structconv.backend import find, to_numpy
@@ -100,66 +101,7 @@ def assert_same(before: Any, after: Any, path: str = "basis") -> None:
     assert before == after, f"{path}: {before!r} -> {after!r}"
 
 
-# --- the kinds of basis, each from NumPy data converted by `cv` -------------------------------------
-Convert = Callable[[np.ndarray], Any]
-_RNG = np.random.default_rng(0)
-_DENSE = _RNG.normal(size=(3, 6, 5)) * (_RNG.random((3, 6, 5)) < 0.5)
-_BATCHED = _RNG.normal(size=(2, 3, 6, 5)) * (_RNG.random((2, 3, 6, 5)) < 0.5)
-_EDGES = _RNG.integers(0, 6, size=(2, 14))
-_TOKENS = _RNG.normal(size=(2, 6, 4))
-_EDGE_WEIGHTS = _RNG.uniform(0.5, 1.5, size=14)
-_EDGE_VALUES = _RNG.normal(size=(14, 3))
-_FACTORS = (_RNG.random((2, 2, 3)), _RNG.random((2, 3, 2)))
-_BILINEAR = _RNG.normal(size=(2, 4, 4))
-
-
-def _graph(kind: str) -> Callable[[Convert], Any]:
-    def build(cv: Convert) -> Any:
-        return sc.graph_basis(cv(_EDGES), kind, K=3, num_nodes=6, edge_weight=cv(_EDGE_WEIGHTS))
-
-    return build
-
-
-def _windowed(local: bool) -> Callable[[Convert], Any]:
-    def build(cv: Convert) -> Any:
-        heads = sc.QuadraticPosition((6, 5), cv(np.array([[0.0, 1.0], [1.5, -1.0]])), cv(np.array([1.0, 2.0])))
-        window = heads.window(1e-3, min_side=0)
-        assert window is not None
-        if local:
-            return sc.bases.local.LocalBasis(sc.bases.local.local_weights(window), window)
-        return sc.bases.kronecker.KroneckerBasis(heads.basis().factors, window=window)
-
-    return build
-
-
-KINDS: dict[str, Callable[[Convert], Any]] = {
-    "dense": lambda cv: sc.DenseBasis(cv(_DENSE)),
-    "dense-batched": lambda cv: sc.DenseBasis(cv(_BATCHED)),
-    "sparse": lambda cv: sc.SparseBasis.from_dense(cv(_DENSE)),
-    "sparse-batched": lambda cv: sc.SparseBasis.from_dense(cv(_BATCHED)),
-    "edges": lambda cv: sc.EdgeBasis(cv(_EDGES[0]), cv(_EDGES[1]), cv(_EDGE_VALUES), (6, 6)),
-    "kronecker": lambda cv: sc.bases.kronecker.KroneckerBasis([cv(f) for f in _FACTORS]),
-    "kronecker-windowed": _windowed(local=False),
-    "local": _windowed(local=True),
-    "concat": lambda cv: sc.ConcatBasis([sc.DenseBasis(cv(_DENSE[:1])), sc.SparseBasis.from_dense(cv(_DENSE[1:]))]),
-    "composed": lambda cv: sc.ComposedBasis(
-        sc.SparseBasis.from_dense(cv(_DENSE)), sc.DenseBasis(cv(_DENSE[:2, :5, :4]))
-    ),
-    "select": lambda cv: sc.SelectBasis(sc.SparseBasis.from_dense(cv(_DENSE)), [2, 0]),
-    "grid": lambda cv: sc.grid_basis((4, 5), (3, 3), padding="same", like=cv(np.zeros(1))),
-    "avg-pool": lambda cv: sc.avg_pool_basis((4, 4), 2, like=cv(np.zeros(1))),
-    "graph-powers": _graph("powers"),
-    "graph-chebyshev": _graph("chebyshev"),
-    "attention": lambda cv: sc.attention_basis(cv(_TOKENS), mechanism=sc.BiAffine(bilinear=cv(_BILINEAR))),
-    "positional": lambda cv: sc.QuadraticPosition(
-        (3, 3), cv(np.array([[0.0, 1.0], [1.0, -1.0]])), cv(np.array([1.0, 2.0]))
-    ).basis(threshold=0.05),
-    # torch only: its per-target maximum is a scatter-max that only the torch backend has
-    "softmax-edges": lambda cv: sc.SoftmaxEdgeBasis(
-        torch.from_numpy(_EDGES[0]), torch.from_numpy(_EDGES[1]), torch.from_numpy(_EDGE_VALUES), (6, 6)
-    ),
-}
-TORCH_ONLY = {"softmax-edges"}
+# --- the kinds of basis (tests/basis_kinds.py), each from NumPy data converted by `cv` --------------
 BACKENDS: dict[str, Convert] = {"numpy": np.asarray, "torch": torch.from_numpy}
 
 
@@ -167,17 +109,6 @@ def _backend(kind: str, backend: str) -> Convert:
     if kind in TORCH_ONLY and backend == "numpy":
         pytest.skip(f"a {kind} basis is torch only")
     return BACKENDS[backend]
-
-
-def _parameters(basis: Any, cv: Convert) -> list[Any]:
-    """A full, a separable and a low-rank parameter for ``basis``."""
-    K, P, Q = basis.K, 3, 2
-    rng = np.random.default_rng(1)
-    return [
-        cv(rng.normal(size=(K, P, Q))),
-        sc.Separable(cv(rng.normal(size=(2, K))), cv(rng.normal(size=(2, P, Q)))),
-        sc.LowRank(cv(rng.normal(size=(K, P, 2))), cv(rng.normal(size=(K, Q, 2)))),
-    ]
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -189,7 +120,7 @@ def test_applying_a_basis_in_every_order_leaves_it_unchanged(kind: str, backend:
     before = snapshot(basis)
     ran = 0
     with torch.no_grad():
-        for theta in _parameters(basis, cv):
+        for theta in parameters(basis, cv):
             for candidate in sc.explain(basis, x, theta).candidates:
                 for _ in range(2):
                     sc.conv(basis, x, theta, order=candidate.order)
@@ -237,7 +168,7 @@ def test_caches_hold_what_a_fresh_equal_basis_computes(kind: str, backend: str) 
     used, fresh = KINDS[kind](cv), KINDS[kind](cv)
     assert _caches(used), f"{kind} has no explicit cache: remove it from CACHED"
     x = cv(np.random.default_rng(2).normal(size=(used.batch or 2, used.M, 3)))
-    theta = _parameters(used, cv)[0]
+    theta = parameters(used, cv)[0]
     with torch.no_grad():
         for candidate in sc.explain(used, x, theta).candidates:
             sc.conv(used, x, theta, order=candidate.order)
@@ -253,7 +184,7 @@ def test_caches_hold_what_a_fresh_equal_basis_computes(kind: str, backend: str) 
 def test_a_basis_made_from_another_never_shares_its_cache(kind: str) -> None:
     basis = KINDS[kind](torch.from_numpy)
     x = torch.randn(basis.batch or 2, basis.M, 3, dtype=torch.float64)
-    sc.conv(basis, x, _parameters(basis, torch.from_numpy)[0])
+    sc.conv(basis, x, parameters(basis, torch.from_numpy)[0])
     old = {id(c) for c in _caches(basis)}
     # A new dtype changes every part of the value: no cache may be shared.
     assert not old & {id(c) for c in _caches(basis.to(dtype=torch.float32))}
@@ -319,7 +250,7 @@ def test_a_used_basis_copies_and_pickles_to_an_equal_value(kind: str, backend: s
     cv = _backend(kind, backend)
     basis = KINDS[kind](cv)
     x = cv(np.random.default_rng(2).normal(size=(basis.batch or 2, basis.M, 3)))
-    theta = _parameters(basis, cv)[0]
+    theta = parameters(basis, cv)[0]
     with torch.no_grad():
         expected = {c.order: sc.conv(basis, x, theta, order=c.order) for c in sc.explain(basis, x, theta).candidates}
     twin = _round_trips()[how](basis)

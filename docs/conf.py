@@ -1,5 +1,10 @@
 """Sphinx configuration for structconv."""
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent / "_ext"))  # the project's own directives
+
 project = "structconv"
 author = "structconv developers"
 copyright = "2026, structconv developers"
@@ -10,6 +15,7 @@ extensions = [
     # Ships MathJax 3 and points mathjax_path at the copy in _static/: math renders offline.
     "sphinx-mathjax-offline",
     "sphinx.ext.doctest",
+    "gpu_sessions",  # .. gpu-session::, the newest GPU session's record
 ]
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"

@@ -47,7 +47,7 @@ from structconv.experiments.cifar.train import (
     _seed_dropout,
     _tally,
     learning_rate,
-    train_step,
+    make_step,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,6 +230,7 @@ def study_steps(config: TrainConfig, device: str, count: int, watch: Watch) -> t
         model = model.to(memory_format=torch.channels_last)
     optimizer = _optimizer(model, config)
     step_model = model
+    step = make_step(step_model, optimizer, config, device)
     train_batches, _ = _batches((data, data), config, device, Dist())
     epoch, steps = 0, len(train_batches)
     _seed_dropout(config, epoch, 0)
@@ -241,15 +242,17 @@ def study_steps(config: TrainConfig, device: str, count: int, watch: Watch) -> t
             i, (x, y) = next(batches)
         with watch(k, "step"):
             lr = learning_rate(config, epoch * steps + i, steps)
-            loss, logits = train_step(step_model, optimizer, config, device, x, y, lr)
+            loss, logits = step(x, y, lr)
             totals += _tally(loss * len(y), logits, y)
     return totals
 
 
 def test_train_takes_the_shared_step() -> None:
-    # study_steps runs train_step as train() does; a train() that stopped calling it would leave
-    # the detectors checking a step nobody runs.
-    assert "train_step(step_model, optimizer, config, device, x, y, lr)" in inspect.getsource(train_module.train)
+    # study_steps runs the step make_step builds, as train() does; a train() that stopped calling
+    # it would leave the detectors checking a step nobody runs.
+    source = inspect.getsource(train_module.train)
+    assert "make_step(step_model, optimizer, config, device, compile=compile)" in source
+    assert "loss, logits = step(x, y, lr)" in source
 
 
 class Audits:

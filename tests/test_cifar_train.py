@@ -146,6 +146,12 @@ def test_attention_model_equals_the_paper_dense_computation_with_gradients() -> 
         torch.testing.assert_close(g, r)
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to float64 rounding: a batched product may round two copies of one image differently
+    (its kernels block the batch by the processor's vector width); a dropout mask changes values by O(1)."""
+    return torch.allclose(a, b, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("head_dim", [None, 3])
 @pytest.mark.parametrize("shared", [None, True, False])
 def test_paper_dense_draws_the_layers_dropout_masks_and_gradients(shared: bool | None, head_dim: int | None) -> None:
@@ -170,7 +176,7 @@ def test_paper_dense_draws_the_layers_dropout_masks_and_gradients(shared: bool |
         torch.testing.assert_close(g, r)
     with torch.no_grad():  # the same image three times: one mask, or one each
         same = paper_dense(layer, x[:1].expand(3, -1, -1))
-    assert torch.equal(same[0], same[1]) == (shared is not False)
+    assert _same(same[0], same[1]) == (shared is not False)
     layer.eval()
     torch.testing.assert_close(layer(x), paper_dense(layer, x))
 
@@ -393,7 +399,7 @@ def test_paper_preset_shares_attention_masks_for_position_only_heads_and_not_for
         model(x)
     evaluated, trained = outputs
     assert not torch.equal(trained[0], evaluated[0])  # attention dropout is on in training
-    same = [torch.equal(trained[0], trained[i]) for i in range(1, len(trained))]
+    same = [_same(trained[0], trained[i]) for i in range(1, len(trained))]
     if layer.content:
         assert not any(same)  # a mask per image
     else:

@@ -341,16 +341,20 @@ def _bench(args: argparse.Namespace) -> int:
     only = tuple(s.strip() for s in args.only.split(",") if s.strip())
     if unknown := [n for n in only if n not in VARIANTS]:
         raise UsageError(f"--only got unknown variants {unknown}; expected some of {list(VARIANTS)}")
+    from .presets import config_for
+
+    sizes = {name: config_for(args.sizes, name).model_options for name in ("resnet18", "sa-quadratic")}
     result = measure(
         device, batch=args.batch, steps=args.steps, rounds=args.rounds, only=only,
         log=lambda s: print(s, file=sys.stderr, flush=True), peak_tflops=args.peak_tflops,
+        sa_options=sizes["sa-quadratic"], resnet_options=sizes["resnet18"], compile=args.compile, sizes=args.sizes,
     )  # fmt: skip
     text = table(result)
     print(text)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        stem = out / f"cifar_throughput_{device.split(':')[0]}"
+        stem = out / f"cifar_throughput_{device.split(':')[0]}{'_compiled' if args.compile else ''}"
         stem.with_suffix(".txt").write_text(text + "\n")
         stem.with_suffix(".json").write_text(json.dumps(result.__dict__, indent=2) + "\n")
         print(f"wrote {stem}.txt and {stem}.json")
@@ -380,7 +384,9 @@ def _train_arguments(p: argparse.ArgumentParser, demo: bool = False) -> None:
     p.add_argument("--out", default="runs/cifar" if not demo else "runs/cifar-demo", help="root of the run directories")
     p.add_argument("--device", type=device_name, default="auto" if not demo else "cpu", help=_DEVICE_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument(
+        "--compile", action="store_true", help="compile the whole training step (CUDA graphs on CUDA; see docs)"
+    )
     p.add_argument(
         "--time-limit",
         type=nonnegative_float,
@@ -495,6 +501,15 @@ def add_parser(sub: Any) -> None:
         type=positive_float,
         default=None,
         help="the device's peak TFLOP/s in this precision, for MFU (default: no MFU column)",
+    )
+    bench.add_argument(
+        "--compile", action="store_true", help="compile every variant's whole step alike (CUDA graphs on CUDA)"
+    )
+    bench.add_argument(
+        "--sizes",
+        default="paper",
+        choices=("paper", "smoke"),
+        help="the models' sizes: the paper's (default), or the smoke preset's tiny ones (a check that it runs)",
     )
     bench.add_argument("--out", default="benchmarks/results", help="where to write the table and JSON")
     bench.set_defaults(func=_bench)

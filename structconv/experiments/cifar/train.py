@@ -22,12 +22,13 @@ a GPU runs on a CPU).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,14 @@ from .presets import TrainConfig, family
 
 __all__ = [
     "RESUMABLE_CHANGES",
+    "CompiledStep",
     "Dist",
+    "Step",
     "evaluate",
     "iterate_runs",
     "learning_rate",
     "load_data",
+    "make_step",
     "model_from_checkpoint",
     "train",
 ]
@@ -135,13 +139,20 @@ def learning_rate(config: TrainConfig, step: int, steps_per_epoch: int) -> float
     return config.lr * config.gamma ** sum(epoch >= m for m in config.milestones)
 
 
-def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.SGD:
+def _optimizer(model: nn.Module, config: TrainConfig, fused: bool = False) -> torch.optim.SGD:
+    """SGD with the config's settings; centres and widths exempt from weight decay.
+
+    ``fused`` asks for torch's fused CUDA kernel (one launch updates every parameter); a compiled
+    step (:class:`CompiledStep`) leaves it off, as the compiler fuses the update itself.
+    """
     exempt = {id(p) for p in no_decay_parameters(model)}
     decay = [p for p in model.parameters() if id(p) not in exempt]
     groups = [{"params": decay, "weight_decay": config.weight_decay}]
     if exempt:
         groups.append({"params": [p for p in model.parameters() if id(p) in exempt], "weight_decay": 0.0})
-    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
+    return torch.optim.SGD(
+        groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov, fused=fused or None
+    )
 
 
 def _in_model_order(
@@ -409,6 +420,102 @@ def train_step(
     return loss.detach(), logits.detach()
 
 
+#: A training step as :func:`train` takes it: ``step(images, labels, lr) -> (loss, logits)``.
+Step = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+
+
+class CompiledStep:
+    r"""The study's training step compiled: forward and loss, their backward, and the SGD update.
+
+    Computes what :func:`train_step` computes (a test holds loss and gradients equal on a CPU) in
+    two compiled regions: the forward with the loss under autocast, whose backward the compiler
+    derives and compiles with it, and the optimizer's update.  On CUDA the first is compiled in
+    ``"reduce-overhead"`` mode, so both passes replay as CUDA graphs (one launch each instead of
+    hundreds of kernels); the update becomes a few fused kernels.  The learning rate lives in one
+    device tensor shared by the parameter groups and is written in place, so a new rate neither
+    recompiles nor reads anything back to the host.
+
+    The first call runs the model once eagerly (in training mode, without gradients, the random
+    state and the buffers restored afterwards) before compiling: the layers build their plans and
+    caches on the host there, outside the traced region.  Shapes are static (``dynamic=False``):
+    every training batch of a run has the same size.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model in training mode (possibly wrapped in ``DistributedDataParallel``).
+    optimizer : torch.optim.Optimizer
+        Its optimizer; its groups' ``lr`` become the shared tensor.
+    config : TrainConfig
+        Precision and label smoothing.
+    device : str
+        Where the model lives.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig, device: str) -> None:
+        self.model, self.optimizer, self.config, self.device = model, optimizer, config, device
+        self.cuda = device.startswith("cuda")
+        self.lr = torch.tensor(float(optimizer.param_groups[0]["lr"]), device=device)
+        for group in optimizer.param_groups:
+            group["lr"] = self.lr
+        mode = "reduce-overhead" if self.cuda else None
+        self._loss = torch.compile(self._forward, mode=mode, dynamic=False)
+        self._update = torch.compile(optimizer.step, dynamic=False)
+        self._warm = False
+
+    def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with _autocast(self.config, self.device):
+            logits = self.model(_layout(x, self.config))
+            loss = F.cross_entropy(logits.float(), y, label_smoothing=self.config.label_smoothing)
+        return loss, logits
+
+    def _warm_up(self, x: torch.Tensor) -> None:
+        """One eager forward for the layers' host-side plans, leaving the random state and buffers as they were."""
+        buffers = [b.clone() for b in self.model.buffers()]
+        with torch.random.fork_rng(devices=[torch.device(self.device)] if self.cuda else []), torch.no_grad():
+            with _autocast(self.config, self.device):
+                self.model(_layout(x, self.config))
+            for b, saved in zip(self.model.buffers(), buffers, strict=True):
+                b.copy_(saved)
+        self._warm = True
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step at learning rate ``lr``; returns the loss and logits, detached copies on the device."""
+        if not self._warm:
+            self._warm_up(x)
+        if self.cuda:  # a new iteration: the graphs' previous outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
+        self.lr.fill_(lr)
+        loss, logits = self._loss(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        self._update()
+        # Copies: a replayed graph writes its outputs into the same memory at the next step.
+        return loss.detach().clone(), logits.detach().clone()
+
+
+def make_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig, device: str, *, compile: bool = False
+) -> Step:
+    """The training step :func:`train` runs: :func:`train_step` eagerly, or a :class:`CompiledStep`.
+
+    Parameters
+    ----------
+    model, optimizer, config, device
+        As for :func:`train_step`.
+    compile : bool, default False
+        Compile the whole step (:class:`CompiledStep`).
+
+    Returns
+    -------
+    Step
+        ``step(images, labels, lr) -> (loss, logits)``.
+    """
+    if compile:
+        return CompiledStep(model, optimizer, config, device)
+    return functools.partial(train_step, model, optimizer, config, device)
+
+
 def train(
     config: TrainConfig,
     out: str | os.PathLike[str],
@@ -443,7 +550,7 @@ def train(
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         if dist.world > 1:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
-    optimizer = _optimizer(model, config)
+    optimizer = _optimizer(model, config, fused=cuda and not compile)
     history: list[dict[str, Any]] = []
     first = 0
     ckpt = out_dir / CHECKPOINT
@@ -462,8 +569,7 @@ def train(
         from torch.nn.parallel import DistributedDataParallel
 
         step_model = DistributedDataParallel(model, device_ids=[dist.local_rank] if cuda else None)
-    if compile:
-        step_model = torch.compile(step_model)  # type: ignore[assignment]
+    step = make_step(step_model, optimizer, config, device, compile=compile)
     train_batches, test_batches = _batches(data, config, device, dist)
     steps = len(train_batches)
     environment = _environment(device, dist, compile)
@@ -484,7 +590,7 @@ def train(
         clock = _StepClock(steps, device, compile) if dist.main and epoch == first else None
         for i, (x, y) in enumerate(train_batches.epoch(config.seed, epoch)):
             lr = learning_rate(config, epoch * steps + i, steps)
-            loss, logits = train_step(step_model, optimizer, config, device, x, y, lr)
+            loss, logits = step(x, y, lr)
             totals += _tally(loss * len(y), logits, y)
             if bar is not None:
                 bar.update(1)

@@ -329,12 +329,24 @@ class Kernels(ABC):
     """Whether :meth:`attention` runs a fused kernel that never stores the weights (then planners offer it)."""
 
     @abstractmethod
-    def attention(self, q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
-        r"""Scaled dot-product attention :math:`\mathrm{softmax}_s(\mathrm{scale}\,q_l\cdot k_s)\,v_s`.
+    def attention(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        allowed: Array | None,
+        scale: float,
+        *,
+        bias: Array | None = None,
+        dropout: float = 0.0,
+    ) -> Array:
+        r"""Scaled dot-product attention :math:`\mathrm{softmax}_s(\mathrm{scale}\,q_l\cdot k_s + \beta_{ls})\,v_s`.
 
         ``q`` is ``(..., L, D)``, ``k`` ``(..., S, D)``, ``v`` ``(..., S, R)``; ``allowed``
         (boolean, ``True`` = may attend) broadcasts to ``(..., L, S)`` and allows at least one
-        entry per row.  The result's gradient can itself be differentiated.
+        entry per row.  The result's gradient can itself be differentiated (without dropout).
+        With ``dropout`` :math:`p > 0` each weight is dropped independently with probability
+        :math:`p` and the others are scaled by :math:`1/(1-p)`, a fresh draw per call.
 
         Parameters
         ----------
@@ -349,6 +361,26 @@ class Kernels(ABC):
             entry per row; or ``None``.
         scale
             The factor of the scores.
+        bias
+            Finite additive scores :math:`\beta` (floating), broadcasting to ``(..., L, S)``, added
+            after the scale; their gradient is computed when they require one.  Not together with
+            ``allowed``.
+        dropout
+            :math:`p \in [0, 1)`, the attention dropout of the weights.
+        """
+
+    @abstractmethod
+    def dropout(self, a: Array, p: float) -> Array:
+        r"""``a`` with each entry dropped independently with probability ``p``, the rest scaled by :math:`1/(1-p)`.
+
+        A fresh draw per call (``torch.nn.functional.dropout``'s rule, in training).
+
+        Parameters
+        ----------
+        a
+            A floating array.
+        p
+            The probability, in ``[0, 1)``.
         """
 
     @abstractmethod

@@ -196,12 +196,29 @@ class NumpyBackend(Backend):
         return out
 
     # --- structures: attention and positions ----------------------------------------------------
-    def attention(self, q: Array, k: Array, v: Array, allowed: Array | None, scale: float) -> Array:
+    def attention(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        allowed: Array | None,
+        scale: float,
+        *,
+        bias: Array | None = None,
+        dropout: float = 0.0,
+    ) -> Array:
         scores = (q @ k.swapaxes(-1, -2)) * scale
+        if bias is not None:
+            scores = scores + bias
         if allowed is not None:
             scores = np.where(allowed, scores, -np.inf)
         weights = np.exp(scores - scores.max(-1, keepdims=True))
-        return (weights / weights.sum(-1, keepdims=True)) @ v
+        weights = weights / weights.sum(-1, keepdims=True)
+        return (self.dropout(weights, dropout) if dropout > 0.0 else weights) @ v
+
+    def dropout(self, a: Array, p: float) -> Array:
+        keep = np.random.default_rng().random(a.shape) >= p
+        return np.where(keep, a / (1.0 - p), 0.0).astype(a.dtype)
 
     def addmm(self, bias: Array, a: Array, b: Array) -> Array:
         return a @ b + bias

@@ -99,6 +99,11 @@ def fused_width(device: str, dtype: str, width: int) -> int | None:
       (last dimension contiguous).  No kernel takes float64.
     * Any other device: none is known to apply.
 
+    Attention dropout is taken by the CUDA kernels only (:func:`fused_dropout`).  An
+    additive float mask that requires grad sends torch's CPU kernel to its math kernel; the
+    backend's :meth:`~structconv.backend.kernels.Kernels.attention` then runs the fused forward
+    with the mask as a constant and a chunked backward instead, so it counts as fused here.
+
     Parameters
     ----------
     device
@@ -117,6 +122,25 @@ def fused_width(device: str, dtype: str, width: int) -> int | None:
     if dtype not in _FUSED_DTYPES.get(kind, ()):
         return None
     return width if kind == "cpu" else -(-width // 8) * 8
+
+
+def fused_dropout(device: str) -> bool:
+    """Whether torch's fused attention kernels drop weights (``dropout_p``) on ``device``: CUDA's do, the CPU's not.
+
+    torch 2.13's CPU flash kernel refuses ``dropout_p > 0`` (``sdp_utils_cpp.cpp``), and
+    ``scaled_dot_product_attention`` then runs its math kernel, which stores every weight.
+
+    Parameters
+    ----------
+    device
+        The device, as :func:`~structconv.backend.device_of` spells it.
+
+    Examples
+    --------
+    >>> fused_dropout("cpu"), fused_dropout("cuda:0")
+    (False, True)
+    """
+    return device.split(":")[0] == "cuda"
 
 
 def _padded(a: Array, width: int) -> Array:
@@ -147,6 +171,14 @@ class AttentionBasis(Basis):
     counts the scores torch's math kernel stores.  Both paths compute the same
     :math:`\sum_k A_k^\top x\Theta_k`.  Build it with :func:`~structconv.attention_basis`.
 
+    Additive scores :math:`\beta` (``bias``, e.g. relative positions that do not depend on the
+    input, ``(1, K, M, N)``) join the projections' scores before the softmax; the fused order
+    hands them to the kernel as its float mask, so content plus position never forms the
+    :math:`M\times N` weights either.  With ``dropout`` :math:`p` every order drops each weight
+    independently with probability :math:`p` and scales the rest by :math:`1/(1-p)`, a fresh draw
+    per contraction (the fused order in the kernel, through ``dropout_p``; the others on the
+    weights they form): a basis with dropout is a random matrix, each contraction one sample.
+
     Parameters
     ----------
     x
@@ -158,9 +190,26 @@ class AttentionBasis(Basis):
     mask, leaky_relu, normalize
         As for :func:`~structconv.attention_basis`, which checks every argument (this
         constructor checks none).
+    bias
+        Finite additive scores :math:`\beta`, ``(1 or B, K, M, N)`` (key :math:`m`, query
+        :math:`n`), or ``None``.
+    dropout
+        :math:`p \in [0, 1)`, attention dropout of the weights (0: none).
     """
 
-    __slots__ = ("_depth", "_heads", "_leaky_relu", "_mask", "_normalize", "_projections", "_scores", "_x", "_z")
+    __slots__ = (
+        "_bias",
+        "_depth",
+        "_dropout",
+        "_heads",
+        "_leaky_relu",
+        "_mask",
+        "_normalize",
+        "_projections",
+        "_scores",
+        "_x",
+        "_z",
+    )
     representation = "attention"
 
     def __init__(
@@ -172,6 +221,8 @@ class AttentionBasis(Basis):
         mask: Array | None = None,
         leaky_relu: float | None = None,
         normalize: bool = True,
+        bias: Array | None = None,
+        dropout: float = 0.0,
     ) -> None:
         self._scores: Array | None
         self._projections: Projections | None
@@ -183,6 +234,7 @@ class AttentionBasis(Basis):
             self._heads, self._depth = int(scores.shape[1]), int(x.shape[-1])
         self._x, self._z = x, z
         self._mask, self._leaky_relu, self._normalize = mask, leaky_relu, normalize
+        self._bias, self._dropout = bias, float(dropout)
 
     @property
     def mask(self) -> Array | None:
@@ -198,6 +250,33 @@ class AttentionBasis(Basis):
     def normalize(self) -> bool:
         """Whether the masked scores are softmax-normalised over the inputs."""
         return self._normalize
+
+    @property
+    def bias(self) -> Array | None:
+        """The additive scores ``(1 or B, K, M, N)`` joined to the projections' (or the scores), or ``None``."""
+        return self._bias
+
+    @property
+    def dropout(self) -> float:
+        """The attention dropout :math:`p` of the weights (0: none)."""
+        return self._dropout
+
+    def with_dropout(self, p: float) -> AttentionBasis:
+        """This basis with attention dropout ``p`` (each contraction drops weights afresh).
+
+        Parameters
+        ----------
+        p
+            The probability of dropping a weight, in ``[0, 1)``.
+        """
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout must be a number in [0, 1), got {p!r}")
+        data = self._scores if self._projections is None else self._projections
+        assert data is not None
+        return AttentionBasis(
+            self._x, self._z, data, mask=self._mask, leaky_relu=self._leaky_relu, normalize=self._normalize,
+            bias=self._bias, dropout=p,
+        )  # fmt: skip
 
     @property
     def projections(self) -> Projections | None:
@@ -223,6 +302,8 @@ class AttentionBasis(Basis):
     def weights(self) -> DenseBasis:
         """The weights as a :class:`~structconv.DenseBasis`, normalised from the scores (or projections)."""
         scores: Array = self._scores if self._projections is None else self._projections.scores(self._x, self._z)
+        if self._bias is not None:
+            scores = scores + self._bias
         lib = of(scores).native()
         if int(scores.shape[0]) != self.shape[0]:  # a position-only mechanism: one copy per instance
             scores = lib.broadcast_to(scores, self.shape)
@@ -234,7 +315,8 @@ class AttentionBasis(Basis):
         return DenseBasis.of_weights(xp.astype(weights, self._x.dtype))
 
     def _normalised(self, scores: Array) -> Array:
-        return normalise(scores, self.mask, leaky_relu=self.leaky_relu, normalize=self.normalize)
+        weights = normalise(scores, self.mask, leaky_relu=self.leaky_relu, normalize=self.normalize)
+        return of(weights).dropout(weights, self._dropout) if self._dropout > 0.0 else weights
 
     def to_dense(self) -> Array:
         return self.weights().to_dense()
@@ -263,13 +345,15 @@ class AttentionBasis(Basis):
                 cast(p.key), cast(p.query), key_bias=cast(p.key_bias), query_bias=cast(p.query_bias), scale=p.scale
             )
             return AttentionBasis(
-                cast(self._x), cast(self._z), w, mask=self._mask, leaky_relu=self._leaky_relu, normalize=self._normalize
-            )
+                cast(self._x), cast(self._z), w, mask=self._mask, leaky_relu=self._leaky_relu,
+                normalize=self._normalize, bias=cast(self._bias), dropout=self._dropout,
+            )  # fmt: skip
         return self.weights().to(device, dtype)
 
     def plan_key(self) -> tuple[Any, ...]:
         # The fused order's cost depends on the kernel torch picks (dtype, device) and on the mask.
         mask = None if self._mask is None else tuple(int(s) for s in self._mask.shape)
+        bias = None if self._bias is None else tuple(int(s) for s in self._bias.shape)
         placement = (dtype_name(self._x), self.device)
         return (
             type(self).__name__,
@@ -278,13 +362,20 @@ class AttentionBasis(Basis):
             self._depth,
             self._projections is None,
             mask,
+            bias,
+            self._dropout > 0.0,
             placement,
         )
 
     def _score_cost(self, batch: int) -> Cost:
         B, K, M, N = self.shape
         D, P = self._depth, int(self._x.shape[-1])
-        return Cost(2.0 * B * K * (M * N * D + (M + N) * P * D), 2.0 * B * K * M * N)
+        # the keys and queries (from projections), the scores, the weights (and with dropout the
+        # mask and the dropped weights)
+        stored = 2.0 * B * K * M * N * (2 if self._dropout > 0.0 else 1)
+        if self._projections is not None:
+            stored += B * K * (M + N) * D
+        return Cost(2.0 * B * K * (M * N * D + (M + N) * P * D), stored)
 
     def apply_each(self, x: Array) -> Array:
         return self.weights().apply_each(x)
@@ -312,12 +403,30 @@ class AttentionBasis(Basis):
             and self._projections is not None
             and self._normalize
             and self._leaky_relu is None
+            and (self._bias is None or self._mask is None)  # the kernel takes one mask
         )
         return _ATTENTION_ORDERS if fused else NO_ORDERS
 
+    def kernel_takes_dropout(self) -> bool:
+        """Whether the fused order can drop weights inside a fused kernel here (the backend, dtype and device)."""
+        fused = bool(self.own_orders()) and fused_width(self.device, dtype_name(self._x), 1) is not None
+        return fused and fused_dropout(self.device)
+
     def _kernel_width(self, width: int) -> int | None:
         """The common width of keys, queries and values of width up to ``width`` (:func:`fused_width`)."""
+        if self._dropout > 0.0 and not fused_dropout(self.device):
+            return None
         return fused_width(self.device, dtype_name(self._x), max(self._depth, width))
+
+    def _kernel_bias(self, like: Array) -> Array | None:
+        """The additive scores in the kernel's layout, ``(1 or B, K, N, M)`` contiguous, in ``like``'s dtype."""
+        if self._bias is None:
+            return None
+        bias = self._bias.swapaxes(-1, -2)
+        bias = bias.reshape(-1).reshape(tuple(int(s) for s in bias.shape))  # [query, key] in memory too
+        if bias.dtype != like.dtype:  # under autocast: the kernel takes one dtype
+            bias = namespace(like).astype(bias, like.dtype)
+        return bias
 
     def _projected(self, width: int | None) -> Projections:
         """The projections, their keys and queries widened by zero columns to ``width``."""
@@ -336,7 +445,10 @@ class AttentionBasis(Basis):
             xp = namespace(values)
             keys, queries = xp.astype(keys, values.dtype), xp.astype(queries, values.dtype)
         if self.mask is None:
-            heads: Array = of(values).attention(queries, keys, values, None, mech.scale)
+            bias = self._kernel_bias(values)
+            heads: Array = of(values).attention(
+                queries, keys, values, None, mech.scale, bias=bias, dropout=self._dropout
+            )
             return heads
         lib = of(values).native()
         allowed = allowed_mask(self.mask)
@@ -347,7 +459,7 @@ class AttentionBasis(Basis):
         # last axis contiguous), and torch's CPU kernel takes 2-D or 4-D masks only.
         allowed = lib.logical_or(allowed, empty).swapaxes(-1, -2)
         allowed = _as_4d(allowed.reshape(-1).reshape(tuple(int(s) for s in allowed.shape)))
-        heads = of(values).attention(queries, keys, values, allowed, mech.scale)
+        heads = of(values).attention(queries, keys, values, allowed, mech.scale, dropout=self._dropout)
         return lib.where(_as_4d(empty.swapaxes(-1, -2)), 0.0, heads)
 
     def _attend(self, x: Array, value: Array) -> Array:
@@ -363,8 +475,13 @@ class AttentionBasis(Basis):
         return heads if int(heads.shape[-1]) == R else heads[..., :R]
 
     def _fused(self, mech: Projections, x: Array, value: Array) -> Array | None:
-        """Self-attention without a mask: keys, queries and values from one GEMM, then the fused kernel."""
-        if self.mask is not None or x is not self._x or self._z is not self._x:
+        """Self-attention without a mask: keys, queries and values from one GEMM, then the fused kernel.
+
+        Not with additive scores: their kernel's backward returns the gradients of keys, queries
+        and values apart, and the backward of three slices of one output would allocate that
+        output's size three times over (measured: 27 % more peak memory at 16x16 tokens, width 400).
+        """
+        if self.mask is not None or self._bias is not None or x is not self._x or self._z is not self._x:
             return None
         B, M, P = (int(s) for s in x.shape)
         K, _, D = (int(s) for s in mech.key.shape)
@@ -381,7 +498,8 @@ class AttentionBasis(Basis):
         keys = out[:, : K * D].reshape(B, M, K, D).swapaxes(1, 2)
         queries = out[:, K * D : 2 * K * D].reshape(B, M, K, D).swapaxes(1, 2)
         values = out[:, 2 * K * D :].reshape(B, M, K, R).swapaxes(1, 2)
-        heads: Array = backend.attention(queries, keys, values, None, mech.scale)
+        bias = self._kernel_bias(values)
+        heads: Array = backend.attention(queries, keys, values, None, mech.scale, bias=bias, dropout=self._dropout)
         return heads
 
     def _run_sdpa(self, x: Array, theta: Array) -> Array:
@@ -396,21 +514,31 @@ class AttentionBasis(Basis):
         return y
 
     def _cost_sdpa(self, batch: int, p: int, q: int) -> Cost:
-        return self._cost_sdpa_factored(batch, p, q, q)
+        B, _, _, N = self.shape
+        return self._cost_attend(batch, p, q) + Cost(0.0, float(B * N * q))  # the heads summed
 
     def _cost_sdpa_factored(self, batch: int, p: int, q: int, rank: int) -> Cost:
-        r"""Projections, attention and the output map; :math:`M\times N` memory where no fused kernel applies."""
+        B, K, _, N = self.shape
+        return self._cost_attend(batch, p, rank) + Cost(2.0 * B * N * K * rank * q, float(B * N * q))
+
+    def _cost_attend(self, batch: int, p: int, rank: int) -> Cost:
+        r"""Keys, queries and values of width ``rank``, then attention.
+
+        :math:`M\times N` memory where no fused kernel applies.
+        """
         B, K, M, N = self.shape
         width = self._kernel_width(rank)
         dk, dv = (self._depth, rank) if width is None else (width, width)  # widths of keys and values
         project = 2.0 * B * K * ((M + N) * dk + M * dv) * p
-        mix = 2.0 * B * N * K * rank * q
-        written = B * K * ((M + N) * dk + (M + N) * dv) + B * N * q
+        written = B * K * ((M + N) * dk + (M + N) * dv)
         if self._mask is not None:  # a boolean copy of it, and the kernel's additive copy
             written += 2 * math.prod(int(s) for s in self._mask.shape)
-        if width is None:  # the math kernel: every score, then every weight, stored
-            return Cost(project + 2.0 * B * K * M * N * (self._depth + rank) + mix, written + 2.0 * B * K * M * N)
-        return Cost(project + 4.0 * B * K * M * N * width + mix, float(written))
+        if self._bias is not None:  # its copy in the kernel's layout
+            written += math.prod(int(s) for s in self._bias.shape)
+        if width is None:  # the math kernel: every score, then every weight (and dropped weight), stored
+            stored = 2.0 * B * K * M * N * (2 if self._dropout > 0.0 else 1)
+            return Cost(project + 2.0 * B * K * M * N * (self._depth + rank), written + stored)
+        return Cost(project + 4.0 * B * K * M * N * width, float(written))
 
 
 _ATTENTION_ORDERS: Mapping[str, OwnOrder] = MappingProxyType(

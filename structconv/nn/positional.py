@@ -20,7 +20,7 @@ from ..bases.grid_args import _grid, _ints
 from ..bases.kronecker import KroneckerBasis
 from ..bases.local import LocalBasis, local_weights
 from ..bases.window import Window
-from ..structures.attention import Mechanism, attention_basis
+from ..structures.attention import AttentionBasis, Mechanism, attention_basis
 from ..structures.grid import BOUNDARIES
 from ..structures.positional import PositionalMechanism, inner_positions
 from ..structures.relative import check_host_memory
@@ -101,8 +101,11 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
     where the score :math:`a_{hmn}` of key :math:`m` for query :math:`n` is given by the encoding
     ``heads`` as a function of their offset :math:`\delta_{mn}` (:class:`QuadraticHeads`,
     :class:`GaussianHeads`, :class:`LearnedHeads`), plus, with ``content``, a score of their
-    features (:class:`ContentHeads`).  Without content the heads do not depend on the input, so
-    they are built once per forward for the whole batch: exactly, as a Kronecker product of
+    features (:class:`ContentHeads`); content plus position (not Eq. 5's ``relative_terms``) is a
+    lazy :class:`~structconv.AttentionBasis` whose fused order ``"sdpa"`` passes the positional
+    scores to torch's fused attention as its float mask, never forming the ``(B, K, M, M)``
+    weights (the engine costs it beside the dense orders).  Without content the heads do not
+    depend on the input, so they are built once per forward for the whole batch: exactly, as a Kronecker product of
     per-axis softmaxes for separable heads (quadratic, learned), else as truncated renormalised
     shift bases when that is cheaper (``threshold``, see
     :meth:`~structconv.structures.positional.PositionalMechanism.basis`; ``None`` keeps the
@@ -134,6 +137,9 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         :meth:`~structconv.QuadraticPosition.window`) drop the windowed heads' entries, each
         with probability :math:`p`, one mask per step shared by the batch, in block-local form
         (:class:`~structconv.bases.local.LocalBasis`): no ``(K, M, M)`` matrix is formed.
+        Content plus position heads drop inside the fused attention kernel (``dropout_p``, a
+        mask per image and head) where one takes dropout (CUDA); elsewhere (CPU, whose fused
+        kernel takes none) as dense heads per image.
     dropout_shared : bool, optional
         ``None`` (the default) does what Cordonnier et al.'s code does: position-only heads are
         one ``(K, M, M)`` tensor with no batch axis, and one mask per step is drawn for it,
@@ -528,6 +534,10 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         """``basis`` with :attr:`attention_dropout` applied (in training; ``basis`` itself otherwise)."""
         if not self.training or self.attention_dropout == 0.0:
             return basis
+        if isinstance(basis, AttentionBasis) and basis.kernel_takes_dropout():
+            # Content plus position: the fused order drops inside the kernel (sdpa's dropout_p, a mask
+            # per image and head), the engine still costing it beside the dense orders.
+            return basis.with_dropout(self.attention_dropout)
         window = basis.window if isinstance(basis, KroneckerBasis) else None
         if window is not None and self.dropout_shared is not False and _local_size(window) < math.prod(basis.shape):
             # The windowed heads entry by entry, block by block: one mask per step for the layer,
@@ -563,7 +573,8 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         basis = self.dropped(built, int(flat.shape[0]))
         # Heads dropped out per image are stored for the x-Theta-first order's batched GEMM, which
         # reads them in place (see structconv.backend.torch._instance_gemms); otherwise the engine plans.
-        per_image = basis is not built and basis.batch is not None and self.head_dim is None
+        per_image = isinstance(basis, DenseBasis) and basis is not built and basis.batch is not None
+        per_image = per_image and self.head_dim is None
         order = "xtheta" if per_image else "auto"
         # Under autocast the bias joins y's dtype, as torch.nn.Linear's does: no float32 copy.
         return self.contract(basis, flat, self.parameter(), bias=self.bias, order=order).reshape(x.shape)

@@ -35,6 +35,7 @@ __all__ = [
     "Mechanism",
     "ScoreBias",
     "attention_basis",
+    "content_and_position",
     "masked_softmax",
 ]
 
@@ -374,7 +375,10 @@ def attention_basis(
     -------
     AttentionBasis
         It holds the scores, evaluated here, or (scaled dot-product attention) the key and query
-        projections, from which the fused order attends without forming the scores.
+        projections, from which the fused order attends without forming the scores.  Scaled
+        dot-product attention plus scores that ignore the input (``BiAffine(key=..., query=...)
+        + LearnedPosition(...)``, :func:`content_and_position`) keeps the projections too, the
+        positional scores evaluated here as the basis' additive ``bias`` (``(1, K, M, N)``).
 
     Examples
     --------
@@ -406,4 +410,34 @@ def attention_basis(
         raise TypeError(f"normalize must be True or False, got {type(normalize).__name__} {normalize!r}")
     if isinstance(mechanism, BiAffine) and mechanism.transformer:
         return AttentionBasis(x3, z3, mechanism.projector(), mask=mask, leaky_relu=leaky_relu, normalize=normalize)
+    split = content_and_position(mechanism)
+    if split is not None:
+        content, position = split
+        content.check_inputs(x3, z3)
+        return AttentionBasis(
+            x3, z3, content.projector(), mask=mask, leaky_relu=leaky_relu, normalize=normalize,
+            bias=position.scores(x3, z3),
+        )  # fmt: skip
     return AttentionBasis(x3, z3, mechanism.scores(x3, z3), mask=mask, leaky_relu=leaky_relu, normalize=normalize)
+
+
+def content_and_position(mechanism: Mechanism) -> tuple[BiAffine, Mechanism] | None:
+    r"""``(content, position)`` if ``mechanism`` is scaled dot-product attention plus input-independent scores.
+
+    That is a sum (``a + b``, either side first) of a :attr:`BiAffine.transformer` mechanism and
+    one whose scores ignore the inputs (:attr:`Mechanism.positional`, e.g.
+    :class:`~structconv.LearnedPosition`): its scores :math:`s\,q_n\cdot k_m + eta_{mn}` are a
+    dot product plus a bias, which torch's fused attention takes as its float mask.  ``None``
+    for any other mechanism.
+
+    Parameters
+    ----------
+    mechanism
+        Any :class:`Mechanism`.
+    """
+    if not isinstance(mechanism, Combined) or mechanism.op != "sum":
+        return None
+    for content, position in ((mechanism.left, mechanism.right), (mechanism.right, mechanism.left)):
+        if isinstance(content, BiAffine) and content.transformer and position.positional:
+            return content, position
+    return None

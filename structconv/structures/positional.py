@@ -176,8 +176,25 @@ class PositionalMechanism(Mechanism):
         return np.asarray(flat[:, rel.column_index(columns)].max(axis=1).min(axis=1))
 
     def dense_scores(self) -> Array:
-        """Scores ``(K, M, N)``: :meth:`offset_scores` gathered for every pair."""
-        return self.relative.gather(self.offset_scores())
+        """Scores ``(K, M, N)`` of every pair: per axis where separable, else :meth:`offset_scores` gathered.
+
+        A sum of per-axis terms is gathered per axis, ``(K, S_i, S_i)`` from the ``(K, L_i)``
+        scores of the axis, and the axes are broadcast against each other into the pairs: no
+        ``(K, O)`` table of offsets, no gather of :math:`KMN` entries (whose backward is a
+        scatter-add of as many), only the final sum is :math:`KMN`.
+        """
+        per_axis = self.axis_scores()
+        if per_axis is None:
+            return self.relative.gather(self.offset_scores())
+        check_host_memory(self.grid, "its dense scores", 8.0 * self.heads * self.relative.positions**2)
+        d, K, total = len(self.grid), self.heads, None
+        for i, (size, scores) in enumerate(zip(self.grid, per_axis, strict=True)):
+            index = placed(relative_offsets((size,), self.boundary), "axis_index0", scores)  # (m_i, n_i)
+            term = scores[:, index].reshape([K] + [size if j in (i, d + i) else 1 for j in range(2 * d)])
+            total = term if total is None else total + term
+        assert total is not None
+        M = self.relative.positions
+        return total.reshape(K, M, M)
 
     def scores(self, x: Array, z: Array) -> Array:
         M = self.relative.positions

@@ -10,9 +10,10 @@
 #   bash scripts/gpu_session.sh --dry-run        here: the same steps on the CPU at toy sizes (CI runs it);
 #                                                the record goes to $OUT if set, else a temporary folder
 #   bash scripts/gpu_session.sh --collect DIR    here, after a lease: the record and run metrics from
-#                                                DIR (the files the device tool fetched) into docs/_static
+#                                                DIR (the files the device tool fetched) into docs/_static/gpu
 #
-# Other arguments go to the session (--budget SECONDS, --test-device DEVICE).
+# Other arguments go to the session (--budget SECONDS, --test-device DEVICE, --skip tests,bench,
+# --model MODEL: e.g. a lease spent on ResNet18's 300 epochs alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${STRUCTCONV_DATA:-../shared/data}"
@@ -33,7 +34,8 @@ case "${1:-}" in
     rm -f .gpu/whl/*.whl
     "$py" -m pip download -q --no-deps --only-binary=:all: -d .gpu/whl "array-api-compat==$version"
     commit=$(git rev-parse HEAD)
-    if [ -n "$(git status --porcelain --untracked-files=no)" ]; then commit="$commit-dirty"; fi
+    # Untracked files that git does not ignore travel with the tree too: they make it "dirty".
+    if [ -n "$(git status --porcelain)" ]; then commit="$commit-dirty"; fi
     echo "$commit" >.gpu/commit
     du -sh .gpu
     echo "prepared .gpu/ for commit $commit: run the device tool with command 'bash scripts/gpu_session.sh'"
@@ -41,13 +43,17 @@ case "${1:-}" in
     ;;
   --collect)
     from="${2:?--collect needs the folder holding the files the device tool fetched}"
-    mkdir -p docs/_static/gpu/sessions docs/_static/cifar/runs
+    mkdir -p docs/_static/gpu/sessions docs/_static/gpu/runs
     found=0
     for record in "$from"/*-*.json; do
       [ -e "$record" ] || continue
       case "$(basename "$record")" in bench-*|run-*) continue ;; esac
       if grep -q '"dry_run": true' "$record"; then
         echo "$record is a dry run's record (toy sizes on a CPU): not collected" >&2
+        continue
+      fi
+      if grep -q '"error":' "$record"; then
+        echo "$record is the record of a session that did not run (see its error): not collected" >&2
         continue
       fi
       stamp=$(basename "$record" .json)
@@ -57,9 +63,9 @@ case "${1:-}" in
       for run in "$from"/run-*.json; do
         [ -e "$run" ] || continue
         name=$(basename "$run" .json)
-        cp "$run" "docs/_static/cifar/runs/${name#run-}-${stamp%%-[a-z]*}.json"
+        cp "$run" "docs/_static/gpu/runs/${name#run-}-${stamp%%-[a-z]*}.json"
       done
-      echo "collected $stamp into docs/_static/gpu/sessions (runs into docs/_static/cifar/runs)"
+      echo "collected $stamp into docs/_static/gpu/sessions (runs into docs/_static/gpu/runs)"
     done
     [ "$found" = 1 ] || { echo "no session record in $from" >&2; exit 2; }
     ;;

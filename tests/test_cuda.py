@@ -16,6 +16,8 @@ it is missing):
 4. (CUDA only) no host synchronisation in a training step at the paper's sizes, the batch's draw
    included: eager for every model, compiled (``make_step(..., compile=True)``) for ResNet18 and
    ``sa-quadratic``; ``torch.cuda.set_sync_debug_mode("error")`` raises at the first wait.
+5. (CUDA only) the compiled step, CUDA graphs replayed, computes the eager step there (ResNet18
+   and ``sa-quadratic`` at small sizes, four steps).
 
 Closeness is the relative Frobenius norm :math:`\lVert a - e\rVert / \lVert e\rVert`, computed in
 float64: at most :data:`TOLERANCE` (float32 :math:`2\cdot10^{-3}`, which leaves room for the TF32
@@ -421,3 +423,20 @@ def test_a_compiled_training_step_never_waits_for_the_gpu(name: str) -> None:
         totals = _tally(loss * len(y), logits, y)
     torch.cuda.synchronize()
     assert torch.isfinite(loss) and torch.isfinite(totals).all()
+
+
+@_cuda_only("the CPU run of the same comparison is tests/test_cifar_step.py")
+@pytest.mark.parametrize("name", ["resnet18", "sa-quadratic"])
+def test_the_compiled_step_computes_the_eager_step_on_the_device(name: str) -> None:
+    """:class:`CompiledStep` on the device (CUDA graphs recorded, then replayed) against the eager step there.
+
+    Small models in float32 without dropout (Inductor draws its own masks), TF32 off; four steps, so
+    that graphs are replayed with a new learning rate written into their tensor each time.
+    """
+    from test_cifar_step import _pair, compare
+
+    torch._dynamo.reset()
+    options = {} if family(name) == "resnet" else {"dropout": 0.0, "attention_dropout": 0.0}
+    config, eager, compiled, opt_e, opt_c = _pair(name, DEVICE, **options)
+    with _exact_float32():
+        compare(config, eager, compiled, opt_e, opt_c, DEVICE, slack=10.0)

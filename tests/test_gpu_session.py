@@ -59,12 +59,21 @@ def test_the_dry_run_runs_every_step_within_three_minutes(dry_run: tuple[Path, d
     assert isinstance(tests, dict) and tests["failed"] == 0 and tests["failures"] == []
     assert tests["passed"] + tests["skipped"] > 0  # the suite was collected and ran (here: skipped or on the CPU)
     bench = record["bench"]
-    assert isinstance(bench, dict) and bench["status"] == "ok"
+    assert isinstance(bench, dict) and bench["status"] == ["ok"]
     assert set(bench["images_per_second"]) == set(VARIANTS)
     assert all(v > 0 for v in bench["images_per_second"].values())
     assert bench["gemm_tflops"] > 0 and bench["sizes"] == "smoke"
+    assert set(bench["profile"]) == set(VARIANTS)  # where each step's time goes: its costliest operators
+    for rows in bench["profile"].values():
+        assert 0 < len(rows) <= 5 and all(ms >= 0 and 0 <= share <= 1 for _, ms, share in rows)
+        assert [ms for _, ms, _ in rows] == sorted((ms for _, ms, _ in rows), reverse=True)
     compiled = record["bench_compiled"]
-    assert isinstance(compiled, dict) and compiled["status"] == "ok" and compiled["images_per_second"]
+    assert (
+        isinstance(compiled, dict)
+        and compiled["status"] == ["ok"]
+        and set(compiled["images_per_second"]) == {"sa-quadratic"}
+    )
+    assert "errors" not in record
     (run,) = record["runs"]  # type: ignore[misc]
     assert run["model"] == "resnet18" and run["preset"] == "smoke" and run["status"] == "ok"
     assert run["epochs_done"] == run["epochs_planned"] == 1 and run["complete"] and not run["partial"]
@@ -98,9 +107,12 @@ def test_collect_puts_the_record_and_runs_where_the_docs_keep_them(
     (saved,) = (tmp_path / "docs/_static/gpu/sessions").glob("*.json")
     assert json.loads(saved.read_text()) == as_lease
     assert saved.with_suffix(".png").is_file()
-    (run,) = (tmp_path / "docs/_static/cifar/runs").glob("*.json")
+    (run,) = (tmp_path / "docs/_static/gpu/runs").glob("*.json")
     assert run.name.startswith("resnet18-smoke-") and json.loads(run.read_text())["config"]["model"] == "resnet18"
     assert collect(tmp_path / "scripts").returncode == 2  # no record there
+    (lease / name).write_text(json.dumps({**as_lease, "error": "no CUDA device"}))
+    failed = collect(lease)  # a session that never ran on a GPU
+    assert failed.returncode == 2 and "did not run" in failed.stderr
 
 
 def test_the_docs_show_the_newest_record(dry_run: tuple[Path, dict[str, object], float], tmp_path: Path) -> None:
@@ -138,8 +150,26 @@ def test_a_step_past_its_time_is_stopped_with_its_children(tmp_path: Path) -> No
     time.sleep(6)
     assert not marker.exists()  # the grandchild went with its parent
     assert session.run("quick", [sys.executable, "-c", "raise SystemExit(3)"], 10.0).code == 3
+    # SIGINT first: a child that reports when interrupted (as pytest writes its XML) gets to do it
+    report = tmp_path / "report"
+    (tmp_path / "polite.py").write_text(
+        f"import time\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    open({str(report)!r}, 'w').close()\n"
+    )
+    assert session.run("polite", [sys.executable, str(tmp_path / "polite.py")], 3.0).status == "timed out"
+    assert report.exists()
     log = (tmp_path / "session.log").read_text()
     assert "sleeper: timed out" in log and "quick: failed" in log
+
+
+def test_a_failing_step_is_recorded_and_the_session_goes_on(tmp_path: Path) -> None:
+    session = Session(tmp_path, budget=60.0, dry_run=True, data=tmp_path, commit="abc")
+    ran = []
+    session.attempt("bench", lambda: json.loads("{truncated"))
+    session.attempt("training", lambda: ran.append(1))
+    assert ran == [1]
+    record = json.loads(session.write().read_text())
+    assert record["errors"] == {"bench": "JSONDecodeError: Expecting property name enclosed in double quotes: "
+                                          "line 1 column 2 (char 1)"}  # fmt: skip
 
 
 def test_the_record_is_rewritten_in_place_under_its_final_name(tmp_path: Path) -> None:
@@ -182,19 +212,19 @@ def test_missing_rows_are_those_of_table_1_without_a_complete_paper_run(tmp_path
     (tmp_path / "d.json").write_text("not json")
     assert missing_rows(tmp_path) == ["sa-quadratic", "sa-learned", "sa-learned-content"]
     assert missing_rows(tmp_path / "nowhere") == list(TABLE1)
-    # The committed runs: no paper run of 300 epochs yet.
-    assert missing_rows(ROOT / "docs/_static/cifar/runs") == list(TABLE1)
 
 
-def test_choose_run_trains_resnet18_whole_when_it_fits_else_the_first_missing_row() -> None:
-    per_run = 300 * (50_000 + 10_000 / 3)
-    assert choose_run(["resnet18", "sa-quadratic"], {"resnet18": per_run / 400}, 500.0)[:2] == ("resnet18", True)
-    model, fits, estimate = choose_run(["resnet18", "sa-quadratic"], {"resnet18": per_run / 600}, 500.0)
-    assert (model, fits) == ("resnet18", False) and estimate == pytest.approx(600.0)
-    assert choose_run(["sa-quadratic"], {"resnet18": per_run / 600, "sa-quadratic": 10.0}, 500.0)[:2] == (
-        "sa-quadratic",
-        False,
-    )
+def test_choose_run_trains_resnet18_whole_when_it_fits_else_the_next_missing_row() -> None:
+    per_run = 300 * (50_000 + 10_000 / 3)  # seconds at one image per second
+    missing = ["resnet18", "sa-quadratic", "sa-learned"]
+    rates = {"resnet18": per_run / 400, "sa-quadratic": per_run / 3000}
+    assert choose_run(missing, rates, 500.0) == ("resnet18", True, pytest.approx(400.0))
+    # ResNet18 does not fit: a partial run of it would add nothing, the next missing row runs partly
+    assert choose_run(missing, rates, 300.0) == ("sa-quadratic", False, pytest.approx(3000.0))
+    # ResNet18's row done: the next missing one, even where ResNet18 would fit again
+    assert choose_run(missing[1:], rates, 500.0) == ("sa-quadratic", False, pytest.approx(3000.0))
+    assert choose_run(["sa-learned"], rates, 500.0) == ("sa-learned", False, None)  # no rate measured
+    assert choose_run([], rates, 500.0) == ("resnet18", True, pytest.approx(400.0))
     assert choose_run([], {}, 500.0) == ("resnet18", False, None)
 
 

@@ -84,7 +84,7 @@ class ConvWeight:
     def shape(self) -> tuple[int, int, int]:
         """``(K, P, Q)`` of the full parameter."""
         w = self.weight
-        return (math.prod(int(s) for s in w.shape[2:]), int(w.shape[1]) * self.groups, int(w.shape[0]))
+        return (math.prod([int(s) for s in w.shape[2:]]), int(w.shape[1]) * self.groups, int(w.shape[0]))
 
     @property
     def rank(self) -> int:

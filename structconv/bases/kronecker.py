@@ -108,11 +108,8 @@ class KroneckerBasis(Basis):
     @property
     def shape(self) -> tuple[int, ...]:
         f = self._factors
-        return (
-            int(f[0].shape[0]),
-            math.prod(int(a.shape[1]) for a in f),
-            math.prod(int(a.shape[2]) for a in f),
-        )
+        # Lists, not generators: torch.compile traces a list, and breaks the graph at a generator.
+        return (int(f[0].shape[0]), math.prod([int(a.shape[1]) for a in f]), math.prod([int(a.shape[2]) for a in f]))
 
     @property
     def backend(self) -> str:

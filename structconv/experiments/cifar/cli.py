@@ -348,6 +348,7 @@ def _bench(args: argparse.Namespace) -> int:
         device, batch=args.batch, steps=args.steps, rounds=args.rounds, only=only,
         log=lambda s: print(s, file=sys.stderr, flush=True), peak_tflops=args.peak_tflops,
         sa_options=sizes["sa-quadratic"], resnet_options=sizes["resnet18"], compile=args.compile, sizes=args.sizes,
+        profile=args.profile,
     )  # fmt: skip
     text = table(result)
     print(text)
@@ -504,6 +505,13 @@ def add_parser(sub: Any) -> None:
     )
     bench.add_argument(
         "--compile", action="store_true", help="compile every variant's whole step alike (CUDA graphs on CUDA)"
+    )
+    bench.add_argument(
+        "--profile",
+        type=nonnegative_int,
+        default=0,
+        metavar="N",
+        help="after timing, profile each variant's step and keep its N costliest operators in the JSON",
     )
     bench.add_argument(
         "--sizes",

@@ -26,6 +26,8 @@ steps go on with what is left.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import platform
@@ -38,11 +40,13 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from ...data.atomic import atomic_write
 
 __all__ = ["TABLE1", "Session", "choose_run", "junit_counts", "main", "missing_rows", "slug"]
 
@@ -56,9 +60,13 @@ COMPILED_VARIANTS = ("sa-quadratic", "sa-quadratic paper-dense", "resnet18", "re
 RESERVE = 20.0
 #: The most each step may take of a real lease (seconds); the dry run scales them down.
 CAPS = {"tests": 200.0, "bench": 120.0, "bench_compiled": 180.0}
-#: A run needs at least this long to be worth starting: compilation, data, one epoch.
-MIN_TRAINING = 60.0
+#: A run needs at least this long to be worth starting: data, compilation, CUDA graphs, epochs.
+MIN_TRAINING = 120.0
+#: Seconds a step past its time has between ``SIGINT`` and ``SIGKILL``.
+GRACE = 15.0
 ROOT = Path(__file__).resolve().parents[3]
+#: Where ``scripts/gpu_session.sh --collect`` files the sessions' runs (their ``metrics.json``).
+RUNS = ROOT / "docs" / "_static" / "gpu" / "runs"
 
 
 def slug(device: str) -> str:
@@ -72,6 +80,8 @@ def junit_counts(path: Path) -> dict[str, Any]:
     cases = root.iter("testcase")
     counts: dict[str, Any] = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
     for case in cases:
+        if not case.get("name"):  # what an interrupted run leaves for the test it stopped in
+            continue
         outcome = {child.tag for child in case}
         ident = f"{case.get('classname', '')}::{case.get('name', '')}"
         if outcome & {"failure", "error"}:
@@ -103,19 +113,21 @@ def choose_run(
 ) -> tuple[str, bool, float | None]:
     """Which model to train in ``seconds``, whether its ``epochs`` fit, and the estimated seconds they take.
 
-    ResNet18 when its whole run fits the measured rate (training images and a test pass each
-    epoch, the test pass at a third of a training image's cost); otherwise the first missing row
-    of Table 1, which then runs as far as it gets.  With no row missing, ResNet18 again.
+    ResNet18, when its row is missing and its whole run fits the measured rate (training images
+    and a test pass each epoch, the test pass at a third of a training image's cost); otherwise
+    the first missing row of Table 1 after ResNet18's, which runs as far as it gets (a partial
+    ResNet18 run would add nothing a whole one will not).  With no other row missing, ResNet18.
     """
-    estimate = None
-    if "resnet18" in images_per_second:
-        per_epoch = (50_000 + 10_000 / 3) / images_per_second["resnet18"]
-        estimate = epochs * per_epoch
-        if estimate <= seconds:
-            return "resnet18", True, estimate
-    model = missing[0] if missing else "resnet18"
-    rate = images_per_second.get(model)
-    full = epochs * (50_000 + 10_000 / 3) / rate if rate else None
+
+    def estimate(model: str) -> float | None:
+        rate = images_per_second.get(model)
+        return epochs * (50_000 + 10_000 / 3) / rate if rate else None
+
+    whole = estimate("resnet18")
+    if "resnet18" in missing and whole is not None and whole <= seconds:
+        return "resnet18", True, whole
+    model = next((m for m in missing if m != "resnet18"), "resnet18")
+    full = estimate(model)
     return model, full is not None and full <= seconds, full
 
 
@@ -162,8 +174,14 @@ class Session:
             log.write(text + "\n")
 
     def run(self, name: str, command: list[str], seconds: float, env: dict[str, str] | None = None) -> Step:
-        """Run ``command`` with its output in the log; stop it and its children after ``seconds``."""
+        """Run ``command`` with its output in the log; stop it and its children within ``seconds``.
+
+        A step past its time gets ``SIGINT`` first (pytest then writes its report of the tests
+        done so far) and :data:`GRACE` seconds to end, then ``SIGKILL``, with every process of its
+        group (the compiler's workers too).
+        """
         self.say(f"== {name}: {' '.join(command)} (at most {seconds:.0f} s)")
+        grace = min(GRACE, seconds / 3)
         tic = time.monotonic()
         with self.log_path.open("a") as log:
             child = subprocess.Popen(
@@ -171,37 +189,58 @@ class Session:
                 start_new_session=True, cwd=ROOT,
             )  # fmt: skip
             try:
-                code = child.wait(timeout=max(seconds, 1.0))
+                code: int | None = child.wait(timeout=max(seconds - grace, 0.1))
             except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)  # the compiler's worker processes too
-                child.wait()
-                step = Step("timed out", time.monotonic() - tic)
-            else:
-                step = Step("ok" if code == 0 else "failed", time.monotonic() - tic, code)
+                _signal_group(child.pid, signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=grace)
+                code = None
+            _signal_group(child.pid, signal.SIGKILL)  # whatever it left behind
+            child.wait()
+        seconds_taken = time.monotonic() - tic
+        step = (
+            Step("timed out", seconds_taken)
+            if code is None
+            else Step("ok" if code == 0 else "failed", seconds_taken, code)
+        )
         self.say(f"== {name}: {step.status} after {step.seconds:.0f} s" + (f" (exit {step.code})" if step.code else ""))
         return step
 
     def write(self) -> Path:
         """Write the record (atomically) under its final name; called after every step."""
         self.record["elapsed_s"] = round(time.monotonic() - self.start, 1)
-        name = f"{self.stamp}-{slug(self.record.get('device', 'device'))}.json"
-        path = self.out / name
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.record, indent=2) + "\n")
-        os.replace(tmp, path)
+        path = self.out / f"{self.stamp}-{slug(self.record.get('device', 'device'))}.json"
+        with atomic_write(path, "w") as f:
+            f.write(json.dumps(self.record, indent=2) + "\n")
         if self.record_path is not None and self.record_path != path:
             self.record_path.unlink(missing_ok=True)
         self.record_path = path
         return path
+
+    def attempt(self, name: str, step: Callable[[], object]) -> None:
+        """Run one step of the session; an error in it is recorded and the session goes on."""
+        try:
+            step()
+        except Exception as err:  # the next steps and the record matter more than this one
+            self.record.setdefault("errors", {})[name] = f"{type(err).__name__}: {err}"
+            self.say(f"{name}: {type(err).__name__}: {err}")
+        self.write()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group has ended
+        os.killpg(pid, sig)
 
 
 def environment(commit: str) -> dict[str, Any]:
     """Device, driver, torch, CUDA and Python of this machine."""
     import torch
 
+    from .train import device_label
+
     cuda = torch.cuda.is_available()
     env: dict[str, Any] = {
-        "device": torch.cuda.get_device_name() if cuda else f"CPU ({torch.get_num_threads()} threads)",
+        "device": device_label("cuda" if cuda else "cpu"),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
@@ -245,46 +284,58 @@ def _tests(s: Session, test_device: str) -> None:
     )
 
 
-def _bench(s: Session, device: str, compiled: bool) -> dict[str, Any] | None:
+def _bench(s: Session, device: str, compiled: bool) -> None:
+    """``structconv cifar bench``: every variant eagerly, or the compared pairs compiled, one child each.
+
+    Each pair of the compiled benchmark (a model and the peer its target compares it with) is its
+    own child process, so that a pair whose compilation outlasts its share loses only itself.
+    """
     key = "bench_compiled" if compiled else "bench"
-    out = s.work / key
     if s.dry_run:
-        args = ["--batch", "4", "--steps", "1", "--rounds", "1", "--sizes", "smoke"]
-        args += ["--only", "sa-quadratic"] if compiled else []  # compiling more takes minutes on a CPU
+        common = ["--batch", "4", "--steps", "1", "--rounds", "1", "--sizes", "smoke", "--profile", "5"]
+        groups: list[tuple[str, ...]] = [("sa-quadratic",)] if compiled else [()]  # compiling more: minutes here
     else:
-        args = ["--batch", "100", "--steps", "10" if compiled else "5", "--rounds", "3"]
-        args += ["--only", ",".join(COMPILED_VARIANTS)] if compiled else []
-    command = [s.python, "-m", "structconv", "cifar", "bench", "--device", device, "--out", str(out), *args]
-    command += ["--compile"] if compiled else []
-    seconds = min(CAPS[key] * (0.5 if s.dry_run else 1.0), s.left() * 0.5)
-    step = s.run(f"benchmark ({'compiled' if compiled else 'eager'})", command, seconds)
-    found = sorted(out.glob("cifar_throughput_*.json"))
-    entry: dict[str, Any] = {"status": step.status, "seconds": round(step.seconds, 1)}
-    if found:
-        from .throughput import Throughput, targets
-
-        raw = json.loads(found[0].read_text())
-        shutil.copyfile(found[0], s.out / f"{key.replace('_', '-')}.json")
-        raw["gemm_shape"] = tuple(raw["gemm_shape"]) if raw.get("gemm_shape") else None
-        result = Throughput(**raw)
-        entry.update(
-            images_per_second={k: round(v, 1) for k, v in result.images_per_second.items()},
-            gemm_tflops=result.gemm_tflops,
-            gemm=result.yardstick(),
-            utilisation={k: round(v, 4) for k, v in result.utilisation.items()},
-            flops_per_image=result.flops_per_image,
-            batch=result.batch,
-            precision=result.precision,
-            sizes=result.sizes,
-            targets=[{"name": t.name, "value": t.value, "goal": t.goal, "met": t.met} for t in targets(result)],
-        )
-        for t in targets(result):
-            s.say(t.line())
+        common = ["--batch", "100", "--steps", "10" if compiled else "5", "--rounds", "3", "--profile", "12"]
+        groups = [COMPILED_VARIANTS[:2], COMPILED_VARIANTS[2:]] if compiled else [()]
+    share = min(CAPS[key] * (0.5 if s.dry_run else 1.0), s.left() * 0.5)
+    entry: dict[str, Any] = {"status": [], "seconds": 0.0, "images_per_second": {}, "targets": []}
+    for i, only in enumerate(groups):
+        out = s.work / f"{key}-{i}"
+        command = [s.python, "-m", "structconv", "cifar", "bench", "--device", device, "--out", str(out), *common]
+        command += ["--only", ",".join(only)] if only else []
+        command += ["--compile"] if compiled else []
+        step = s.run(f"benchmark ({'compiled' if compiled else 'eager'}{', ' + ', '.join(only) if only else ''})",
+                     command, share / (len(groups) - i))  # fmt: skip
+        share -= step.seconds
+        entry["status"].append(step.status)
+        entry["seconds"] = round(entry["seconds"] + step.seconds, 1)
+        found = sorted(out.glob("cifar_throughput_*.json"))
+        if found:
+            _merge(entry, found[0], s.out / f"{key.replace('_', '-')}{'-' + str(i) if len(groups) > 1 else ''}.json")
+            for t in entry["targets"][-2:]:
+                s.say(f"{t['name']}: {t['value']:,.2f} against {t['goal']:,.2f}: {'met' if t['met'] else 'missed'}")
     s.record[key] = entry
-    return entry
 
 
-def _train(s: Session, device: str) -> None:
+def _merge(entry: dict[str, Any], found: Path, keep: Path) -> None:
+    """Add one benchmark's JSON (``structconv cifar bench --out``) to the record's ``entry``; keep a copy."""
+    from .throughput import Throughput, targets
+
+    shutil.copyfile(found, keep)
+    raw = json.loads(found.read_text())
+    raw["gemm_shape"] = tuple(raw["gemm_shape"]) if raw.get("gemm_shape") else None
+    result = Throughput(**raw)
+    entry["images_per_second"].update({k: round(v, 1) for k, v in result.images_per_second.items()})
+    entry.setdefault("flops_per_image", {}).update(result.flops_per_image)
+    entry.setdefault("utilisation", {}).update({k: round(v, 4) for k, v in result.utilisation.items()})
+    if result.gemm_source == "sa-quadratic" or "gemm_tflops" not in entry:  # the yardstick of the targets
+        entry.update(gemm_tflops=result.gemm_tflops, gemm=result.yardstick())
+    entry.update(batch=result.batch, precision=result.precision, sizes=result.sizes)
+    entry.setdefault("profile", {}).update(result.profile)  # where each step's time goes
+    entry["targets"] += [{"name": t.name, "value": t.value, "goal": t.goal, "met": t.met} for t in targets(result)]
+
+
+def _train(s: Session, device: str, chosen: str | None = None) -> None:
     from .presets import config_for
 
     seconds = s.left()
@@ -297,11 +348,13 @@ def _train(s: Session, device: str) -> None:
         for name, value in s.record.get(key, {}).get("images_per_second", {}).items():
             rates[name] = max(rates.get(name, 0.0), value)
     preset = "smoke" if s.dry_run else "paper"
-    missing = missing_rows(ROOT / "docs" / "_static" / "cifar" / "runs")
+    missing = missing_rows(RUNS)
     epochs = config_for(preset, "resnet18").epochs
     model, fits, estimate = choose_run(missing, rates, seconds - 30.0, epochs)
     if s.dry_run:  # the rates are of toy models; the choice is the GPU's most likely one
         model, fits, estimate = "resnet18", True, None
+    if chosen is not None:
+        model, fits, estimate = chosen, False, None
     s.say(
         f"training {model} ({preset}): "
         + (f"all {epochs} epochs fit" if fits else "a partial run")
@@ -374,7 +427,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--test-device", default=None, help="STRUCTCONV_TEST_DEVICE for the CUDA tests (default: cuda; dry run: cpu)"
     )
+    p.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated steps to leave out: tests, bench (e.g. both, to spend a lease on training)",
+    )
+    p.add_argument("--model", default=None, choices=TABLE1, help="the model to train (default: chosen, see above)")
     args = p.parse_args(argv)
+    skip = {part.strip() for part in args.skip.split(",") if part.strip()}
+    if skip - {"tests", "bench"}:
+        p.error(f"--skip: unknown steps {sorted(skip - {'tests', 'bench'})}; expected tests, bench")
     budget = args.budget if args.budget is not None else (170.0 if args.dry_run else 540.0)
     data = args.data or Path(os.environ.get("STRUCTCONV_DATA", ROOT.parent / "shared" / "data"))
     s = Session(args.out, budget, args.dry_run, data.resolve(), _commit(args.commit))
@@ -388,13 +450,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     s.say(f"session {s.stamp} on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}), budget {budget:.0f} s")
     s.write()
-    _tests(s, args.test_device or device)
-    s.write()
-    for compiled in (False, True):
+    if "tests" not in skip:
+        s.attempt("cuda_tests", lambda: _tests(s, args.test_device or device))
+    for compiled in (False, True) if "bench" not in skip else ():
         if s.left() > (30.0 if args.dry_run else 90.0):
-            _bench(s, device, compiled)
-            s.write()
-    _train(s, device)
+            s.attempt("bench_compiled" if compiled else "bench", functools.partial(_bench, s, device, compiled))
+    s.attempt("training", lambda: _train(s, device, args.model))
     s.record["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     _figure(s)
     path = s.write()

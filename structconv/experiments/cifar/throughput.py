@@ -59,9 +59,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .models import ResNet18, SelfAttentionNet, build_model
 from .presets import TrainConfig, family
 from .reference import dense_twin
-from .train import _optimizer, make_step, train_step
+from .train import _optimizer, device_label, make_step, train_step
 
-__all__ = ["GOALS", "SA_VARIANTS", "Gemm", "Target", "Throughput", "largest_gemm", "measure", "table", "targets"]
+__all__ = [
+    "GOALS",
+    "SA_VARIANTS",
+    "Gemm",
+    "Target",
+    "Throughput",
+    "largest_gemm",
+    "measure",
+    "profile_step",
+    "table",
+    "targets",
+]
 
 SA_VARIANTS = ("sa-quadratic", "sa-gaussian", "sa-learned", "sa-learned-content")
 #: Every variant :func:`measure` can time (its ``only`` picks among them).
@@ -108,6 +119,7 @@ class Throughput:
     utilisation: dict[str, float] = field(default_factory=dict)
     compiled: bool = False
     sizes: str = "paper"
+    profile: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
 
     def tflops(self, name: str) -> float:
         """Achieved TFLOP/s of variant ``name``."""
@@ -263,6 +275,7 @@ def measure(
     resnet_options: dict[str, Any] | None = None,
     compile: bool = False,
     sizes: str = "paper",
+    profile: int = 0,
 ) -> Throughput:
     """Median training images per second of each variant and of the GEMM yardstick (see the module docstring).
 
@@ -270,7 +283,9 @@ def measure(
     optimizer, fused on CUDA); with ``compile`` every variant, peers included, is compiled alike
     (:class:`~.train.CompiledStep`: CUDA graphs on CUDA), and its compilation happens before the
     timed rounds.  FLOPs are counted on one eager step.  ``sa_options`` and ``resnet_options`` are
-    the models' options (``sizes`` names them in the record, e.g. ``"smoke"``).
+    the models' options (``sizes`` names them in the record, e.g. ``"smoke"``).  With ``profile``
+    (a number of operators), each variant's step is profiled after the timing (:func:`profile_step`),
+    so that a missed target comes with where the step's time goes.
     """
     cuda = device.startswith("cuda")
     bf16 = precision == "bf16" or (precision == "auto" and cuda)
@@ -325,8 +340,9 @@ def measure(
             rates = [f"{n} {v[-1]:.1f} img/s" for n, v in samples.items()]
             rates += [f"GEMM {1e3 * gemm_samples[-1]:.1f} GFLOP/s"] if gemm_samples else []
             log(f"round {r + 1}/{rounds}: " + ", ".join(rates))
+    profiles = {name: profile_step(step, cuda, profile) for name, step in steppers.items()} if profile else {}
     result = Throughput(
-        device=torch.cuda.get_device_name() if cuda else f"CPU ({torch.get_num_threads()} threads)",
+        device=device_label(device),
         batch=batch,
         precision="bf16 autocast" if bf16 else "float32",
         images_per_second={n: statistics.median(v) for n, v in samples.items()},
@@ -335,6 +351,7 @@ def measure(
         peak_tflops=peak_tflops,
         compiled=compile,
         sizes=sizes,
+        profile=profiles,
     )
     if gemm is not None:
         result.gemm_shape = (gemm.m, gemm.k, gemm.n)
@@ -344,6 +361,32 @@ def measure(
         result.gemm_tflops = statistics.median(gemm_samples)
         result.utilisation = {n: result.tflops(n) / result.gemm_tflops for n in result.images_per_second}
     return result
+
+
+def profile_step(step: Callable[[], object], cuda: bool, top: int, steps: int = 3) -> list[tuple[str, float, float]]:
+    """Where a training step's time goes: the ``top`` operators by their own time, over ``steps`` steps.
+
+    Rows of ``(operator, milliseconds per step, share of the step)``, by GPU kernel time on CUDA
+    (``torch.profiler``'s device time, the kernels an operator launched, its children's not
+    counted), by CPU time elsewhere.
+    """
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profiler(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+
+    def own(event: Any) -> float:  # microseconds
+        return float(event.self_device_time_total if cuda else event.self_cpu_time_total)
+
+    total = sum(own(e) for e in events) or 1.0
+    ranked = sorted(events, key=own, reverse=True)[:top]
+    return [(e.key, round(own(e) / steps / 1e3, 3), round(own(e) / total, 4)) for e in ranked]
 
 
 @dataclass(frozen=True)
@@ -387,7 +430,7 @@ def targets(result: Throughput) -> list[Target]:
             if name in ips:
                 found.append(Target(f"{name} images/s", ips[name], GOALS[f"{name} images/s"]))
     share = result.utilisation.get("sa-quadratic")
-    if share is not None and result.sizes == "paper":
+    if share is not None and result.sizes == "paper" and (paper or not gpu):
         key = "sa-quadratic GFLOP/s / GEMM GFLOP/s" + (" on GPUs" if gpu else "")
         found.append(Target(key, share, GOALS[key]))
     return found

@@ -52,6 +52,7 @@ __all__ = [
     "CompiledStep",
     "Dist",
     "Step",
+    "device_label",
     "evaluate",
     "iterate_runs",
     "learning_rate",
@@ -277,10 +278,16 @@ def _write_metrics(out: Path, config: TrainConfig, history: list[dict[str, Any]]
         _write_atomic(out / "metrics.csv", "\n".join(lines) + "\n")
 
 
+def device_label(device: str) -> str:
+    """The device in a record: the GPU's name (``"NVIDIA H200"``), else ``"CPU (N threads)"``."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
 def _environment(device: str, dist: Dist, compiled: bool) -> dict[str, Any]:
-    name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({torch.get_num_threads()} threads)"
-    return {"device": name, "processes": dist.world, "torch": torch.__version__, "structconv": __version__,
-            "compiled": compiled}  # fmt: skip
+    return {"device": device_label(device), "processes": dist.world, "torch": torch.__version__,
+            "structconv": __version__, "compiled": compiled}  # fmt: skip
 
 
 def _duration(seconds: float) -> str:
@@ -377,9 +384,16 @@ def _synchronize(device: str) -> None:
         module.synchronize()
 
 
-def _out_of_time(start: float, epoch_times: list[float], limit: float, dist: Dist, device: str) -> bool:
-    """Whether the next epoch would end past ``limit`` seconds; any process's "yes" stops all of them."""
-    late = bool(epoch_times) and time.perf_counter() - start + max(epoch_times) > limit
+def _out_of_time(
+    start: float, epoch_times: list[float], limit: float, dist: Dist, device: str, compiled: bool = False
+) -> bool:
+    """Whether the next epoch would end past ``limit`` seconds; any process's "yes" stops all of them.
+
+    The next epoch is predicted by the longest so far; a compiled run's first epoch, which
+    compiled the step, is left out once there is another.
+    """
+    seen = epoch_times[1:] if compiled and len(epoch_times) > 1 else epoch_times
+    late = bool(seen) and time.perf_counter() - start + max(seen) > limit
     return bool(dist.all_sum(torch.tensor([float(late)], device=device)).item() > 0)
 
 
@@ -429,8 +443,8 @@ class CompiledStep:
 
     Computes what :func:`train_step` computes (a test holds loss and gradients equal on a CPU) in
     two compiled regions: the forward with the loss under autocast, whose backward the compiler
-    derives and compiles with it, and the optimizer's update.  On CUDA the first is compiled in
-    ``"reduce-overhead"`` mode, so both passes replay as CUDA graphs (one launch each instead of
+    derives and compiles with it, and the optimizer's update.  On CUDA (one process) the first is
+    compiled in ``"reduce-overhead"`` mode, so both passes replay as CUDA graphs (one launch each instead of
     hundreds of kernels); the update becomes a few fused kernels.  The learning rate lives in one
     device tensor shared by the parameter groups and is written in place, so a new rate neither
     recompiles nor reads anything back to the host.
@@ -458,7 +472,11 @@ class CompiledStep:
         self.lr = torch.tensor(float(optimizer.param_groups[0]["lr"]), device=device)
         for group in optimizer.param_groups:
             group["lr"] = self.lr
-        mode = "reduce-overhead" if self.cuda else None
+        # CUDA graphs cannot hold DistributedDataParallel's all-reduces, which run from autograd hooks.
+        from torch.nn.parallel import DistributedDataParallel
+
+        graphs = self.cuda and not isinstance(model, DistributedDataParallel)
+        mode = "reduce-overhead" if graphs else None
         self._loss = torch.compile(self._forward, mode=mode, dynamic=False)
         self._update = torch.compile(optimizer.step, dynamic=False)
         self._warm = False
@@ -577,7 +595,7 @@ def train(
         log(_header(config, model, device, environment, steps))
     epoch_times: list[float] = []
     for epoch in range(first, config.epochs):
-        if time_limit is not None and _out_of_time(start, epoch_times, time_limit, dist, device):
+        if time_limit is not None and _out_of_time(start, epoch_times, time_limit, dist, device, compile):
             if dist.main:
                 log(f"stopping after epoch {epoch} of {config.epochs}: the next would pass the time limit")
             break

@@ -299,3 +299,26 @@ def test_pngs_of_more_than_8_bits_are_still_refused(tmp_path: Path, array: np.nd
         _add(tar, "cifar10/test/cat/0.png", buffer.getvalue())
     with pytest.raises(ValueError, match=rf"0\.png: pixels of mode .*{mode}.*refused, not converted"):
         load_cifar10(tmp_path, "test", cache_dir=tmp_path / "cache")
+
+
+def test_a_member_in_another_format_is_refused_without_reaching_its_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 32: Image.open sniffed every format Pillow knows; an EPS member named .png reached the
+    # PostScript plugin (which runs Ghostscript to decode) and then failed inside the reader's checks.
+    from PIL import EpsImagePlugin
+
+    reached: list[str] = []
+    original = EpsImagePlugin.EpsImageFile._open
+
+    def spy(self: EpsImagePlugin.EpsImageFile) -> None:
+        reached.append("eps")
+        original(self)
+
+    monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", spy)
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 32 32\n%%EndComments\nshowpage\n%%EOF\n"
+    with tarfile.open(tmp_path / "cifar10-jpeg.tar.gz", "w:gz") as tar:
+        _add(tar, "cifar10/test/cat/0000.png", eps)
+    with pytest.raises(ValueError, match=r"cifar10/test/cat/0000.png: not a JPEG or PNG image"):
+        load_cifar10(tmp_path, "test", cache_dir=tmp_path / "cache")
+    assert reached == []

@@ -4,8 +4,9 @@
   batches.meta}``: pickles of ``{b"data": uint8 (N, 3072), b"labels": [...]}``), read with a
   restricted unpickler that resolves only the numpy globals an array needs;
 * an image-folder archive such as ``cifar10-jpeg.tar.gz`` (``cifar10/{train,test}/<class>/*.jpg``),
-  decoded with Pillow once and cached as a ``.npz`` in ``cache_dir``, else ``$STRUCTCONV_CACHE``,
-  else the user's cache directory (:func:`user_cache_dir`) -- never beside the archive.
+  its JPEG and PNG members decoded with Pillow once (no other format is recognised: an EPS member never
+  reaches Ghostscript) and cached as a ``.npz`` in ``cache_dir``, else ``$STRUCTCONV_CACHE``, else the
+  user's cache directory (:func:`user_cache_dir`) -- never beside the archive.
 
 The data directory is an argument, or the ``STRUCTCONV_DATA`` environment variable; it is only
 read (only :func:`download_cifar10`, when asked, writes there).  Loading never touches the
@@ -74,6 +75,7 @@ MAX_MEMBERS = 100_000
 # At most 8 bits per sample, which convert("RGB") maps exactly: grayscale and bilevel repeated across the channels,
 # a palette looked up, an alpha channel dropped (as before these checks, and as torchvision's loader does).
 _IMAGE_MODES = ("RGB", "L", "P", "RGBA", "LA", "1")
+_FORMATS = ("JPEG", "PNG")  # the only formats Pillow is asked to recognise: its other plugins are never run
 _SUBBYTE = ("", "1", "2", "4")  # the raw modes' bit depths below 8 (P;4, L;2, ...), which Pillow widens exactly
 
 _ADMITTED = {
@@ -401,7 +403,9 @@ def _decode(raw: bytes, source: str) -> np.ndarray:
         with warnings.catch_warnings():
             # Pillow only warns below twice its pixel limit; a stated size that large is refused either way.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(raw)) as img:
+            # Only the two formats an image folder holds are sniffed: another (PostScript, say) never reaches its
+            # plugin (EPS would run Ghostscript), and is refused below as not JPEG or PNG.
+            with Image.open(io.BytesIO(raw), formats=_FORMATS) as img:
                 if img.size != (32, 32):
                     raise ValueError(f"{source}: expected a 32x32 image, but it states {img.width}x{img.height}")
                 # A 16-bit PNG opens as mode RGB and would be cut to 8 bits: its decoder's raw mode tells.
@@ -417,7 +421,11 @@ def _decode(raw: bytes, source: str) -> np.ndarray:
                     raise ValueError(f"{source}: a palette of mode {palette}; expected RGB (refused, not converted)")
                 img.load()
                 return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, SyntaxError, EOFError, zlib.error, Image.DecompressionBombError) as err:
+    except UnidentifiedImageError as err:
+        raise ValueError(
+            f"{source}: not a JPEG or PNG image (only those formats are decoded; truncated, corrupt or another format?)"
+        ) from err
+    except (OSError, SyntaxError, EOFError, zlib.error, Image.DecompressionBombError) as err:
         raise ValueError(f"{source}: not a readable image (truncated or corrupt?): {err}") from err
     except Image.DecompressionBombWarning as err:
         raise ValueError(f"{source}: expected a 32x32 image: {err}") from err

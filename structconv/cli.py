@@ -52,16 +52,20 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _planetoid(args: argparse.Namespace) -> int:
-    models = PLANETOID_MODELS if args.model == "all" else tuple(m.strip() for m in args.model.split(",") if m.strip())
+    models = PLANETOID_MODELS if args.model == "all" else tuple(m.strip() for m in args.model.split(","))
     expected = f"expected 'all' or comma-separated names of {', '.join(PLANETOID_MODELS)}"
-    if not models:
+    if not any(models):
         print(f"structconv planetoid: --model: no model in {args.model!r}; {expected}", file=sys.stderr)
         return EXIT_USAGE
     for model in models:  # checked before torch is imported: a typo fails at once
-        if model not in PLANETOID_MODELS:
+        if model and model not in PLANETOID_MODELS:
             hint = did_you_mean(model, PLANETOID_MODELS) or expected
             print(f"structconv planetoid: --model: unknown model {model!r}; {hint}", file=sys.stderr)
             return EXIT_USAGE
+    if "" in models:  # "gcn,,gat" or "gcn,": a name left out, not silently skipped
+        place = models.index("") + 1
+        print(f"structconv planetoid: --model: entry {place} of {args.model!r} is empty; {expected}", file=sys.stderr)
+        return EXIT_USAGE
     from .data import load_planetoid
     from .experiments.planetoid import summarize, train
 

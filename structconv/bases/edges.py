@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, as_index, concatenate, device_of, is_integer_array, namespace, of, shape_str
+from ..backend import Array, as_index, concatenate, device_of, find, is_integer_array, namespace, of, shape_str
 from ..backend.checks import check_array
 from .base import Basis, Cost
 from .sparse import SparseBasis
@@ -99,6 +99,19 @@ class EdgeBasis(OnEdgeList):
     representation = "edges"
 
     def __init__(self, src: Array, dst: Array, weights: Array, shape: Sequence[int]) -> None:
+        for name, given in (("src", src), ("dst", dst), ("weights", weights)):
+            if find(given) is None:
+                expected = "(E, K)" if name == "weights" else "(E,)"
+                raise TypeError(
+                    f"{name} must be a numpy.ndarray or a torch.Tensor of shape {expected}, got {type(given).__name__}"
+                )
+        if (
+            isinstance(shape, str | bytes)
+            or not isinstance(shape, Sequence)
+            or len(shape) != 2
+            or not all(isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0 for s in shape)
+        ):
+            raise ValueError(f"shape must be (M, N), two non-negative integers, got {shape!r:.80}")
         if int(weights.shape[0]):
             check_array(weights, "weights", (2,), ("(E, K)",))
         elif weights.ndim != 2 or int(weights.shape[1]) == 0:

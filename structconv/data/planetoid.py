@@ -149,7 +149,8 @@ def load_planetoid(
     Raises
     ------
     TypeError
-        If ``dtype`` is not a ``torch.dtype`` (a name such as ``"float32"`` included).
+        If ``root`` is not a path (``None`` or a number, say), or ``dtype`` is not a ``torch.dtype``
+        (a name such as ``"float32"`` included).
     FileNotFoundError
         If ``root`` or one of the eight files is missing.
     pickle.UnpicklingError
@@ -182,6 +183,11 @@ def load_planetoid(
     >>> cora.num_nodes, cora.num_features, cora.num_classes, cora.edge_index.shape[1]  # doctest: +SKIP
     (2708, 1433, 7, 10556)
     """
+    if not isinstance(root, str | os.PathLike):
+        raise TypeError(
+            f"root must be a str or os.PathLike (the directory holding the ind.<name>.* files), got "
+            f"{type(root).__name__} {root!r:.60}"
+        )
     key = name.lower()
     if key not in NAMES:
         raise ValueError(f"name={name!r} is not a Planetoid dataset this reader knows; expected one of {NAMES}")

@@ -297,6 +297,11 @@ def relational_basis(
             "edge_type is on the meta device: building a relational basis (the relation numbers are checked) reads "
             "its values, which a meta tensor does not hold"
         )
+    if num_relations is None and E == 0:
+        raise ValueError(
+            "num_relations is needed for a graph without edges: the relations cannot be counted from an empty "
+            "edge_type; pass num_relations=R"
+        )
     R = int(edge_type.max()) + 1 if num_relations is None else int(num_relations)
     if E and (int(edge_type.min()) < 0 or int(edge_type.max()) >= R):
         raise ValueError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -54,3 +55,36 @@ def test_cli_empty_model_entry_names_model_and_entry(
     err = capsys.readouterr().err
     assert f"--model: entry {entry} of {given!r} is empty" in err
     assert "absent" not in err and err.count("\n") == 1
+
+
+# --- attention on NumPy arrays: no fused kernel, the dense scores refused before they are allocated ------
+TOKENS = 40_000  # (40,000)^2 float64 scores: 12.8 GB a head and image, and as much again for the weights
+
+
+@pytest.mark.parametrize("mechanism", ["transformer", "bilinear"])
+@pytest.mark.parametrize(("batch", "capacity_gib"), [(1, 16.0), (64, None)])
+def test_numpy_attention_scores_beyond_the_device_are_refused_before_allocating(
+    mechanism: str, batch: int, capacity_gib: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import memory_budget
+
+    from structconv import BiAffine, attention_basis, conv
+    from structconv.bases import attention as attention_module
+
+    if capacity_gib is not None:  # a host of 16 GiB: the one image's 23.8 GiB of scores and weights cannot fit
+        monkeypatch.setitem(attention_module._CAPACITY, "cpu", capacity_gib * 2**30)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, TOKENS, 2))
+    if mechanism == "transformer":
+        mech = BiAffine(key=rng.normal(size=(1, 2, 2)), query=rng.normal(size=(1, 2, 2)))
+    else:
+        mech = BiAffine(bilinear=rng.normal(size=(1, 2, 2)))
+    need = rf"\({batch}, 1, 40000, 40000\) \(B, K, M, N\) would take " + re.escape(
+        f"{2 * batch * TOKENS**2 * 8 / 2**30:.3g} GiB"
+    )
+    with (
+        memory_budget(1.0),
+        pytest.raises(ValueError, match=r"^attention of 40,000 inputs to 40,000 outputs: .*" + need),
+    ):
+        basis = attention_basis(x, mechanism=mech)  # the projections are kept; the bilinear scores refused here
+        conv(basis, x, rng.normal(size=(1, 2, 3)))

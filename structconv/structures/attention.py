@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 
 from ..backend import Array, einsum, namespace, shape_str, zeros
 from ..backend.checks import check_array, check_same_placement
-from ..bases.attention import AttentionBasis, Projections
+from ..bases.attention import AttentionBasis, Projections, check_scores_memory
 from ..bases.scores import check_placement, finite_real
 from .masks import MASK_SHAPES, check_mask, masked_softmax
 
@@ -418,6 +418,9 @@ def attention_basis(
             x3, z3, content.projector(), mask=mask, leaky_relu=leaky_relu, normalize=normalize,
             bias=position.scores(x3, z3),
         )  # fmt: skip
+    # The scores are formed here: refused before they are allocated if the device cannot hold them (a
+    # mechanism that ignores the input forms one batch of them at least).
+    check_scores_memory(x3, shape if isinstance(mechanism, BiAffine) else (1, *shape[1:]), 2, "its scores and weights")
     return AttentionBasis(x3, z3, mechanism.scores(x3, z3), mask=mask, leaky_relu=leaky_relu, normalize=normalize)
 
 

@@ -332,7 +332,8 @@ def test_mask_errors_name_the_mask_and_the_shapes_accepted() -> None:
     cases: list[tuple[Any, type[Exception], str]] = [
         (torch.ones(3, 2, 4, 4, dtype=torch.bool), ValueError, bigger),  # was a batch of 3 out of "ax"
         (torch.tensor(True), ValueError, r"mask must have 2 to 4 dimensions, got shape \(\)"),
-        (torch.ones(4, dtype=torch.bool), ValueError, r"mask must have 2 to 4 dimensions, got shape \(4,\)"),
+        (torch.ones(4, dtype=torch.bool), ValueError, r"mask of shape \(4,\) is a boolean mask over the keys"),
+        (torch.ones(5), ValueError, r"mask of shape \(5,\): a 1-D mask is over the keys"),
         (torch.ones(1, 1, 1, 4, 4, dtype=torch.bool), ValueError, r"mask must have 2 to 4 dimensions"),
         (np.ones((4, 4), dtype=bool), TypeError, r"mask is a numpy array but x is a torch array"),
         (torch.ones(4, 4, dtype=torch.int64), TypeError, r"mask must be boolean .* or floating .*got dtype int64"),

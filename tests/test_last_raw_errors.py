@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -88,3 +89,69 @@ def test_numpy_attention_scores_beyond_the_device_are_refused_before_allocating(
     ):
         basis = attention_basis(x, mechanism=mech)  # the projections are kept; the bilinear scores refused here
         conv(basis, x, rng.normal(size=(1, 2, 3)))
+
+
+# --- attention masks over the keys alone: torch's key_padding_mask shapes --------------------------------
+def _key_padding_case(batched: bool) -> tuple[Any, ...]:
+    import torch
+
+    B, M, N, P, D, Q = 3, 5, 4, 3, 2, 2
+    rng = np.random.default_rng(1)
+    x, z = rng.normal(size=(B, M, P)), rng.normal(size=(B, N, P))
+    key, query, theta = rng.normal(size=(1, P, D)), rng.normal(size=(1, P, D)), rng.normal(size=(1, P, Q))
+    ignored = rng.random((B, M) if batched else (M,)) < 0.4  # torch's key_padding_mask: True = ignore the key
+    ignored[..., 0] = False  # every query keeps a key (an all-ignored row is NaN in torch's kernel)
+    additive = np.where(ignored, -np.inf, 0.0)
+    return torch, x, z, key, query, theta, ignored, additive
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_an_additive_mask_over_the_keys_is_key_padding(batched: bool, backend: str) -> None:
+    from structconv import BiAffine, attention_basis, conv
+
+    torch, x, z, key, query, theta, ignored, additive = _key_padding_case(batched)
+    # The dense reference: scores, the ignored keys (rows m) at -inf, softmax over m, A^T x theta.
+    scores = np.einsum("bmd,bnd->bmn", x @ key[0], z @ query[0]) * 0.5
+    allowed = ~np.broadcast_to(ignored[..., None] if batched else ignored[None, :, None], scores.shape)
+    weights = np.exp(np.where(allowed, scores, -np.inf) - scores.max(1, keepdims=True))
+    weights /= weights.sum(1, keepdims=True)
+    reference = np.einsum("bmn,bmp,pq->bnq", weights, x, theta[0])
+    # torch's fused attention with the equivalent mask: key_padding_mask's ignored keys at -inf.
+    t = torch.from_numpy
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        t(z @ query[0])[:, None], t(x @ key[0])[:, None], t(x @ theta[0])[:, None],
+        attn_mask=t(additive).reshape(-1 if batched else 1, 1, 1, additive.shape[-1]), scale=0.5,
+    )[:, 0]  # fmt: skip
+    np.testing.assert_allclose(sdpa.numpy(), reference, rtol=1e-10, atol=1e-12)
+
+    cast = (lambda a: a) if backend == "numpy" else t
+    mech = BiAffine(key=cast(key), query=cast(query), scale=0.5)
+    basis = attention_basis(cast(x), cast(z), mechanism=mech, mask=cast(additive))
+    orders = ["ax", "xtheta"] + (["sdpa"] if backend == "torch" else [])
+    for order in orders:
+        y = conv(basis, cast(x), cast(theta), order=order)
+        np.testing.assert_allclose(np.asarray(y), reference, rtol=1e-10, atol=1e-12, err_msg=order)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_boolean_mask_over_the_keys_is_refused_naming_key_padding_mask(batched: bool) -> None:
+    from structconv import BiAffine, attention_basis
+
+    torch, x, z, key, query, _, ignored, _ = _key_padding_case(batched)
+    mech = BiAffine(key=torch.from_numpy(key), query=torch.from_numpy(query))
+    shape = r"\(3, 5\)" if batched else r"\(5,\)"
+    with pytest.raises(ValueError, match=rf"^mask of shape {shape} is a boolean mask over the keys .*key_padding_mask"):
+        attention_basis(torch.from_numpy(x), torch.from_numpy(z), mechanism=mech, mask=torch.from_numpy(ignored))
+    # As the message says: the allowed keys, True = may attend, at (B, 1, M, 1) (or (M, 1)).
+    allowed = torch.from_numpy(~ignored)
+    mask = allowed[:, None, :, None] if batched else allowed[:, None]
+    attention_basis(torch.from_numpy(x), torch.from_numpy(z), mechanism=mech, mask=mask)
+
+
+def test_a_1d_mask_of_another_length_than_the_keys_is_refused() -> None:
+    from structconv import BiAffine, attention_basis
+
+    x = np.ones((2, 4, 3))
+    with pytest.raises(ValueError, match=r"^mask of shape \(5,\): a 1-D mask is over the keys .* \(M,\) = \(4,\)$"):
+        attention_basis(x, mechanism=BiAffine(bilinear=np.ones((1, 3, 3))), mask=np.zeros(5))

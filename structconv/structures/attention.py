@@ -21,8 +21,9 @@ A column with no allowed entry is all zeros (it attends to nothing), never ``NaN
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
-from ..backend import Array, einsum, namespace, shape_str, zeros
+from ..backend import Array, dtype_name, einsum, find, namespace, shape_str, zeros
 from ..backend.checks import check_array, check_same_placement
 from ..bases.attention import AttentionBasis, Projections, check_scores_memory
 from ..bases.scores import check_placement, finite_real
@@ -360,7 +361,12 @@ def attention_basis(
         0 = allowed), on the backend and device of ``x``, of shape ``(M, N)``, ``(K, M, N)`` or
         ``(B, K, M, N)`` where any dimension may be 1 instead (it is broadcast): e.g. ``(M, N)``
         for a graph or a causal order, ``(B, 1, M, 1)`` for padded inputs.  It may not enlarge
-        the scores (a batch of 3 for a ``x`` of batch 1 is an error).
+        the scores (a batch of 3 for a ``x`` of batch 1 is an error).  An additive mask may also
+        be given over the keys (the inputs :math:`m`) alone, as ``(M,)`` or ``(B, M)`` (the
+        shapes of torch's ``key_padding_mask``): it means ``(M, 1)`` or ``(B, 1, M, 1)``.  A
+        boolean mask of those shapes is refused, since torch's ``key_padding_mask`` marks the keys
+        to ignore with ``True``: pass ``~key_padding_mask[:, None, :, None]`` instead.  A 2-D mask
+        that also reads as ``(M, N)`` (a batch of 1 and :math:`M = N`, say) is ``(M, N)``.
     leaky_relu
         Negative slope of a LeakyReLU applied to the scores before masking (GAT uses 0.2), or
         ``None``: a score :math:`s < 0` becomes :math:`\alpha s`.  Any finite real number
@@ -403,7 +409,8 @@ def attention_basis(
         mechanism.check_inputs(x3, z3)
     shape = (int(x3.shape[0]), mechanism.heads, int(x3.shape[1]), int(z3.shape[1]))
     if mask is not None:
-        check_mask(mask, x3, shape, arg="x", layout="(B, K, M, N)", expected=MASK_SHAPES, ranks=(2, 4))
+        mask = _over_keys(mask, shape)
+        check_mask(mask, x3, shape, arg="x", layout="(B, K, M, N)", expected=_EXPECTED, ranks=(2, 4))
     if leaky_relu is not None:
         leaky_relu = finite_real(leaky_relu, "leaky_relu", "the LeakyReLU's negative slope, e.g. 0.2, or None")
     if not isinstance(normalize, bool):
@@ -422,6 +429,41 @@ def attention_basis(
     # mechanism that ignores the input forms one batch of them at least).
     check_scores_memory(x3, shape if isinstance(mechanism, BiAffine) else (1, *shape[1:]), 2, "its scores and weights")
     return AttentionBasis(x3, z3, mechanism.scores(x3, z3), mask=mask, leaky_relu=leaky_relu, normalize=normalize)
+
+
+_EXPECTED = MASK_SHAPES + "; or additive over the keys alone, (M,) or (B, M)"
+
+
+def _over_keys(mask: Any, shape: tuple[int, ...]) -> Any:
+    """A mask over the keys alone, ``(M,)`` or ``(B, M)``, as the ``(M, 1)`` or ``(B, 1, M, 1)`` mask it means.
+
+    Any other mask is returned as given (:func:`check_mask` judges it).  A 2-D mask that also reads
+    as ``(M, N)`` keeps that meaning.  A boolean one is refused: torch's ``key_padding_mask`` of
+    these shapes marks the keys to ignore with ``True``, where a structconv mask marks the allowed
+    entries, and neither reading can be told from the values.
+    """
+    if find(mask) is None:
+        return mask
+    B, _, M, N = shape
+    got = tuple(int(s) for s in mask.shape)
+    if len(got) == 1 and got != (M,):
+        raise ValueError(
+            f"mask of shape {shape_str(got)}: a 1-D mask is over the keys (the inputs m), so its shape must be "
+            f"(M,) = ({M},)"
+        )
+    if len(got) != 1 and (got != (B, M) or (got[0] in (1, M) and got[1] in (1, N))):
+        return mask
+    if dtype_name(mask) == "bool":
+        keys = "(M,)" if len(got) == 1 else "(B, M)"
+        wanted = "(M, 1)" if len(got) == 1 else "(B, 1, M, 1)"
+        index = "[:, None]" if len(got) == 1 else "[:, None, :, None]"
+        raise ValueError(
+            f"mask of shape {shape_str(got)} is a boolean mask over the keys {keys}, as torch's key_padding_mask, "
+            f"where True = ignore the key; a structconv boolean mask means True = may attend, so neither is assumed: "
+            f"pass mask=~key_padding_mask{index} (shape {wanted}, True = may attend) or an additive float mask "
+            f"of shape {keys} (-inf = ignored key, 0 = allowed)"
+        )
+    return mask.reshape(M, 1) if len(got) == 1 else mask.reshape(B, 1, M, 1)
 
 
 def content_and_position(mechanism: Mechanism) -> tuple[BiAffine, Mechanism] | None:

@@ -64,9 +64,9 @@ def grid_and_like(
 def own_init(cls: type, init: Any) -> None:
     """Give ``cls`` its own copy of ``init``, its base's ``__init__``, named after ``cls``.
 
-    Python names the function in the ``TypeError`` of a wrong call, so ``GridConv2d(3, 8, 3, 1, 1)``
-    (options past the essentials are keyword-only) reads ``GridConv2d.__init__() takes 4 positional
-    arguments but 6 were given`` rather than naming the private base.  The copy has the same code,
+    Python names the function in the ``TypeError`` of a wrong call, so a call with too many
+    positional arguments reads ``GridConv2d.__init__() takes ... positional arguments but ... were
+    given`` rather than naming the private base.  The copy has the same code,
     defaults and signature.
     """
     copy = types.FunctionType(init.__code__, init.__globals__, init.__name__, init.__defaults__, init.__closure__)

@@ -58,9 +58,10 @@ Equals ``torch.nn.Conv{d}d`` built with the same arguments and loaded with its `
 ``order``, for every ``stride``, ``padding`` (``"same"``, ``"valid"``), ``dilation``,
 ``groups``, ``bias``, ``padding_mode`` and unbatched or empty input
 (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``); ``padding_mode="circular"``
-with padding larger than the input wraps again where torch refuses.  Options past
-``in_channels, out_channels, kernel_size`` are keyword-only: ``GridConv{d}d(3, 8, 3, 1, 1)``,
-which torch reads as ``stride=1, padding=1``, raises a ``TypeError``.
+with padding larger than the input wraps again where torch refuses.  The constructor takes
+torch's positional arguments in torch's order with torch's defaults:
+``GridConv{d}d(3, 8, 3, 1, 1)`` is ``stride=1, padding=1`` in both; structconv's own ``order``
+is keyword-only.
 
 Parameters
 ----------
@@ -125,9 +126,10 @@ Basis: the strided window mean :math:`A = \frac{{1}}{{|W|}}\sum_{{o \in W}} \mat
 
 Equals ``torch.nn.AvgPool{d}d`` built with the same arguments, for every ``stride``,
 ``padding``, ``ceil_mode``, ``count_include_pad``{divisor_listed} and unbatched or empty
-input (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``).  Options past
-``kernel_size`` are keyword-only: ``AvgPool{d}d(3, 2, 1)``, which torch reads as ``stride=2,
-padding=1``, raises a ``TypeError``.
+input (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``).  The constructor
+takes torch's positional arguments in torch's order with torch's defaults:
+``AvgPool{d}d(3, 2, 1)`` is ``stride=2, padding=1`` in both; structconv's own{divisor_own}
+``order`` is keyword-only.
 
 The layer evaluates :math:`A^\top x` by :func:`structconv.apply_shifts` (the native
 ``F.avg_pool{d}d`` or a depthwise ``F.conv{d}d`` on torch, slicing otherwise) instead of
@@ -185,6 +187,7 @@ def _fill(template: str, d: int) -> str:
         pool_example=dim.pool_example,
         divisor_note=_DIVISOR_1D if d == 1 else "",
         divisor_listed="" if d == 1 else ", ``divisor_override``",
+        divisor_own=" ``divisor_override`` and" if d == 1 else "",
     )
 
 

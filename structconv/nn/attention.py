@@ -1,7 +1,7 @@
 r"""Multi-head attention as an attention convolution (Andreoli §3.3, Eq. 10–13).
 
 :class:`MultiHeadSelfAttention` is a drop-in for ``torch.nn.MultiheadAttention``: the same
-constructor arguments (those past ``embed_dim, num_heads`` keyword-only), the same ``forward``
+constructor arguments (in torch's order, with torch's defaults), the same ``forward``
 call and return values, the same ``state_dict``; see ``docs/peers/torch_mha.rst`` for the
 options compared against torch and the one documented difference (a query that may attend to
 nothing).
@@ -54,9 +54,9 @@ class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
     its ``state_dict`` (the parameters have torch's names and shapes): the same outputs and
     attention weights for every option and mask, except that a query allowed no key gets
     weights 0 and output ``out_proj.bias`` where torch's ``need_weights=True`` path gives
-    ``NaN`` (``tests/peers/test_torch_mha.py``, ``docs/peers/torch_mha.rst``).  Options past
-    ``embed_dim, num_heads`` are keyword-only: ``MultiHeadSelfAttention(16, 4, 0.1)``, which
-    torch reads as ``dropout=0.1``, raises a ``TypeError``.
+    ``NaN`` (``tests/peers/test_torch_mha.py``, ``docs/peers/torch_mha.rst``).  The constructor
+    takes torch's positional arguments in torch's order with torch's defaults:
+    ``MultiHeadSelfAttention(16, 4, 0.1)`` is ``dropout=0.1`` in both.
 
     Head :math:`h` is the bi-affine mechanism (Def. 6) between the key input :math:`x` (main,
     ``(S, kdim)``) and the query input :math:`z` (auxiliary, ``(L, E)``) with the low-rank
@@ -151,7 +151,6 @@ class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
         self,
         embed_dim: int,
         num_heads: int,
-        *,
         dropout: float = 0.0,
         bias: bool = True,
         add_bias_kv: bool = False,

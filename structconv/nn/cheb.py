@@ -29,9 +29,9 @@ class ChebConv(_GraphLayer):
     Equals PyG's ``ChebConv`` built with the same arguments when ``theta[k]`` is its
     ``lins.k.weight`` transposed and ``bias`` its ``bias`` (``load_state_dict`` does both), for
     every ``normalization``, ``lambda_max`` (a number, or one per graph with ``batch``) and edge
-    weights (``tests/peers/test_pyg_graph.py``).  Options past ``in_channels, out_channels, K``
-    are keyword-only: ``ChebConv(16, 32, 3, "rw")``, which PyG reads as ``normalization="rw"``,
-    raises a ``TypeError``.
+    weights (``tests/peers/test_pyg_graph.py``).  The constructor takes PyG's positional
+    arguments in PyG's order with PyG's defaults (``ChebConv(16, 32, 3, "rw")`` is
+    ``normalization="rw"`` in both); structconv's own ``lambda_max`` is keyword-only.
 
     :math:`L` is :func:`structconv.structures.graph.laplacian` (``normalization`` ``"sym"``,
     ``"rw"`` or ``None`` for :math:`D - A`).  :math:`\lambda_{\max}` is, first found: the
@@ -90,9 +90,9 @@ class ChebConv(_GraphLayer):
         in_channels: int,
         out_channels: int,
         K: int,
-        *,
         normalization: str | None = "sym",
         bias: bool = True,
+        *,
         lambda_max: float | str | None = None,
     ) -> None:
         self.K = positive_int(K, "K", where="ChebConv")

@@ -72,8 +72,10 @@ class GATConv(CompiledRuns, PyGState):
     (``lin_src.weight`` and ``lin_dst.weight`` for a pair ``in_channels``), ``lin_edge.weight`` and
     ``res.weight`` transposed into ``weight``, ``weight_dst``, ``weight_edge`` and ``res``, and
     ``att_src``, ``att_dst``, ``att_edge`` of shape ``(1, H, D)`` into ``(H, D)``;
-    :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.  Options past the channels
-    are keyword-only.  Equals PyG's ``GATConv`` given the same parameters
+    :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.  The constructor takes
+    PyG's positional arguments in PyG's order with PyG's defaults (``GATConv(16, 8, 4,
+    dropout=0.6)`` as in PyG's ``examples/gat.py``; this PyG's ``GATConv`` has no
+    ``share_weights``).  Equals PyG's ``GATConv`` given the same parameters
     (``tests/peers/test_pyg_graph.py``).
 
     Parameters
@@ -129,7 +131,6 @@ class GATConv(CompiledRuns, PyGState):
         self,
         in_channels: int | tuple[int, int],
         out_channels: int,
-        *,
         heads: int = 1,
         concat: bool = True,
         negative_slope: float = 0.2,

@@ -12,11 +12,11 @@ from ..backend.checks import positive_int
 from ..bases.base import Basis
 from ..structures.edge_list import checked_basis
 from ..structures.graph import PolynomialBasis, gcn_edges, is_matrix_graph
-from .graph_common import _GraphLayer, _read
+from .graph_common import _CachedGraphLayer, _read
 from .pyg_state import PyGKey, member_keys, same_key
 
 
-class GCNConv(_GraphLayer):
+class GCNConv(_CachedGraphLayer):
     r"""Graph convolution of Kipf & Welling: one member, the GCN-normalised adjacency.
 
     Basis: the GCN-normalised graph :math:`\hat A = \tilde D^{-1/2}(A + I)\tilde D^{-1/2}`, by
@@ -35,10 +35,16 @@ class GCNConv(_GraphLayer):
     ``GCNConv`` built with the same arguments when ``theta[0]`` is its ``lin.weight`` transposed
     and ``bias`` its ``bias`` (``load_state_dict`` does both), for every ``improved``,
     ``add_self_loops``, ``normalize``, ``flow``, edge weights and sparse ``adj_t``
-    (``tests/peers/test_pyg_graph.py``, ``docs/peers/graph.rst``); PyG's ``cached`` has no
-    counterpart: pass a prebuilt basis instead.  Options past ``in_channels, out_channels`` are
-    keyword-only: ``GCNConv(16, 32, True)``, which PyG reads as ``improved=True``, raises a
-    ``TypeError``.
+    (``tests/peers/test_pyg_graph.py``, ``docs/peers/graph.rst``).  The constructor takes PyG's
+    positional arguments in PyG's order with PyG's defaults (``GCNConv(16, 32, True)`` is
+    ``improved=True`` in both); ``flow``, as PyG's keyword, is keyword-only.
+
+    **cached.**  ``cached=True`` keeps the basis of the first graph seen and reuses it, as PyG
+    keeps its normalised adjacency.  Unlike PyG, which silently reuses its cache for any later
+    graph, a later ``edge_index`` of another shape (or a sparse adjacency with another number of
+    entries), another number of nodes, with or without ``edge_weight`` unlike the first, or on
+    another device is refused with a ``ValueError``; :meth:`reset_cache` (or
+    :meth:`reset_parameters`, as in PyG) forgets the cached basis.
 
     With :math:`K = 1` every neighbour shares one channel map, which is what limits GCN: it can
     only average its neighbourhood, never tell neighbours apart.  Self-loops and ``improved``
@@ -58,6 +64,8 @@ class GCNConv(_GraphLayer):
         :math:`Q`, the width of the output.
     improved : bool, default False
         Weigh the added self-loops 2 instead of 1 (:math:`A + 2I`), as PyG's ``improved``.
+    cached : bool, default False
+        Keep the first graph's basis and reuse it (see **cached** above).
     add_self_loops : bool, optional
         Add :math:`I` before normalising; ``None`` (the default) follows ``normalize``, as in PyG.
         ``True`` needs ``normalize=True``.
@@ -98,11 +106,12 @@ class GCNConv(_GraphLayer):
         self,
         in_channels: int,
         out_channels: int,
-        *,
         improved: bool = False,
+        cached: bool = False,
         add_self_loops: bool | None = None,
         normalize: bool = True,
         bias: bool = True,
+        *,
         flow: str = "source_to_target",
     ) -> None:
         super().__init__(in_channels, out_channels, 1, bias=bias, flow=flow)
@@ -111,7 +120,13 @@ class GCNConv(_GraphLayer):
         elif add_self_loops and not normalize:
             raise ValueError("GCNConv: add_self_loops=True needs normalize=True (as in PyG)")
         self.improved, self.add_self_loops, self.normalize = improved, add_self_loops, normalize
+        self.cached = bool(cached)
         self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Glorot weights, a zero bias, and no cached basis (as PyG's)."""
+        super().reset_parameters()
+        self.reset_cache()
 
     def pyg_keys(self) -> list[PyGKey]:
         """``theta[0]`` is PyG's ``lin.weight`` transposed; ``bias`` is PyG's."""
@@ -126,7 +141,7 @@ class GCNConv(_GraphLayer):
         return checked_basis(gcn_edges(edges, matrix=matrix, weighted=weighted, **rule))
 
 
-class SGConv(_GraphLayer):
+class SGConv(_CachedGraphLayer):
     r"""Simple graph convolution (Wu et al.): one member, the :math:`K`-th power of the GCN-normalised adjacency.
 
     Basis: the power :math:`\hat A^K` of the GCN-normalised graph (:func:`structconv.gcn_basis`), a
@@ -143,9 +158,14 @@ class SGConv(_GraphLayer):
     Equals PyG's ``SGConv`` built with the same arguments when ``theta[0]`` is its ``lin.weight``
     transposed and ``bias`` its ``lin.bias`` (``load_state_dict`` does both), for every ``K``,
     ``add_self_loops``, ``flow``, edge weights and sparse ``adj_t``
-    (``tests/peers/test_pyg_graph.py``); PyG's ``cached`` has no counterpart.  Options past
-    ``in_channels, out_channels`` are keyword-only: ``SGConv(16, 32, 2)``, which PyG reads as
-    ``K=2``, raises a ``TypeError`` (write ``SGConv(16, 32, K=2)``).
+    (``tests/peers/test_pyg_graph.py``).  The constructor takes PyG's positional arguments in
+    PyG's order with PyG's defaults (``SGConv(16, 32, 2)`` is ``K=2`` in both); ``flow``, as
+    PyG's keyword, is keyword-only.
+
+    **cached.**  ``cached=True`` keeps the basis :math:`\hat A^K` of the first graph seen, as
+    :class:`GCNConv`'s (a later graph of another size is refused, :meth:`reset_cache` forgets
+    it).  PyG's ``SGConv`` caches the propagated features :math:`\hat A^K x` instead, so there a
+    later call's new ``x`` is ignored; here it is used (the same output for the same ``x``).
 
     The powers are applied by repeated sparse products, never formed.  Self-loops as
     :class:`GCNConv`'s.  Weights and bias as ``torch.nn.Linear`` (as PyG's ``SGConv``).
@@ -160,6 +180,8 @@ class SGConv(_GraphLayer):
         :math:`Q`, the width of the output.
     K : int, default 1
         The number of hops, the power of :math:`\hat A`.
+    cached : bool, default False
+        Keep the first graph's basis and reuse it (see **cached** above).
     add_self_loops : bool, default True
         Add :math:`I` before normalising.
     bias : bool, default True
@@ -196,15 +218,17 @@ class SGConv(_GraphLayer):
         self,
         in_channels: int,
         out_channels: int,
-        *,
         K: int = 1,
+        cached: bool = False,
         add_self_loops: bool = True,
         bias: bool = True,
+        *,
         flow: str = "source_to_target",
     ) -> None:
         self.K = positive_int(K, "K", where="SGConv")
         super().__init__(in_channels, out_channels, 1, bias=bias, flow=flow)
         self.add_self_loops = add_self_loops
+        self.cached = bool(cached)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -212,6 +236,7 @@ class SGConv(_GraphLayer):
         if self.bias is not None:
             bound = 1.0 / math.sqrt(self.in_channels)
             nn.init.uniform_(self.bias, -bound, bound)
+        self.reset_cache()
 
     def pyg_keys(self) -> list[PyGKey]:
         """``theta[0]`` is PyG's ``lin.weight`` transposed, ``bias`` its ``lin.bias``."""

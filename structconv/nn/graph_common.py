@@ -6,8 +6,9 @@ graph basis plus :math:`\Theta`.
 
 Every layer takes node features ``x`` of shape ``(N, P)`` and a graph: an ``edge_index``
 ``(2, E)`` (with optional ``edge_weight``), a sparse adjacency, or a prebuilt
-:class:`~structconv.Basis`.  The basis is rebuilt on every call from a raw graph; no layer caches
-it.  To reuse a normalised basis, build it once (e.g. :func:`structconv.gcn_basis`) and pass it
+:class:`~structconv.Basis`.  The basis is rebuilt on every call from a raw graph, except in
+``GCNConv`` and ``SGConv`` built with PyG's ``cached=True`` (``_CachedGraphLayer``).  To reuse a
+normalised basis otherwise, build it once (e.g. :func:`structconv.gcn_basis`) and pass it
 instead of ``edge_index``.
 
 **Orientation.**  As in PyG, row 0 of an ``edge_index`` holds sources and row 1 targets, and a
@@ -194,3 +195,49 @@ def _pair(channels: int | tuple[int, int], layer: str) -> tuple[int, int]:
         return first, positive_int(channels[1], "in_channels[1]", where=layer)
     c = positive_int(channels, "in_channels", where=layer)
     return c, c
+
+
+def _graph_size(graph: Any, x: torch.Tensor, edge_weight: torch.Tensor | None) -> tuple[Any, ...]:
+    """What a cached layer compares between calls: the graph's form and size, the nodes, the weights' presence."""
+    shape = tuple(int(s) for s in graph.shape) if hasattr(graph, "shape") else (len(graph),)
+    if isinstance(graph, torch.Tensor) and graph.layout != torch.strided:
+        stored: int | None = int(graph._nnz())
+    else:
+        stored = getattr(graph, "nnz", None)  # scipy.sparse
+    return shape, stored, int(x.shape[-2]), edge_weight is not None, str(x.device)
+
+
+class _CachedGraphLayer(_GraphLayer):
+    """A graph layer with PyG's ``cached``: the basis of the first graph seen is kept and reused.
+
+    PyG reuses its cache whatever graph comes later; here a later graph whose form or size (the
+    ``edge_index`` shape or a sparse adjacency's stored entries), number of nodes, ``edge_weight``
+    presence or device differs from the first one's is refused with a ``ValueError``.  (Edges of
+    the same count but different endpoints cannot be told apart without reading them, and are
+    reused as in PyG.)  :meth:`reset_cache` (and :meth:`reset_parameters`, as in PyG) forgets it.
+    """
+
+    cached: bool = False
+    _cached_basis: Basis | None = None
+    _cached_size: tuple[Any, ...] | None = None
+
+    def reset_cache(self) -> None:
+        """Forget the cached basis (PyG's ``_cached_edge_index = None``): the next call builds it again."""
+        self._cached_basis, self._cached_size = None, None
+
+    def _built(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None, **extra: Any) -> Basis:
+        if not self.cached:
+            return super()._built(x, edge_index, edge_weight, **extra)
+        size = _graph_size(edge_index, x, edge_weight)
+        if self._cached_basis is None:
+            self._cached_basis, self._cached_size = super()._built(x, edge_index, edge_weight, **extra), size
+        elif size != self._cached_size:
+            raise ValueError(
+                f"{type(self).__name__}: cached=True keeps the first graph's basis (shape, stored entries, nodes, "
+                f"weighted, device {self._cached_size}) but this call's graph is {size}; call reset_cache() or "
+                "build the layer with cached=False"
+            )
+        return self._cached_basis
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", cached=True" if self.cached else "")

@@ -2,8 +2,8 @@ r"""Drop-in grid convolutions: ``GridConv{1,2,3}d`` over shift bases.
 
 Each layer is :func:`structconv.grid_basis` for the input's grid plus a parameter, contracted
 by :func:`structconv.conv`.  They take torch's layouts (``(B, C, *grid)`` or unbatched
-``(C, *grid)``) and torch's constructor arguments (those past ``in_channels, out_channels,
-kernel_size`` keyword-only), and keep torch's parameter names and shapes, so
+``(C, *grid)``) and torch's constructor arguments in torch's order with torch's defaults
+(structconv's own ``order`` keyword-only), and keep torch's parameter names and shapes, so
 ``load_state_dict`` accepts the state of a ``torch.nn.Conv{1,2,3}d``.  The pooling layers over
 the same bases are in ``structconv.nn.pool``.
 
@@ -79,7 +79,6 @@ class _GridConvNd(CompiledRuns, NotScriptable, nn.Module):
         in_channels: int,
         out_channels: int,
         kernel_size: Size,
-        *,
         stride: Size = 1,
         padding: Padding = 0,
         dilation: Size = 1,
@@ -88,6 +87,7 @@ class _GridConvNd(CompiledRuns, NotScriptable, nn.Module):
         padding_mode: str = "zeros",
         device: Any = None,
         dtype: Any = None,
+        *,
         order: str = "auto",
     ) -> None:
         super().__init__()

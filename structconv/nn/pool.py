@@ -5,7 +5,8 @@ per channel, so it evaluates :math:`A^\top x` (:func:`structconv.apply_shifts`: 
 ``F.avg_pool{d}d`` or depthwise ``F.conv{d}d`` on torch, slicing otherwise) instead of spending a
 GEMM on the identity.  The layers take torch's layouts (``(B, C, *grid)`` or unbatched
 ``(C, *grid)``) and torch's constructor arguments, ``ceil_mode`` and ``divisor_override``
-included (those past ``kernel_size`` keyword-only).
+included, in torch's order with torch's defaults (structconv's own ``order``, and
+``AvgPool1d``'s ``divisor_override``, which torch's ``AvgPool1d`` lacks, keyword-only).
 """
 
 from __future__ import annotations
@@ -30,17 +31,18 @@ class _AvgPoolNd(NotScriptable, nn.Module):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        own_init(cls, _AvgPoolNd.__init__)  # a wrong call's TypeError names the public layer
+        if "__init__" not in cls.__dict__:  # AvgPool1d has its own: torch's AvgPool1d lacks divisor_override
+            own_init(cls, _AvgPoolNd.__init__)  # a wrong call's TypeError names the public layer
 
     def __init__(
         self,
         kernel_size: Size,
-        *,
         stride: Size | None = None,
         padding: Padding = 0,
         ceil_mode: bool = False,
         count_include_pad: bool = True,
         divisor_override: int | None = None,
+        *,
         order: str = "auto",
     ) -> None:
         super().__init__()
@@ -98,7 +100,13 @@ class _AvgPoolNd(NotScriptable, nn.Module):
         A pooling layer has :math:`\\Theta = I` per channel, so it evaluates :math:`A^\\top x`
         (:func:`structconv.apply_shifts`) instead of spending a GEMM on the identity.
         """
-        xb, unbatched = split_input(x, self._ndim, None, type(self).__name__)
+        name = type(self).__name__
+        xb, unbatched = split_input(x, self._ndim, None, name)
+        if self._ndim == 3 and xb.dtype == torch.float16 and xb.device.type == "cpu":
+            raise NotImplementedError(
+                f"{name}: torch has no CPU kernel for 3-d average pooling (avg_pool3d) of an input of dtype "
+                f"{xb.dtype}; use float32 or bfloat16 on the CPU, or float16 on a GPU"
+            )
         B, C = int(xb.shape[0]), int(xb.shape[1])
         basis = self.basis(tuple(int(s) for s in xb.shape[2:]), xb)
         flat = xb.flatten(2).transpose(1, 2)
@@ -116,6 +124,20 @@ class AvgPool1d(_AvgPoolNd):
     __doc__ = pool_doc(1)
 
     _ndim = 1
+
+    def __init__(
+        self,
+        kernel_size: Size,
+        stride: Size | None = None,
+        padding: Padding = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        *,
+        divisor_override: int | None = None,
+        order: str = "auto",
+    ) -> None:
+        # torch's AvgPool1d has no divisor_override: here it is structconv's own option, keyword-only.
+        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, order=order)
 
 
 class AvgPool2d(_AvgPoolNd):

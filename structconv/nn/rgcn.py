@@ -41,9 +41,9 @@ class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
     parameters have PyG's names and shapes, ``weight``, ``comp``, ``root``, ``bias``, so either
     library's loads into the other as it is), for every ``aggr``, ``num_bases``, ``num_blocks``,
     featureless and bipartite ``x`` (``tests/peers/test_pyg_graph.py``); PyG's ``SparseTensor``
-    ``adj_t`` carrying the relations is not read.  Options past ``in_channels, out_channels,
-    num_relations`` are keyword-only: ``RGCNConv(16, 32, 4, 2)``, which PyG reads as
-    ``num_bases=2``, raises a ``TypeError``.
+    ``adj_t`` carrying the relations is not read.  The constructor takes PyG's positional
+    arguments in PyG's order with PyG's defaults: ``RGCNConv(16, 32, 4, 2)`` is ``num_bases=2``
+    in both.
 
     ``num_bases`` shares :math:`\Theta_r = \sum_b a_{rb} V_b` (a :class:`~structconv.Separable`
     parameter, contracted without forming :math:`\Theta_r`); ``num_blocks`` makes each
@@ -69,6 +69,9 @@ class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
         How each relation aggregates its neighbours (``"sum"`` and ``"add"`` weigh them 1).
     root_weight : bool, default True
         Whether to add the root term :math:`x_n\Theta_{\mathrm{root}}` (the identity member).
+    is_sorted : bool, default False
+        PyG's promise that the edges are sorted by ``edge_type`` (a speed hint there).  Accepted and
+        kept; the result does not depend on it (PyG's is wrong for unsorted edges with ``True``).
     bias : bool, default True
         Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
 
@@ -102,11 +105,11 @@ class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
         in_channels: int | tuple[int, int],
         out_channels: int,
         num_relations: int,
-        *,
         num_bases: int | None = None,
         num_blocks: int | None = None,
         aggr: str = "mean",
         root_weight: bool = True,
+        is_sorted: bool = False,
         bias: bool = True,
     ) -> None:
         super().__init__()
@@ -119,6 +122,7 @@ class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
         if aggr not in ("mean", "sum", "add", "max"):
             raise ValueError(f"RGCNConv: aggr must be 'mean', 'sum', 'add' or 'max', got {aggr!r}")
         self.aggr = aggr
+        self.is_sorted = bool(is_sorted)
         if num_bases is not None and num_blocks is not None:
             raise ValueError("RGCNConv: give num_bases or num_blocks, not both")
         if num_bases is not None:

@@ -30,9 +30,9 @@ class TAGConv(_GraphLayer):
     Equals PyG's ``TAGConv`` built with the same arguments when ``theta[k]`` is its
     ``lins.k.weight`` transposed and ``bias`` its ``bias`` (``load_state_dict`` does both), for
     every ``K``, ``normalize``, ``flow``, edge weights and sparse ``adj_t``
-    (``tests/peers/test_pyg_graph.py``).  Options past ``in_channels, out_channels`` are
-    keyword-only: ``TAGConv(16, 32, 2)``, which PyG reads as ``K=2``, raises a ``TypeError``
-    (write ``TAGConv(16, 32, K=2)``).
+    (``tests/peers/test_pyg_graph.py``).  The constructor takes PyG's positional arguments in
+    PyG's order with PyG's defaults (``TAGConv(16, 32, 2)`` is ``K=2`` in both); ``flow``, as
+    PyG's keyword, is keyword-only.
 
     The basis is applied by repeated sparse products, never formed.  Weights as
     ``torch.nn.Linear`` (as PyG's ``TAGConv``), zero bias; ``x`` may be ``(B, N, P)``.
@@ -84,10 +84,10 @@ class TAGConv(_GraphLayer):
         self,
         in_channels: int,
         out_channels: int,
-        *,
         K: int = 3,
         bias: bool = True,
         normalize: bool = True,
+        *,
         flow: str = "source_to_target",
     ) -> None:
         self.K = positive_int(K, "K", where="TAGConv")

@@ -136,7 +136,7 @@ CLASSES = {
 
 
 def by_name(klass: type, args: tuple[Any, ...]) -> dict[str, Any]:
-    """PyG's positional arguments by their names in its signature: ours takes the options by keyword only."""
+    """PyG's positional arguments by their names in its signature (ours takes them by position too: test_signatures)."""
     names = [name for name in inspect.signature(klass.__init__).parameters if name != "self"]
     return dict(zip(names, args, strict=False))
 
@@ -320,10 +320,16 @@ def test_gcn_edge_index_class() -> None:
     close(ours(x, ei, w), ref(x, FIXED, w), torch.float64, "output")
 
 
-@case("GCNConv", REFUSED, "``cached=True``", "TypeError names ``cached``; pass a prebuilt basis to reuse one")
+@case(
+    "GCNConv", EQUAL, "``cached=True``", "the first graph's basis reused; a graph of another size refused (PyG reuses)"
+)
 def test_gcn_cached() -> None:
-    with pytest.raises(TypeError, match="cached"):
-        snn.GCNConv(3, 4, cached=True)  # type: ignore[call-arg]
+    ours, ref, _ = pair("gcn", torch.float64, 3, 4, cached=True)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    close(ours(x, FIXED), ref(x, FIXED), torch.float64, "first call")
+    close(ours(2 * x, FIXED), ref(2 * x, FIXED), torch.float64, "cached call")
+    with pytest.raises(ValueError, match="GCNConv: cached=True keeps the first graph's basis"):
+        ours(x, FIXED[:, :-1])
 
 
 @case("GCNConv", NA, "torch.sparse CSC ``adj_t``", "PyG raises NotImplementedError; ours reads it like COO (tested)")
@@ -479,10 +485,15 @@ def test_sg_pyg_case(loops: bool) -> None:
     close(ours(x, to_torch_csc_tensor(FIXED, value, size=(4, 4)).t()), out2, dtype, "adj2.t()")
 
 
-@case("SGConv", REFUSED, "``cached=True``", "TypeError names ``cached``")
+@case("SGConv", EQUAL, "``cached=True``", "the basis cached, not PyG's features: a new ``x`` is used (PyG ignores it)")
 def test_sg_cached() -> None:
-    with pytest.raises(TypeError, match="cached"):
-        snn.SGConv(3, 4, cached=True)  # type: ignore[call-arg]
+    ours, ref, _ = pair("sg", torch.float64, 3, 4, 2, cached=True)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    close(ours(x, FIXED), ref(x, FIXED), torch.float64, "first call")
+    close(ours(x, FIXED), ref(x, FIXED), torch.float64, "cached call")
+    close(ours(2 * x, FIXED), 2 * ref(x, FIXED) - ref.lin.bias, torch.float64, "a new x")
+    with pytest.raises(ValueError, match="SGConv: cached=True keeps the first graph's basis"):
+        ours(x, FIXED[:, :-1])
 
 
 # --- ChebConv -----------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ Each layer is built, run once (so that plans and the bases' derived caches exist
 ``copy.deepcopy``, a pickle round trip and ``torch.save``/``torch.load`` give a layer with equal
 outputs; its ``state_dict`` loaded into a fresh layer gives equal outputs; ``torch.compile``
 (the ``aot_eager`` backend: dynamo's trace and AOT autograd's backward graph, without the cost of
-Inductor's code generation) gives the eager outputs and gradients; and ``torch.jit.script``
-refuses with one sentence pointing to ``torch.compile``.
+Inductor's code generation) is one graph (``fullgraph=True``), also when the layer's first call is
+the compiled one, and gives the eager outputs and gradients; and ``torch.jit.script`` and
+``torch.jit.trace`` refuse with one sentence pointing to ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import nn
 
 import structconv as sc
 from structconv import nn as snn
-from structconv.nn._module import script_refusal
+from structconv.nn._module import script_refusal, trace_refusal
 from structconv.nn.positional_base import Encoding
 
 Inputs = tuple[Any, ...]
@@ -129,9 +130,16 @@ def test_state_dict_into_a_fresh_layer_gives_equal_outputs(name: str) -> None:
     _assert_same_outputs(fresh, args, expected)
 
 
-@pytest.mark.parametrize("name", LAYERS)
-def test_torch_compile_gives_the_eager_outputs_and_gradients(name: str) -> None:
-    layer, args, _ = _ran(name)
+@pytest.mark.parametrize("warm", [True, False], ids=["after-a-call", "first-call-compiled"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_torch_compile_is_one_graph_with_the_eager_outputs_and_gradients(name: str, warm: bool) -> None:
+    """``fullgraph=True`` holds for a layer that has run eagerly and for one whose first call is compiled."""
+    if warm:
+        layer, args, _ = _ran(name)
+    else:
+        build, inputs = CASES[name]
+        torch.manual_seed(0)
+        layer, args = build(), inputs()
     floats = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
 
     def run(module: Callable[..., Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -144,7 +152,7 @@ def test_torch_compile_gives_the_eager_outputs_and_gradients(name: str) -> None:
         return outputs, grads + [leaves[i].grad for i in floats]
 
     torch._dynamo.reset()
-    compiled_out, compiled_grads = run(torch.compile(layer, backend="aot_eager"))
+    compiled_out, compiled_grads = run(torch.compile(layer, backend="aot_eager", fullgraph=True))
     eager_out, eager_grads = run(layer)
     assert len(compiled_grads) == len(eager_grads) and eager_grads
     for got, expected in zip(compiled_out + compiled_grads, eager_out + eager_grads, strict=True):
@@ -163,6 +171,17 @@ def test_torch_jit_script_refuses_with_one_sentence(name: str) -> None:
     with pytest.raises(TypeError) as inside:  # as a submodule too
         torch.jit.script(nn.Sequential(layer))
     assert str(inside.value) == sentence
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_torch_jit_trace_refuses_with_one_sentence(name: str) -> None:
+    build, inputs = CASES[name]
+    layer, args = build(), inputs()
+    sentence = trace_refusal(name.split("[")[0])
+    assert "torch.compile" in sentence
+    with pytest.raises(TypeError) as raised:
+        torch.jit.trace(layer, args, check_trace=False)
+    assert str(raised.value) == sentence
 
 
 class _Halved(nn.Module):

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from . import Array, all_finite, backend_of, device_of, dtype_name, is_floating, of, shape_str
+from . import Array, all_finite, backend_of, device_of, dtype_name, is_floating, namespace, of, shape_str
 
 
 def check_array(a: object, arg: str, ranks: tuple[int, ...], names: tuple[str, ...]) -> str:
@@ -127,8 +127,40 @@ def check_finite(a: Array, arg: str) -> None:
         Its name, as the message shows it.
     """
     check_readable(a, arg, "the check for NaN and infinity")
-    if not all_finite(a):
+    backend = of(a)
+    if backend.traced():
+        backend.check_all(namespace(a).isfinite(backend.detach(a)), f"{arg} contains non-finite values (NaN or inf)")
+    elif not all_finite(a):
         raise ValueError(f"{arg} contains non-finite values (NaN or inf)")
+
+
+def check_index_range(index: Array, size: int, arg: str, size_name: str | None = None) -> None:
+    """Raise a ``ValueError`` naming ``arg`` unless every entry of ``index`` lies in ``[0, size)``.
+
+    Eagerly the message quotes the range found (two host reads); under ``torch.compile`` the
+    check is an assertion inside the graph (:meth:`~structconv.backend.interface.Backend.check_all`).
+
+    Parameters
+    ----------
+    index
+        Integers, of any backend.
+    size
+        The number of valid positions.
+    arg
+        Its name, as the message shows it.
+    size_name
+        The argument that gave ``size``, shown beside it (``[0, num_relations=3)``).
+    """
+    if not int(index.shape[0]) or device_of(index) == "meta":  # nothing to read (a meta layout test)
+        return
+    backend = of(index)
+    expected = f"{arg} must lie in [0, {size if size_name is None else f'{size_name}={size}'})"
+    if backend.traced():
+        backend.check_all((index >= 0) & (index < size), expected)
+        return
+    lo, hi = int(index.min()), int(index.max())
+    if lo < 0 or hi >= size:
+        raise ValueError(f"{expected}, got values in [{lo}, {hi}]")
 
 
 def check_same_placement(named: dict[str, Array]) -> None:

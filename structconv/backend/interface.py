@@ -162,6 +162,30 @@ class Backend(Kernels):
             An array of this backend.
         """
 
+    def traced(self) -> bool:
+        """Whether a compiler is tracing this backend's operations now (``torch.compile``).
+
+        A check that reads values back to the host would break the traced graph; traced, the
+        checks run as :meth:`check_all` inside it instead.
+        """
+        return False
+
+    def check_all(self, condition: Array, message: str) -> None:
+        """Raise a ``ValueError`` with ``message`` unless every entry of ``condition`` is true.
+
+        Traced, the check is an assertion in the graph (raised when the compiled code runs), so
+        the message cannot quote a value; it names the argument and what was expected.
+
+        Parameters
+        ----------
+        condition
+            A boolean array of this backend.
+        message
+            The error's text.
+        """
+        if not bool(condition.all()):
+            raise ValueError(message)
+
     @abstractmethod
     def detach(self, a: Array) -> Array:
         """``a`` without autograd history (itself for NumPy).

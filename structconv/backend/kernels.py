@@ -53,7 +53,7 @@ class Kernels(ABC):
 
     @abstractmethod
     def sparse_matrix(self, rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> Any:
-        """A 2-D sparse matrix ``S`` supporting ``S @ dense``; repeated coordinates add up.
+        """A 2-D sparse matrix ``S`` whose ``S.times(dense)`` is ``S @ dense``; repeated coordinates add up.
 
         Parameters
         ----------

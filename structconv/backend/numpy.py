@@ -237,7 +237,8 @@ class _ScipyProduct:
         self.matrix = matrix
         self.result_dtype = result_dtype
 
-    def __matmul__(self, dense: Array) -> Array:
+    def times(self, dense: Array) -> Array:
+        """``S @ dense`` (a method, not ``@``: torch.compile traces a method of a Python object, not its operator)."""
         if self.result_dtype is None:
             return np.asarray(self.matrix @ dense)
         return np.asarray(self.matrix @ dense.astype(np.float32)).astype(self.result_dtype)

@@ -159,8 +159,8 @@ def window_image(x: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, tuple[in
     """
     w = geo.window
     if w.wrap is not None:
-        for i, idx in enumerate(w.wrap):
-            x = x.index_select(2 + i, torch.as_tensor(idx, device=x.device))
+        for i, runs in enumerate(w.wrap):
+            x = torch.cat([x.narrow(2 + i, start, length) for start, length in runs], 2 + i)
         return x, w.padding
     if w.crop is not None:
         x = x[(slice(None), slice(None), *w.crop)]
@@ -283,7 +283,9 @@ def native_depthwise(x: torch.Tensor, weights: torch.Tensor, geo: Geometry) -> t
     # Weights on the meta device hold no values to compare: the depthwise convolution needs none.
     learnable = torch.is_grad_enabled() and weights.requires_grad
     readable = weights.device.type != "meta"
-    uniform = K == 1 and geo.is_full_box and not learnable and readable and bool((weights == weights[0, 0]).all())
+    # Compiled, the depthwise convolution (the same sum) spares a host read of the weights.
+    constant = readable and not torch.compiler.is_compiling()
+    uniform = K == 1 and geo.is_full_box and not learnable and constant and bool((weights == weights[0, 0]).all())
     pool_ok = all(d == 1 for d in dilation) and all(2 * p <= k for p, k in zip(padding, size, strict=True))
     if geo.ndim == 3:  # avg_pool3d refuses windows smaller than the kernel and, on the CPU, bfloat16
         pool_ok = pool_ok and all(int(w) >= k for w, k in zip(window.shape[2:], size, strict=True))

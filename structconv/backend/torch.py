@@ -14,7 +14,7 @@ import array_api_compat.torch as xp_torch
 import numpy as np
 import torch
 
-from . import shift_torch
+from . import einsum_path, shift_torch
 from .interface import Array, Backend
 from .torch_autocast import AUTOCAST_DEVICES, autocast_dtype, autocast_off
 
@@ -63,6 +63,15 @@ class TorchBackend(Backend):
 
     def detach(self, a: Array) -> Array:
         return a.detach()
+
+    def traced(self) -> bool:
+        return bool(torch.compiler.is_compiling())
+
+    def check_all(self, condition: Array, message: str) -> None:
+        if torch.compiler.is_compiling():  # an assertion in the graph: no host read, no graph break
+            torch._assert_async(condition.all(), message)
+        elif not bool(condition.all()):
+            raise ValueError(message)
 
     def requires_grad(self, a: Array) -> bool:
         return bool(a.requires_grad)
@@ -325,13 +334,16 @@ class SparseMatrix:
             self._csr_t = SparseMatrix(self.cols, self.rows, self.values, (self.shape[1], self.shape[0])).csr()
         return self._csr_t
 
-    def __matmul__(self, dense: Array) -> Array:
+    def times(self, dense: Array) -> Array:
+        """``S @ dense`` (a method, not ``@``: torch.compile traces a method of a Python object, not its operator)."""
         if dense.device.type == "cpu" and dense.dtype in (torch.bfloat16, torch.float16):
             # No low-precision sparse kernels on the CPU: compute in float32 and cast back.
             wide = SparseMatrix(self.rows, self.cols, self.values.float(), self.shape)
             with torch.autocast("cpu", enabled=False):  # autocast would narrow the operands again
-                return (wide @ dense.float()).to(dense.dtype)
-        if self.values.requires_grad or dense.device.type == "meta":  # meta: the CSR build reads the rows
+                return wide.times(dense.float()).to(dense.dtype)
+        # meta: the CSR build reads the rows; compiled: Inductor fuses the gather-scatter, and the
+        # CSR build (a host sort, a cached autograd function) would break the graph.
+        if self.values.requires_grad or dense.device.type == "meta" or torch.compiler.is_compiling():
             gathered = dense.index_select(0, self.cols) * self.values[:, None]
             return dense.new_zeros((self.shape[0], dense.shape[1])).index_add(0, self.rows, gathered)
         if not dense.requires_grad:
@@ -545,3 +557,8 @@ def _instance_gemms(a: Array, x: Array, theta: Array) -> Array:
 
 
 BACKEND = TorchBackend()
+
+
+# A pure function of shapes, cached by value: torch.compile calls it as Python (its result a
+# constant of the graph) instead of tracing opt_einsum's planner, which it cannot.
+torch.compiler.assume_constant_result(einsum_path)  # type: ignore[no-untyped-call]

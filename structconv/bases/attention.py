@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
-from types import MappingProxyType
 from typing import Any
 
 from ..backend import Array, concatenate, device_of, dtype_name, namespace, of, shape_str, x_theta, zeros
@@ -579,13 +578,11 @@ class AttentionBasis(Basis):
         return Cost(project + 4.0 * B * K * M * N * width, float(written))
 
 
-_ATTENTION_ORDERS: Mapping[str, OwnOrder] = MappingProxyType(
-    {
-        "sdpa": OwnOrder(
-            AttentionBasis._cost_sdpa,
-            AttentionBasis._run_sdpa,
-            AttentionBasis._cost_sdpa_factored,
-            AttentionBasis._run_sdpa_factored,
-        )
-    }
-)
+_ATTENTION_ORDERS: Mapping[str, OwnOrder] = {
+    "sdpa": OwnOrder(
+        AttentionBasis._cost_sdpa,
+        AttentionBasis._run_sdpa,
+        AttentionBasis._cost_sdpa_factored,
+        AttentionBasis._run_sdpa_factored,
+    )
+}

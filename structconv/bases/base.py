@@ -19,7 +19,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from ..backend import Array, einsum, shape_str
@@ -93,7 +92,7 @@ class OwnOrder:
 
 
 #: The default of :meth:`Basis.own_orders`: none.
-NO_ORDERS: Mapping[str, OwnOrder] = MappingProxyType({})
+NO_ORDERS: Mapping[str, OwnOrder] = {}
 
 
 class Basis(ABC):
@@ -359,6 +358,10 @@ class Basis(ABC):
         :func:`structconv.contraction` reads ``x`` as ``(B, P, *in_shape)``.
         """
         return (self.M,), (self.N,)
+
+    #: The orders that read the basis' entries on the host (distinct index pairs, a materialised
+    #: product, found with NumPy or SciPy): a plan made under ``torch.compile`` leaves them out.
+    host_orders: frozenset[str] = frozenset()
 
     def own_orders(self) -> Mapping[str, OwnOrder]:
         r"""The orders this representation runs its own way, by name (:class:`OwnOrder`).

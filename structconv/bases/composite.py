@@ -58,6 +58,10 @@ class _Derived(Basis):
     def plan_key(self) -> tuple[Any, ...]:
         return (type(self).__name__, self.shape, tuple(p.plan_key() for p in self._parts))
 
+    @property
+    def host_orders(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset().union(*(p.host_orders for p in self._parts))
+
     def select(self, members: Sequence[int]) -> Basis:
         return SelectBasis(self, members)
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import Array, as_index, concatenate, device_of, find, is_integer_array, namespace, of, shape_str
-from ..backend.checks import check_array
+from ..backend.checks import check_array, check_index_range
 from .base import Basis, Cost
 from .sparse import SparseBasis
 
@@ -97,6 +97,7 @@ class EdgeBasis(OnEdgeList):
 
     __slots__ = ("_weights",)
     representation = "edges"
+    host_orders = frozenset({"atheta"})
 
     def __init__(self, src: Array, dst: Array, weights: Array, shape: Sequence[int]) -> None:
         for name, given in (("src", src), ("dst", dst), ("weights", weights)):
@@ -121,9 +122,7 @@ class EdgeBasis(OnEdgeList):
         for name, idx, size in (("src", src, M), ("dst", dst, N)):
             if tuple(idx.shape) != (E,):
                 raise ValueError(f"{name} must have shape (E,) = ({E},), got {shape_str(tuple(idx.shape))}")
-            # A meta array holds no indices to read (a layer's output shape on the meta device).
-            if E and device_of(idx) != "meta" and (int(idx.min()) < 0 or int(idx.max()) >= size):
-                raise ValueError(f"{name} must lie in [0, {size}), got [{int(idx.min())}, {int(idx.max())}]")
+            check_index_range(idx, size, name)
         if of(src, "src") is not of(weights, "weights") or of(dst, "dst") is not of(weights, "weights"):
             raise TypeError("src, dst and weights must be on the same backend")
         for name, idx in (("src", src), ("dst", dst)):

@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -445,7 +444,7 @@ _SHIFTS = {
     "xtheta": OwnOrder(partial(GridBasis._cost, order="xtheta"), GridBasis._run_shift_xtheta),
 }
 _GRID_ORDERS: dict[tuple[int, int, int], Mapping[str, OwnOrder]] = {
-    (n, u, p): MappingProxyType({**((_NATIVE_IMAGE if p else _NATIVE) if n else {}), **(_SHIFTS if u else {})})
+    (n, u, p): {**((_NATIVE_IMAGE if p else _NATIVE) if n else {}), **(_SHIFTS if u else {})}
     for n in (0, 1)
     for u in (0, 1)
     for p in (0, 1)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 from ..backend import Array, device_of, einsum, native, of, shape_str
@@ -314,17 +313,16 @@ def _checked_window(window: Window | None, factors: tuple[Array, ...]) -> Window
     return window
 
 
-_KRONECKER_ORDERS: Mapping[str, OwnOrder] = MappingProxyType(
-    {
-        "ax": OwnOrder(KroneckerBasis._cost_ax, KroneckerBasis._ax),
-        "xtheta": OwnOrder(
-            KroneckerBasis._cost_xtheta,
-            KroneckerBasis._xtheta,
-            KroneckerBasis._cost_xtheta_factored,
-            KroneckerBasis._xtheta_factored,
-        ),
-    }
-)
-_WINDOWED_ORDERS: Mapping[str, OwnOrder] = MappingProxyType(
-    {**_KRONECKER_ORDERS, "window": OwnOrder(KroneckerBasis._cost_window, KroneckerBasis._run_window)}
-)
+_KRONECKER_ORDERS: Mapping[str, OwnOrder] = {
+    "ax": OwnOrder(KroneckerBasis._cost_ax, KroneckerBasis._ax),
+    "xtheta": OwnOrder(
+        KroneckerBasis._cost_xtheta,
+        KroneckerBasis._xtheta,
+        KroneckerBasis._cost_xtheta_factored,
+        KroneckerBasis._xtheta_factored,
+    ),
+}
+_WINDOWED_ORDERS: Mapping[str, OwnOrder] = {
+    **_KRONECKER_ORDERS,
+    "window": OwnOrder(KroneckerBasis._cost_window, KroneckerBasis._run_window),
+}

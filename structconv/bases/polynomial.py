@@ -9,7 +9,6 @@ product itself, through its matrix's hooks; the engine calls it, never the other
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -46,6 +45,7 @@ class PolynomialBasis(Basis):
 
     __slots__ = ("_degrees", "_derived", "_family", "_matrix")
     representation = "polynomial"
+    host_orders = frozenset({"atheta", "materialized"})
 
     def __init__(self, matrix: SparseBasis, degrees: Sequence[int], family: str = "powers") -> None:
         if not isinstance(matrix, SparseBasis) or matrix.shape[0] != 1 or matrix.M != matrix.N:
@@ -224,6 +224,6 @@ class PolynomialBasis(Basis):
         )
 
 
-_POLYNOMIAL_ORDERS: Mapping[str, OwnOrder] = MappingProxyType(
-    {"materialized": OwnOrder(PolynomialBasis._cost_materialized, PolynomialBasis._run_materialized)}
-)
+_POLYNOMIAL_ORDERS: Mapping[str, OwnOrder] = {
+    "materialized": OwnOrder(PolynomialBasis._cost_materialized, PolynomialBasis._run_materialized)
+}

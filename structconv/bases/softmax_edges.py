@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..backend import Array, device_of, dtype_name, of, shape_str, x_theta
@@ -157,6 +156,7 @@ class SoftmaxEdgeBasis(OnEdgeList):
 
     __slots__ = ("_logits", "_mask", "_projected")
     representation = "softmax-edges"
+    host_orders = frozenset({"atheta"})
 
     def __init__(
         self,
@@ -388,16 +388,14 @@ class SoftmaxEdgeBasis(OnEdgeList):
         return _SEGMENT
 
 
-_SEGMENT: Mapping[str, OwnOrder] = MappingProxyType(
-    {
-        "segment": OwnOrder(
-            SoftmaxEdgeBasis._cost_segment,
-            SoftmaxEdgeBasis._run_segment,
-            SoftmaxEdgeBasis._cost_segment_factored,
-            SoftmaxEdgeBasis._run_segment_factored,
-        )
-    }
-)
+_SEGMENT: Mapping[str, OwnOrder] = {
+    "segment": OwnOrder(
+        SoftmaxEdgeBasis._cost_segment,
+        SoftmaxEdgeBasis._run_segment,
+        SoftmaxEdgeBasis._cost_segment_factored,
+        SoftmaxEdgeBasis._run_segment_factored,
+    )
+}
 
 
 __all__ = ["Projected", "SoftmaxEdgeBasis", "head_placement"]

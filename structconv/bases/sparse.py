@@ -18,8 +18,20 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, as_index, concatenate, device_of, einsum, find, namespace, of, shape_str, sparse_matrix
-from ..backend.checks import check_finite, check_readable
+from ..backend import (
+    Array,
+    as_index,
+    concatenate,
+    device_of,
+    einsum,
+    find,
+    is_integer_array,
+    namespace,
+    of,
+    shape_str,
+    sparse_matrix,
+)
+from ..backend.checks import check_finite, check_index_range, check_readable
 from .base import Basis, Cost
 
 #: The most entries (dense positions) a basis may span: each entry's position is an int64.
@@ -56,6 +68,7 @@ class SparseBasis(Basis):
 
     __slots__ = ("_derived", "_indices", "_shape", "_values")
     representation = "sparse"
+    host_orders = frozenset({"atheta"})
 
     def __init__(self, indices: Array, values: Array, shape: Sequence[int]) -> None:
         shape = _sizes(shape)
@@ -71,26 +84,21 @@ class SparseBasis(Basis):
         if not backend.is_floating(values):
             raise TypeError(f"values must hold floating-point numbers, got dtype {values.dtype}")
         check_finite(values, "values")
-        given = find(indices)
-        index_np = np.asarray(indices) if given is None else given.to_numpy(indices)
-        if index_np.ndim != 2 or index_np.shape != (len(shape), values.shape[0]):
+        index = indices if find(indices) is not None else np.asarray(indices)
+        if index.ndim != 2 or tuple(index.shape) != (len(shape), values.shape[0]):
             raise ValueError(
                 f"indices must have shape ({len(shape)}, nnz={values.shape[0]}) for a basis of shape "
-                f"{shape_str(shape)}, got {shape_str(index_np.shape)}"
+                f"{shape_str(shape)}, got {shape_str(tuple(index.shape))}"
             )
-        if index_np.size and not np.issubdtype(index_np.dtype, np.integer):
-            raise TypeError(f"indices must be integers, got dtype {index_np.dtype}")
+        if int(index.shape[1]) and not is_integer_array(index):
+            raise TypeError(f"indices must be integers, got dtype {index.dtype}")
         for row, (name, size) in enumerate(zip("bkmn"[4 - len(shape) :], shape, strict=True)):
-            if index_np.shape[1] and (index_np[row].min() < 0 or index_np[row].max() >= size):
-                raise ValueError(
-                    f"indices row {row} ({name}) must lie in [0, {size}), "
-                    f"got values in [{index_np[row].min()}, {index_np[row].max()}]"
-                )
+            check_index_range(index[row], size, f"indices row {row} ({name})")
         # The entries are kept as given: the kernels add repeated entries up anyway, and a basis
         # built for one product (a graph layer's, every call) should not pay for a sort.  The
         # sorted form is derived on demand and held by ``_derived``.
         self._shape = shape
-        self._indices = as_index(index_np, values)
+        self._indices = as_index(index, values)
         self._values = values
         self._derived = Derived()
 
@@ -287,8 +295,8 @@ class SparseBasis(Basis):
         S = self._layout("each")
         if self.batch is None:
             cols = x.swapaxes(0, 1).reshape(M, B * C)
-            return _batch_first(S @ cols, K, N, B, C)
-        return (S @ x.reshape(B * M, C)).reshape(B, K, N, C)
+            return _batch_first(S.times(cols), K, N, B, C)
+        return S.times(x.reshape(B * M, C)).reshape(B, K, N, C)
 
     def apply_members(self, s: Array, *, reduce: bool) -> Array:
         B, K, M, C = s.shape
@@ -296,11 +304,11 @@ class SparseBasis(Basis):
         S = self._layout("reduce" if reduce else "members")
         if self.batch is None:
             cols = s.swapaxes(0, 1).swapaxes(1, 2).reshape(K * M, B * C)  # (K, M, B, C)
-            out = S @ cols
+            out = S.times(cols)
             if reduce:
                 return out.reshape(N, B, C).swapaxes(0, 1)
             return _batch_first(out, K, N, B, C)
-        out = S @ s.reshape(B * K * M, C)
+        out = S.times(s.reshape(B * K * M, C))
         return out.reshape(B, N, C) if reduce else out.reshape(B, K, N, C)
 
     def apply_combined(self, x: Array, theta: Array) -> Array:
@@ -321,7 +329,7 @@ class SparseBasis(Basis):
         pairs, inverse = namespace(pair).unique_inverse(pair)
         E = int(pairs.shape[0])
         coef = sparse_matrix(inverse, idx[-3], self._values, (E, K))
-        phi = (coef @ theta.reshape(K, P * Q)).reshape(E, P, Q)
+        phi = coef.times(theta.reshape(K, P * Q)).reshape(E, P, Q)
         n_e = pairs % N
         m_e = (pairs // N) % M
         # The pairs are scattered by a sparse product with unit weights (as fast as a scatter-add
@@ -331,9 +339,9 @@ class SparseBasis(Basis):
         if batched:
             b_e = pairs // (N * M)
             z = einsum("ep,epq->eq", x[b_e, m_e], phi)
-            return (sparse_matrix(b_e * N + n_e, pair_ids, ones, (B * N, E)) @ z).reshape(B, N, Q)
+            return sparse_matrix(b_e * N + n_e, pair_ids, ones, (B * N, E)).times(z).reshape(B, N, Q)
         z = einsum("bep,epq->ebq", of(x).take(x, m_e, 1), phi).reshape(E, B * Q)
-        return (sparse_matrix(n_e, pair_ids, ones, (N, E)) @ z).reshape(N, B, Q).swapaxes(0, 1)
+        return sparse_matrix(n_e, pair_ids, ones, (N, E)).times(z).reshape(N, B, Q).swapaxes(0, 1)
 
     def _per_instance(self, batch: int) -> int:
         return 1 if self.batch is not None else batch

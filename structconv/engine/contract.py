@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..backend import Array, device_of, of
+from ..backend import Array, device_of, load, of
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import Parameter
@@ -45,12 +45,20 @@ def _plan(basis: Basis, x: Array, prm: Param, order: str) -> tuple[Plan, Order]:
     if not isinstance(order, str):
         raise TypeError(f"order must be a string such as 'auto' or 'ax', got {type(order).__name__}: {order!r}")
     B = int(x.shape[0])
-    key = (basis.plan_key(), B, prm.kind, prm.P, prm.Q, prm.R, order)
+    traced = load(basis.backend).traced()  # x may be a shape (a compiled contraction plans before it runs)
+    key = (basis.plan_key(), B, prm.kind, prm.P, prm.Q, prm.R, order, traced)
     cached = PLANS.get(key)
     if cached is not None:
         return cached
     dense = isinstance(basis, DenseBasis)
     orders = orders_for(prm.kind, basis, dense)
+    if traced:  # torch.compile: the orders that read the basis on the host cannot be traced
+        if order in basis.host_orders:
+            raise ValueError(
+                f"order={order!r} reads the {basis.representation} basis' entries on the host, which torch.compile "
+                "cannot trace; pass order='auto' or another order"
+            )
+        orders = tuple(o for o in orders if o.name not in basis.host_orders)
     valid = tuple(o.name for o in orders)
     if order != "auto" and order not in valid:
         raise ValueError(
@@ -64,7 +72,9 @@ def _plan(basis: Basis, x: Array, prm: Param, order: str) -> tuple[Plan, Order]:
     for o in orders:
         cost = o.cost(basis, B, prm)
         candidates.append(Candidate(o.name, cost.flops, cost.memory, cost.irregular))
-    chosen = order if order != "auto" else min(candidates, key=lambda c: c.score).order
+    # The first cheapest, as min(key=) would pick it (which torch.compile cannot trace without a break).
+    scores = [c.score for c in candidates]
+    chosen = order if order != "auto" else candidates[scores.index(min(scores))].order
     equation = orders[0].equation if isinstance(orders[0], DenseOrder) else ""
     plan = Plan(basis.representation, sizes, prm.kind, tuple(candidates), chosen, order, equation)
     entry = (plan, orders[valid.index(chosen)])
@@ -87,7 +97,7 @@ def _check_memory(plan: Plan, x: Array) -> None:
     if capacity is None:  # asked once per device: torch.compile traces a dictionary lookup, not a system call
         capacity = _CAPACITY[device] = of(x).memory_capacity(x)
     if need > capacity:
-        best = min(plan.candidates, key=lambda c: c.memory)
+        best = sorted(plan.candidates, key=lambda c: c.memory)[0]  # sorted(key=) traces; min(key=) does not
         raise ValueError(
             f"order={plan.chosen!r} would write {need / 2**30:.3g} GiB of intermediates on {device_of(x)}, "
             f"which has {capacity / 2**30:.3g} GiB; order {best.order!r} needs "

@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from functools import lru_cache
 
-import opt_einsum
-
-from ..backend import Array, einsum, of, x_theta
+from ..backend import Array, einsum, einsum_path, of, x_theta
 from ..bases.base import Basis, Cost, OwnOrder
 from ..bases.conv_weight import conv_weight_full
 from .operands import Param, Shaped
@@ -339,10 +336,9 @@ def dense_equation(batched: bool, kind: str) -> str:
     return f"{'bkmn' if batched else 'kmn'},bmp,{_PARAM_SUBSCRIPTS[kind]}->bnq"
 
 
-@lru_cache(maxsize=4096)
 def _path_cost(eq: str, shapes: tuple[tuple[int, ...], ...], path: tuple[tuple[int, ...], ...]) -> Cost:
-    _, info = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=[tuple(p) for p in path])
-    return Cost(float(info.opt_cost), float(sum(info.size_list)))
+    _, flops, memory = einsum_path(eq, shapes, path)
+    return Cost(flops, memory)
 
 
 class DenseOrder(Order):

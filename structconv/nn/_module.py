@@ -1,20 +1,25 @@
 """What every layer of :mod:`structconv.nn` shares as a module: a clear refusal of TorchScript, compiled runs.
 
 A layer builds its basis in Python on every call (graph readers, plans, caches), which the
-TorchScript front end cannot compile; ``torch.compile`` traces all of it.  ``torch.jit.script``
-calls ``__prepare_scriptable__`` on a module, and on each of its submodules, before it reads
-any source, so raising there replaces a cascade of front-end errors with one sentence.
+TorchScript front end cannot compile and ``torch.jit.trace`` would freeze for the traced input;
+``torch.compile`` traces all of it.  ``torch.jit.script`` calls ``__prepare_scriptable__`` on a
+module, and on each of its submodules, before it reads any source, so raising there replaces a
+cascade of front-end errors with one sentence; ``torch.jit.trace`` meets one sentence in
+``forward`` (:func:`refuse_jit_trace`).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 import torch
 
-from ..backend import of
+from ..backend import load, of
 from ..engine.compiled import contraction
+
+load("torch")  # now, not on a layer's first call: torch.compile cannot trace an import
 
 
 def script_refusal(layer: str) -> str:
@@ -23,6 +28,20 @@ def script_refusal(layer: str) -> str:
         f"{layer} does not support torch.jit.script (TorchScript cannot compile the Python that builds its "
         "basis); use torch.compile(layer) instead"
     )
+
+
+def trace_refusal(layer: str) -> str:
+    """The one sentence ``torch.jit.trace`` meets for ``layer`` (a class name)."""
+    return (
+        f"{layer} does not support torch.jit.trace (a trace would freeze the basis and plan its Python builds for "
+        "this one input, and silently reuse them for any other); use torch.compile(layer) instead"
+    )
+
+
+def refuse_jit_trace(layer: object) -> None:
+    """Raise a ``TypeError`` (:func:`trace_refusal`) when ``torch.jit.trace`` runs ``layer`` (first in forward)."""
+    if torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call]  # (torch.compile folds it to False)
+        raise TypeError(trace_refusal(type(layer).__name__))
 
 
 class NotScriptable:
@@ -113,7 +132,8 @@ class CompiledRuns:
         ``conv(basis, x, theta, order) + bias``, with the checks and the plan made on the first
         call for the basis' structure and ``x``'s shape, dtype and device.
         """
-        key = (basis.plan_key(), x.shape, x.dtype, x.device, type(theta), order)
+        # Traced runs plan apart: torch.compile cannot run the orders that read the basis on the host.
+        key = (basis.plan_key(), x.shape, x.dtype, x.device, type(theta), order, torch.compiler.is_compiling())
         run = self.compiled_run(key, lambda: contraction(basis, x, theta, order=order))
         y: torch.Tensor = run.run_keyed(x, theta, bias, basis)  # keyed by all the call would compare
         return y
@@ -130,3 +150,51 @@ class CompiledRuns:
     def __setstate__(self, state: dict[str, Any]) -> None:
         state.setdefault("_runs", {})  # pickles from before compiled runs
         super().__setstate__(state)  # type: ignore[misc]
+
+
+#: The layers that build their structure eagerly when torch.compile first meets an input shape, by id.
+_EAGER_LAYERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_RUNNING_EAGERLY: set[int] = set()
+
+
+@torch.compiler.assume_constant_result  # type: ignore[untyped-decorator]
+def _run_eagerly(layer_id: int, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> bool:
+    """Run the layer once, eagerly, on zeros of this shape: it fills its caches of structure outside the graph.
+
+    ``torch.compile`` calls a function marked ``assume_constant_result`` while it traces, as plain
+    Python, with constant arguments, and keeps its result as a constant; the traced forward that
+    follows finds the caches filled.  The random state is forked, so tracing draws no numbers.
+    """
+    layer = _EAGER_LAYERS[layer_id]
+    place = torch.device(device)
+    _RUNNING_EAGERLY.add(layer_id)  # torch.compiler.is_compiling() stays true in here
+    try:
+        with torch.random.fork_rng(devices=[] if place.type == "cpu" else [place.index or 0], device_type=place.type):
+            layer(torch.zeros(shape, dtype=dtype, device=place))
+    finally:
+        _RUNNING_EAGERLY.discard(layer_id)
+    return True
+
+
+class StructureOutsideGraph:
+    """A layer whose structure for an input shape (NumPy index tables, plans) is built eagerly, never traced.
+
+    Put it before ``nn.Module`` among the bases and call :meth:`prepare_outside_graph` first in
+    ``forward``.  Eagerly it does nothing (the forward fills its caches as it goes).  Under
+    ``torch.compile`` the first trace of an input shape runs the layer once in plain Python on
+    zeros of that shape, so the traced forward only reads cached structure and is one graph
+    (``fullgraph=True`` holds) for a shape the layer has never seen eagerly.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _EAGER_LAYERS[id(self)] = self
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # copies and unpickled layers are new objects
+        super().__setstate__(state)  # type: ignore[misc]
+        _EAGER_LAYERS[id(self)] = self
+
+    def prepare_outside_graph(self, x: torch.Tensor) -> None:
+        """Under ``torch.compile``, build the structure for ``x``'s shape, dtype and device eagerly (see the class)."""
+        if torch.compiler.is_compiling() and id(self) not in _RUNNING_EAGERLY:
+            _run_eagerly(id(self), tuple(x.shape), x.dtype, str(x.device))

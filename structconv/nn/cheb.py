@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..backend import of
 from ..backend.checks import positive_int
 from ..bases.base import Basis
 from ..structures.graph import PolynomialBasis, _largest_eigenvalue, laplacian
@@ -150,11 +151,11 @@ class ChebConv(_GraphLayer):
         lam: Any = lambda_max if lambda_max is not None else self.lambda_max
         if lam is None:
             lam = 2.0 * w.max()  # PyG's default (differentiable, as PyG's)
-            if float(lam.detach()) <= 0:
-                raise ValueError(
-                    "ChebConv: the default lambda_max, twice the largest entry of L, is 0 (normalization=None "
-                    "on a graph without edges); pass lambda_max"
-                )
+            of(lam).check_all(
+                lam.detach() > 0,
+                "ChebConv: the default lambda_max, twice the largest entry of L, is 0 (normalization=None "
+                "on a graph without edges); pass lambda_max",
+            )
         elif isinstance(lam, str):
             lam = torch.tensor(_largest_eigenvalue(lap), dtype=w.dtype, device=w.device)
         else:
@@ -167,11 +168,17 @@ class ChebConv(_GraphLayer):
                         f"of each node, of shape ({N},)"
                     )
                 lam = lam.reshape(-1).index_select(0, batch.long().index_select(0, lap.src))
-            elif lam.numel() == 0 or float(lam.reshape(-1)[0]) <= 0:
+            elif lam.numel() == 0:
+                raise ValueError(f"ChebConv: lambda_max must be positive, got {lambda_max!r}")
+            elif torch.compiler.is_compiling():  # checked in the graph, not read back
+                of(lam).check_all(lam > 0, "ChebConv: lambda_max must be positive")
+            elif float(lam.reshape(-1)[0]) <= 0:
                 raise ValueError(f"ChebConv: lambda_max must be positive, got {lambda_max!r}")
         scaled = (2.0 * w) / lam
         scaled = scaled.masked_fill(scaled == math.inf, 0.0)
-        scaled = scaled - (lap.src == lap.dst).to(scaled.dtype)
+        # L's diagonal is its last N entries (laplacian); a compiled run keeps the input's loops, at weight 0.
+        N = lap.num_nodes
+        scaled = torch.cat([scaled[:-N], scaled[-N:] - 1.0])
         edges = lap.with_edges(lap.src, lap.dst, scaled)
         return PolynomialBasis(edges.to_basis(), range(self.K), "chebyshev")
 

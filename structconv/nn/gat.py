@@ -15,7 +15,7 @@ from ..bases.base import Basis
 from ..bases.factor import LowRank
 from ..bases.softmax_edges import Projected, SoftmaxEdgeBasis, head_placement
 from ..structures.graph import Edges, as_edges, host_like, is_matrix_graph
-from ._module import CompiledRuns
+from ._module import CompiledRuns, refuse_jit_trace
 from .gat_edges import attention_matrix, loop_features, sorted_edges, stored_entries
 from .graph_common import _check_device, _check_empty, _features, _pair, glorot_
 from .pyg_state import PyGKey, PyGState, heads_key, linear_key
@@ -218,7 +218,13 @@ class GATConv(CompiledRuns, PyGState):
             attr = attr.to(like.dtype)
         if self.add_self_loops:
             keep = edges.src != edges.dst
-            edges = edges.with_edges(edges.src[keep], edges.dst[keep], edges.weight[keep])
+            if torch.compiler.is_compiling():
+                # Compiled, the edge count stays what it was (no data-dependent shape): an existing
+                # loop keeps its place with weight 0, and _attention masks it out of the softmax.
+                edges = edges.with_edges(edges.src, edges.dst, keep.to(edges.weight.dtype))
+            else:
+                edges = edges.with_edges(edges.src[keep], edges.dst[keep], edges.weight[keep])
+                attr = None if attr is None else attr[keep]
             loops = min(N_src, N_dst)
             nodes = torch.arange(loops, device=edges.src.device)
             if attr is not None:
@@ -227,13 +233,14 @@ class GATConv(CompiledRuns, PyGState):
                         f"GATConv: x is on the meta device: fill_value={self.fill_value!r} reduces edge_attr over each "
                         "target's edges, read where the graph's values are; pass a number or tensor as fill_value"
                     )
-                attr = attr[keep]
                 attr = torch.cat([attr, loop_features(edges, attr, loops, self.fill_value).to(attr.dtype)])
             src, dst = torch.cat([edges.src, nodes]), torch.cat([edges.dst, nodes])
+            weight = torch.cat([edges.weight, edges.weight.new_ones(loops)])
             if matrix:  # PyG rebuilds a sparse adj_t with its loops, coalesced (edge features are refused)
                 by_source = isinstance(edge_index, torch.Tensor) and edge_index.layout == torch.sparse_csc
                 src, dst = sorted_edges(src, dst, N_src, N_dst, by_source)
-            edges = edges.with_edges(src, dst, edges.weight.new_ones(int(src.shape[0])))
+                weight = weight.new_ones(int(src.shape[0]))
+            edges = edges.with_edges(src, dst, weight)
         if host is not like:
             edges = edges.with_edges(*(t.to(like.device) for t in (edges.src, edges.dst, edges.weight)))
         return edges, attr
@@ -359,6 +366,8 @@ class GATConv(CompiledRuns, PyGState):
         if attr is not None and self.weight_edge is not None and self.att_edge is not None and len(logits):
             logits = logits + ((attr @ self.weight_edge).view(-1, H, D) * self.att_edge).sum(-1)
         logits = F.leaky_relu(logits, self.negative_slope)
+        if self.add_self_loops and torch.compiler.is_compiling():  # the dropped loops of _graph, kept in place
+            logits = logits.masked_fill(edges.weight[:, None] == 0, float("-inf"))
         return _Scored(edges.src, edges.dst, logits, x3, theta, rows, x_dst, N_dst)
 
     def forward(
@@ -389,6 +398,7 @@ class GATConv(CompiledRuns, PyGState):
         ``add_self_loops`` the loops take their sorted places (PyG rebuilds the tensor coalesced).
         A ``scipy.sparse`` or dense adjacency gives a coalesced COO tensor.
         """
+        refuse_jit_trace(self)
         scored = self._attention(x, edge_index, edge_attr, size, self.parameter())
         x3, theta, N_src, N_dst = scored.x, scored.theta, int(scored.x.shape[1]), scored.N_dst
         basis = self._basis(scored, reuse=True)

@@ -13,20 +13,25 @@ from ..structures.graph import Edges
 
 
 def loop_features(edges: Edges, attr: torch.Tensor, loops: int, fill: float | torch.Tensor | str) -> torch.Tensor:
-    """The edge features ``attr`` of the ``loops`` self-loops GAT adds, from its ``fill_value`` (as PyG's)."""
+    """The edge features ``attr`` of the ``loops`` self-loops GAT adds, from its ``fill_value`` (as PyG's).
+
+    A reduction reads the edges of weight 1 into the looped nodes; the others (targets beyond
+    them in a bipartite graph, a compiled run's dropped loops) go to a spare row, so that no
+    shape depends on the edges' values.
+    """
     C = attr.shape[1]
     if isinstance(fill, str):
-        inside = edges.dst < loops  # targets beyond the looped nodes (bipartite) do not count
-        dst, attr = edges.dst[inside], attr[inside]
-        index = dst[:, None].expand(-1, C)
+        inside = (edges.dst < loops) & (edges.weight != 0)
+        slot = torch.where(inside, edges.dst, loops)
         if fill in ("add", "sum", "mean"):
-            total = attr.new_zeros(loops, C).index_add(0, dst, attr)
+            total = attr.new_zeros(loops + 1, C).index_add(0, slot, attr)[:loops]
             if fill != "mean":
                 return total
-            count = attr.new_zeros(loops).index_add(0, dst, attr.new_ones(dst.shape[0]))
+            count = attr.new_zeros(loops + 1).index_add(0, slot, attr.new_ones(slot.shape[0]))[:loops]
             return total / count.clamp(min=1)[:, None]
         reduce = "amax" if fill == "max" else "amin"
-        return attr.new_zeros(loops, C).scatter_reduce(0, index, attr, reduce, include_self=False)
+        spread = slot[:, None].expand(-1, C)
+        return attr.new_zeros(loops + 1, C).scatter_reduce(0, spread, attr, reduce, include_self=False)[:loops]
     value = torch.as_tensor(fill, dtype=attr.dtype, device=attr.device)
     return value.expand(loops, C) if value.ndim <= 1 else value
 

@@ -35,7 +35,7 @@ from ..backend.checks import positive_int
 from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..structures.graph import Edges, as_edges, host_like, is_matrix_graph
-from ._module import CompiledRuns
+from ._module import CompiledRuns, refuse_jit_trace
 from .pyg_state import PyGKey, PyGState, member_keys
 
 FLOWS = ("source_to_target", "target_to_source")
@@ -164,6 +164,7 @@ class _GraphLayer(CompiledRuns, PyGState):
         return _check_basis(basis, x, name)
 
     def _run(self, x: Any, edge_index: Any, edge_weight: torch.Tensor | None, **extra: Any) -> torch.Tensor:
+        refuse_jit_trace(self)
         name = type(self).__name__
         x = _features(x, self.in_channels, name)
         _check_device(x, self.theta, name)

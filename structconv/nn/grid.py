@@ -39,7 +39,7 @@ from ..engine.compiled import Contraction, contraction
 from ..structures.grid import Padding, _padding, grid_basis
 from ._grid_common import BasisCache, grid_and_like, own_init, split_input
 from ._grid_docs import conv_doc
-from ._module import CompiledRuns, NotScriptable, own_parameter
+from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, own_parameter, refuse_jit_trace
 
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "zero", "replicate": "zero"}
 _FRAMED = ("reflect", "replicate")  # framed explicitly by F.pad, then a basis with no padding
@@ -67,7 +67,7 @@ class _Entry:
         self.pads = pads  # F.pad's argument for a framed padding mode (the basis is on the padded grid)
 
 
-class _GridConvNd(CompiledRuns, NotScriptable, nn.Module):
+class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module):
     _ndim = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -200,6 +200,8 @@ class _GridConvNd(CompiledRuns, NotScriptable, nn.Module):
         ``torch.nn.Conv{d}d``'s does.  An empty batch (``B = 0``) returns torch's empty output
         from the native kernel: the engine refuses empty arrays and there is nothing to contract.
         """
+        refuse_jit_trace(self)
+        self.prepare_outside_graph(x)
         weight = own_parameter(self, "weight")
         # Everything the compiled call would compare: it runs keyed (Contraction.run_keyed).
         key = (x.shape, x.dtype, x.device, weight.dtype, weight.device)

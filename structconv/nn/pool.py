@@ -21,12 +21,12 @@ from ..bases.grid import GridBasis, Size, _ints
 from ..structures.grid import Padding, apply_shifts, avg_pool_basis
 from ._grid_common import BasisCache, grid_and_like, own_init, split_input
 from ._grid_docs import pool_doc
-from ._module import NotScriptable
+from ._module import NotScriptable, StructureOutsideGraph, refuse_jit_trace
 
 _ORDERS = ("auto", "native", "shift")  # apply_shifts'
 
 
-class _AvgPoolNd(NotScriptable, nn.Module):
+class _AvgPoolNd(StructureOutsideGraph, NotScriptable, nn.Module):
     _ndim = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -100,6 +100,8 @@ class _AvgPoolNd(NotScriptable, nn.Module):
         A pooling layer has :math:`\\Theta = I` per channel, so it evaluates :math:`A^\\top x`
         (:func:`structconv.apply_shifts`) instead of spending a GEMM on the identity.
         """
+        refuse_jit_trace(self)
+        self.prepare_outside_graph(x)
         name = type(self).__name__
         xb, unbatched = split_input(x, self._ndim, None, name)
         if self._ndim == 3 and xb.dtype == torch.float16 and xb.device.type == "cpu":

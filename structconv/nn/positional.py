@@ -24,7 +24,7 @@ from ..structures.attention import AttentionBasis, Mechanism, attention_basis
 from ..structures.grid import BOUNDARIES
 from ..structures.positional import PositionalMechanism, inner_positions
 from ..structures.relative import check_host_memory
-from ._module import CompiledRuns, NotScriptable
+from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, refuse_jit_trace
 from .positional_base import optional_positive_int
 from .positional_content import ContentHeads
 from .positional_heads import PositionalHeads, QuadraticHeads, heads_of
@@ -85,7 +85,7 @@ def _local_size(window: Window) -> int:
     return K * math.prod([a.blocks * a.block * a.span for a in window.axes])
 
 
-class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
+class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module):
     r"""Multi-head self-attention over the positions of a grid, its heads given by relative-position encodings.
 
     Basis: the heads' attention matrices :math:`A_h` over the :math:`M` grid positions, ``(K, M, M)``
@@ -504,8 +504,12 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
         if isinstance(mech, PositionalMechanism):
             # Shared by the batch and cheap: built in the parameters' precision even under autocast
             # (bf16 scores would blur the Gaussians); the engine converts the finished weights.
+            # The thresholded and windowed forms take their structure from the heads' values (a host
+            # read): compiled, the layer runs the exact heads, one graph for any parameters.
+            traced = torch.compiler.is_compiling()
+            threshold, banded = (None, False) if traced else (self.threshold, self._banded())
             with autocast_off(self.theta_device().type):
-                return mech.basis(self.threshold, padding=self.padding, banded=self._banded())
+                return mech.basis(threshold, padding=self.padding, banded=banded)
         if x is None:
             raise ValueError(f"{type(self).__name__}: content attention needs x to build its heads")
         return inner_positions(attention_basis(self._padded(self._flat(x)), mechanism=mech), self.tokens, self.padding)
@@ -567,6 +571,8 @@ class PositionalAttention(CompiledRuns, NotScriptable, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attend over the grid positions of ``x``."""
+        refuse_jit_trace(self)
+        self.prepare_outside_graph(x)
         flat = self._flat(x)
         check_input_dtype(flat, self.theta if self.head_dim is None else self.value, type(self).__name__)
         built = self.basis(flat)

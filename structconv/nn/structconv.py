@@ -12,7 +12,7 @@ from torch import nn
 from ..backend.checks import check_backend, positive_int
 from ..bases.base import Basis
 from ..bases.convert import as_basis
-from ._module import CompiledRuns, NotScriptable
+from ._module import CompiledRuns, NotScriptable, refuse_jit_trace
 
 
 class StructConv(CompiledRuns, NotScriptable, nn.Module):
@@ -134,6 +134,7 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer to ``x`` of shape ``(B, M, P)`` or ``(M, P)``."""
+        refuse_jit_trace(self)
         return self.contract(self.basis(x), x, self.parameter(), bias=self.bias, order=self.order)
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> StructConv:

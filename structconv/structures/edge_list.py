@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import REGISTRY, Array, device_of, find, is_integer_array, namespace, of, shape_str
-from ..backend.checks import check_finite, check_readable, positive_int
+from ..backend.checks import check_finite, check_index_range, check_readable, positive_int
 from ..bases.sparse import MAX_ENTRIES, SparseBasis
 
 
@@ -277,7 +277,17 @@ def _reference(*arrays: Any) -> Array:
     """
     present = [a for a in arrays if find(a) is not None]
     names = list(REGISTRY)
-    return max(present, key=lambda a: names.index(of(a).name))
+    ranks = [names.index(of(a).name) for a in present]
+    return present[ranks.index(max(ranks))]  # the first of the latest backend (max(key=) breaks torch.compile's graph)
+
+
+def _check_traced(index: Array, num_nodes: int, num_targets: int | None) -> None:
+    """The node-number checks of :func:`_from_edge_index` as assertions in a compiled graph."""
+    if num_targets is None:
+        check_index_range(index.reshape(-1), num_nodes, f"edge_index's node numbers (num_nodes={num_nodes})")
+        return
+    check_index_range(index[0], num_nodes, "edge_index's source nodes")
+    check_index_range(index[1], num_targets, "edge_index's target nodes")
 
 
 def _from_edge_index(
@@ -293,14 +303,21 @@ def _from_edge_index(
     if not is_integer_array(index):
         raise TypeError(f"edge_index must hold integers, got dtype {index.dtype}")
     E = int(index.shape[1])
-    lo = int(index.min()) if E else 0
-    hi = int(index.max()) if E else -1
-    if lo < 0:
-        raise ValueError(f"edge_index must hold node numbers >= 0, got {lo}")
-    if num_nodes is None:
-        if not E:
-            raise ValueError("num_nodes must be given for a graph without edges")
-        num_nodes = _inferred_nodes(hi, E)
+    traced = of(index).traced()
+    if traced:  # compiled: the node numbers are checked inside the graph (_check_traced), never read back
+        if num_nodes is None:
+            raise ValueError(
+                "num_nodes must be given for an edge_index under torch.compile (inferring it reads the node numbers)"
+            )
+    else:
+        lo = int(index.min()) if E else 0
+        hi = int(index.max()) if E else -1
+        if lo < 0:
+            raise ValueError(f"edge_index must hold node numbers >= 0, got {lo}")
+        if num_nodes is None:
+            if not E:
+                raise ValueError("num_nodes must be given for a graph without edges")
+            num_nodes = _inferred_nodes(hi, E)
     num_nodes = positive_int(num_nodes, "num_nodes")
     if num_targets is not None and (
         isinstance(num_targets, bool) or not isinstance(num_targets, int | np.integer) or num_targets < 0
@@ -312,7 +329,9 @@ def _from_edge_index(
             f"num_nodes={num_nodes} is too large: an adjacency of {num_nodes} x {targets} nodes has more entries "
             f"than int64 can number ({MAX_ENTRIES})"
         )
-    if num_targets is None:
+    if traced:
+        _check_traced(index, num_nodes, num_targets)
+    elif num_targets is None:
         if hi >= num_nodes:
             raise ValueError(f"edge_index refers to node {hi} but num_nodes={num_nodes} (nodes are 0..{num_nodes - 1})")
     else:

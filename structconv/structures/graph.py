@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import Array, as_index, concatenate, device_of, find, is_integer_array, namespace, of, to_numpy
+from ..backend.checks import check_index_range
 from ..bases.base import Basis
 from ..bases.polynomial import PolynomialBasis
 from ..bases.sparse import SparseBasis
@@ -92,12 +93,13 @@ def gcn_edges(
             edges = _add_loops(edges, fill=fill)
         else:
             if improved and not weighted:
-                warnings.warn(
-                    "improved=True on an edge_index without edge_weight adds self-loops of weight 1, as PyG's "
-                    "gcn_norm does; pass edge_weight (e.g. ones) for the improved GCN's loops of weight 2",
-                    UserWarning,
-                    stacklevel=3,
-                )
+                if not of(edges.weight).traced():  # torch.compile cannot trace a warning: eager calls give it
+                    warnings.warn(
+                        "improved=True on an edge_index without edge_weight adds self-loops of weight 1, as PyG's "
+                        "gcn_norm does; pass edge_weight (e.g. ones) for the improved GCN's loops of weight 2",
+                        UserWarning,
+                        stacklevel=3,
+                    )
                 fill = 1.0
             edges = add_remaining_self_loops(edges, fill=fill)
     return gcn_normalize(edges, add_self_loops=False) if normalize else edges
@@ -303,10 +305,7 @@ def relational_basis(
             "edge_type; pass num_relations=R"
         )
     R = int(edge_type.max()) + 1 if num_relations is None else int(num_relations)
-    if E and (int(edge_type.min()) < 0 or int(edge_type.max()) >= R):
-        raise ValueError(
-            f"edge_type must lie in [0, num_relations={R}), got [{int(edge_type.min())}, {int(edge_type.max())}]"
-        )
+    check_index_range(edge_type, R, "edge_type", "num_relations")
     N, T = edges.num_nodes, edges.targets
     if (walks or root) and edges.num_targets is not None:
         raise ValueError("walks and root need a square graph, not a bipartite one (num_targets set)")

@@ -45,11 +45,11 @@ def _check_readable(edges: Edges, what: str) -> None:
 
 def _check_non_negative(edges: Edges, what: str) -> None:
     _check_readable(edges, what)
-    if bool((edges.weight < 0).any()):
-        raise ValueError(
-            f"edge weights (edge_weight, or the entries of a matrix graph) must be non-negative for {what} "
-            "(degrees are square-rooted or inverted)"
-        )
+    of(edges.weight).check_all(
+        edges.weight >= 0,
+        f"edge weights (edge_weight, or the entries of a matrix graph) must be non-negative for {what} "
+        "(degrees are square-rooted or inverted)",
+    )
 
 
 def _inverse(deg: Array, power: float) -> Array:
@@ -87,7 +87,14 @@ def add_remaining_self_loops(edges: Edges, *, fill: float = 1.0) -> Edges:
     src, dst, weight = edges.src, edges.dst, edges.weight
     loop = src == dst
     loop_weight = xp.full((edges.num_nodes,), fill, dtype=weight.dtype, device=weight.device)
-    if bool(loop.any()):  # one host read; a graph without loops (the usual case) is kept whole
+    if backend.traced():
+        # Compiled, the edge count stays what it was (no host read, no data-dependent shape): an
+        # existing loop stays in place with weight 0 and its weight moves to the node's loop; the
+        # edges that are not loops write to a spare slot past the last node.
+        spare = xp.concat([loop_weight, xp.zeros((1,), dtype=weight.dtype, device=weight.device)])
+        spare[xp.where(loop, src, edges.num_nodes)] = weight
+        loop_weight, weight = spare[: edges.num_nodes], xp.where(loop, xp.zeros_like(weight), weight)
+    elif bool(loop.any()):  # one host read; a graph without loops (the usual case) is kept whole
         at, keep = xp.nonzero(loop)[0], xp.nonzero(~loop)[0]  # each mask resolved once, then gathers
         loop_weight[backend.take(src, at, 0)] = backend.take(weight, at, 0)
         src, dst, weight = backend.take(src, keep, 0), backend.take(dst, keep, 0), backend.take(weight, keep, 0)
@@ -132,7 +139,8 @@ def remove_self_loops(edges: Edges) -> Edges:
     Returns
     -------
     Edges
-        The edges ``m -> n`` with :math:`m \ne n`.
+        The edges ``m -> n`` with :math:`m \ne n` (under ``torch.compile``, every edge, the loops
+        with weight 0: the same operator without a shape that depends on the edges' values).
 
     Raises
     ------
@@ -141,6 +149,10 @@ def remove_self_loops(edges: Edges) -> Edges:
     """
     _check_readable(edges, "removing self-loops")
     keep = edges.src != edges.dst
+    backend = of(edges.weight)
+    if backend.traced():  # compiled: the same edges, the loops' weights 0 (no data-dependent shape)
+        xp = backend.namespace()
+        return edges.with_edges(edges.src, edges.dst, xp.where(keep, edges.weight, xp.zeros_like(edges.weight)))
     return edges.with_edges(edges.src[keep], edges.dst[keep], edges.weight[keep])
 
 

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import types
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..backend import REGISTRY, Array, device_of, find
-from ..backend.interface import Backend
+from ..backend import Array, device_of, find, load
 from ..bases.base import Basis
 from ..bases.factor import Parameter
 from ..bases.sparse import Derived
@@ -31,11 +29,6 @@ from ._values import as_float64, assert_near, dtype_name, max_difference, tolera
 
 _DEPTH = 4  # how deep a basis' attributes are followed (composite bases nest their parts)
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, type, types.ModuleType)
-
-
-def _backend(name: str) -> Backend:
-    backend: Backend = importlib.import_module(REGISTRY[name][1]).BACKEND
-    return backend
 
 
 def random_operands(basis: Basis, *, channels: tuple[int, int] = (3, 2), seed: int = 0) -> tuple[Array, Array]:
@@ -65,7 +58,7 @@ def random_operands(basis: Basis, *, channels: tuple[int, int] = (3, 2), seed: i
     """
     rng = np.random.default_rng(seed)
     P, Q = channels
-    backend = _backend(basis.backend)
+    backend = load(basis.backend)
 
     def placed(a: np.ndarray) -> Array:
         return backend.move(backend.from_numpy(a), device=basis.device, dtype=basis.dtype)

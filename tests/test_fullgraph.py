@@ -98,7 +98,9 @@ def test_compiled_gcn_refuses_a_node_number_out_of_range() -> None:
     ],
     ids=["conv2d-circular", "conv1d-circular-wider-than-grid", "conv2d-reflect", "avgpool2d", "positional-gaussian"],
 )
-def test_compiled_grid_layer_equals_eager_from_its_first_call(make: Callable[[], nn.Module], shape: tuple[int, ...]) -> None:
+def test_compiled_grid_layer_equals_eager_from_its_first_call(
+    make: Callable[[], nn.Module], shape: tuple[int, ...]
+) -> None:
     """A layer whose first call is compiled builds its structure outside the graph (one graph, as eager)."""
     torch.manual_seed(0)
     layer = make()

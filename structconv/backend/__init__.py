@@ -330,7 +330,7 @@ def einsum(eq: str, *operands: Array, path: tuple[tuple[int, ...], ...] | None =
     if len(operands) == 2 and backend.name != "numpy":
         return backend.einsum(eq, *operands)
     shapes = tuple(tuple(int(s) for s in op.shape) for op in operands)
-    if not backend.traced():  # opt_einsum's tensordots: measured 9 % faster than torch's pairwise einsums
+    if not backend.traced():  # eagerly, the expression opt_einsum planned (its tensordots)
         return _expression(eq, shapes, path)(*operands)
     # Compiled: pairwise in opt_einsum's order, each pair through the backend's einsum, which
     # torch.compile traces (opt_einsum's thread-local state and lazy imports break its graph).

@@ -1,9 +1,8 @@
-"""PositionalAttention's encodings as modules: numerics of before, old checkpoints, options, representation."""
+"""PositionalAttention's encodings as modules: a seed gives the recorded numerics, options, representation."""
 
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ import torch
 from structconv import nn as snn
 from structconv.experiments.cifar.models import build_model
 from structconv.nn import ContentHeads, GaussianHeads, LearnedHeads, PositionalAttention, QuadraticHeads
-from structconv.nn.positional import upgrade_state_dict
 
 D64 = torch.float64
 
@@ -208,92 +206,6 @@ def _old_order(keys: list[str]) -> list[str]:
         last = max(i for i, k in enumerate(rest) if k.startswith(prefix))
         order = rest[: last + 1] + tables + rest[last + 1 :]
     return order
-
-
-# --- checkpoints of before -------------------------------------------------------------------------
-#: A layer's state dict as it was, by configuration (of CONFIGS): the flat names and their shapes.
-OLD_STATE: dict[str, dict[str, tuple[int, ...]]] = {
-    "quadratic": {"theta": (2, 4, 4), "bias": (4,), "centres": (2, 2), "log_alpha": (2,)},
-    "quadratic-spread": {"theta": (2, 4, 4), "bias": (4,), "centres": (2, 2), "spread": (2,)},
-    "gaussian": {"theta": (2, 4, 4), "bias": (4,), "centres": (2, 2), "inv_sqrt_cov": (2, 2, 2)},
-    "learned-dim": {"theta": (2, 4, 4), "bias": (4,), "weight": (2, 6), "tables.0": (5, 3), "tables.1": (7, 3)},
-    "learned-relative": {
-        "theta": (2, 4, 4),
-        "bias": (4,),
-        "rel_key": (2, 4, 2),
-        "u": (2, 2),
-        "v": (2, 2),
-        "key": (2, 4, 2),
-        "query": (2, 4, 2),
-        "tables.0": (5, 2),
-        "tables.1": (7, 2),
-    },
-    "learned-content": {
-        "theta": (2, 4, 4),
-        "bias": (4,),
-        "weight": (2, 4),
-        "key": (2, 4, 3),
-        "query": (2, 4, 3),
-        "key_bias": (2, 3),
-        "query_bias": (2, 3),
-        "tables.0": (5, 2),
-        "tables.1": (7, 2),
-    },
-    "quadratic-content": {
-        "value": (2, 4, 3),
-        "out": (2, 4, 3),
-        "bias": (4,),
-        "centres": (2, 2),
-        "log_alpha": (2,),
-        "key": (2, 4, 2),
-        "query": (2, 4, 2),
-    },
-}
-
-
-def _old_state(name: str, prefix: str = "") -> OrderedDict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(5)
-    return OrderedDict((prefix + k, torch.randn(shape, generator=g)) for k, shape in OLD_STATE[name].items())
-
-
-@pytest.mark.parametrize("name", sorted(OLD_STATE))
-def test_a_state_dict_of_before_loads_under_the_names_of_now(name: str) -> None:
-    old = _old_state(name)
-    layer = PositionalAttention((3, 4), 4, 2, **CONFIGS[name])
-    assert sorted(layer.state_dict()) == sorted(OLD_TO_NEW.get(k, k) for k in old)
-    result = layer.load_state_dict(old)
-    assert not result.missing_keys and not result.unexpected_keys
-    now = layer.state_dict()
-    for key, value in old.items():
-        assert torch.equal(now[OLD_TO_NEW.get(key, key)], value), key
-    # inside a model too, where the layer's entries have a prefix
-    model = torch.nn.Sequential(torch.nn.Identity(), PositionalAttention((3, 4), 4, 2, **CONFIGS[name]))
-    model.load_state_dict(_old_state(name, "1."))
-    for key, value in old.items():
-        assert torch.equal(model.state_dict()["1." + OLD_TO_NEW.get(key, key)], value), key
-
-
-def test_an_entry_missing_from_a_state_dict_of_before_is_still_reported_under_its_name_now() -> None:
-    old = _old_state("quadratic")
-    del old["centres"]
-    with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "heads.centres"'):
-        PositionalAttention((3, 4), 4, 2).load_state_dict(old)
-    result = PositionalAttention((3, 4), 4, 2).load_state_dict(
-        {**_old_state("quadratic"), "spread": torch.ones(2)}, strict=False
-    )
-    assert result.unexpected_keys == ["heads.spread"]  # quadratic heads with exp widths have no spread
-
-
-def test_upgrade_state_dict_renames_in_place_of_order_and_keeps_the_metadata() -> None:
-    model = torch.nn.Sequential(PositionalAttention((3, 4), 4, 2, **CONFIGS["learned-content"]), torch.nn.Linear(4, 4))
-    old = _old_state("learned-content", "0.")
-    old["1.weight"], old["1.bias"] = torch.zeros(4, 4), torch.zeros(4)
-    old._metadata = {"0": {"version": 1}}  # type: ignore[attr-defined]
-    new = upgrade_state_dict(old, model)
-    assert list(new) == ["0." + OLD_TO_NEW.get(k, k) for k in OLD_STATE["learned-content"]] + ["1.weight", "1.bias"]
-    assert new._metadata == {"0": {"version": 1}}  # type: ignore[attr-defined]
-    assert all(new[k] is v for k, v in zip(new, old.values(), strict=True))
-    assert upgrade_state_dict(model.state_dict(), model).keys() == model.state_dict().keys()  # names of now: kept
 
 
 # --- the encodings -------------------------------------------------------------------------------

@@ -3,9 +3,7 @@ r"""Relative-position multi-head self-attention on a grid: the layer of Cordonni
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,49 +27,7 @@ from .positional_base import optional_positive_int
 from .positional_content import ContentHeads
 from .positional_heads import PositionalHeads, QuadraticHeads, heads_of
 
-__all__ = ["PositionalAttention", "legacy_key", "upgrade_state_dict"]
-
-V = TypeVar("V")
-
-#: Where the parameters of the layer's encodings went when they became modules (``heads``,
-#: ``content``): before, the layer held them itself, under these names.
-_LEGACY = {
-    **{k: f"heads.{k}" for k in ("centres", "log_alpha", "spread", "inv_sqrt_cov", "weight", "rel_key", "u", "v")},
-    **{k: f"content.{k}" for k in ("key", "query", "key_bias", "query_bias")},
-}
-
-
-def legacy_key(name: str) -> str | None:
-    """The name now of a layer's former state-dict entry ``name`` (relative to the layer); ``None``: unchanged."""
-    table, dot, index = name.partition(".")
-    if table == "tables" and dot and index.isdigit():
-        return f"heads.tables.{index}"
-    return _LEGACY.get(name)
-
-
-def upgrade_state_dict(state: Mapping[str, V], module: nn.Module) -> dict[str, V]:
-    """``state``, a ``state_dict`` of ``module``, with the entries of every :class:`PositionalAttention` in it renamed.
-
-    Checkpoints written before the encodings were modules hold the layer's encoding parameters
-    under flat names (``centres``, ``tables.0``, ``key``, ...; see :func:`legacy_key`).  The order
-    of ``state`` and its ``_metadata`` (the modules' versions) are kept; an entry already under its
-    new name is left alone.
-    """
-    found = [f"{n}." if n else "" for n, m in module.named_modules() if isinstance(m, PositionalAttention)]
-    prefixes = sorted(found, key=len, reverse=True)  # the innermost layer's names first
-    out: OrderedDict[str, V] = OrderedDict()
-    for key, value in state.items():
-        for prefix in prefixes:
-            new = legacy_key(key[len(prefix) :]) if key.startswith(prefix) else None
-            if new is not None and prefix + new not in state:
-                key = prefix + new
-                break
-        out[key] = value
-    metadata = getattr(state, "_metadata", None)
-    if metadata is not None:  # torch reads each module's version from it (the names of modules are unchanged)
-        out._metadata = metadata  # type: ignore[attr-defined]
-    return out
-
+__all__ = ["PositionalAttention"]
 
 #: Sides from which the layer's heads carry a window without dropout: at width 400 with 9 heads
 #: the planner took the exact per-axis passes through 384x384 tokens and the window from 512x512
@@ -437,26 +393,6 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
     def __repr__(self) -> str:
         # One line: the encodings are shown by extra_repr, so they are not listed again as children.
         return f"{type(self).__name__}({self.extra_repr()})"
-
-    def _load_from_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict[str, Any],
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
-        # torch hands this module the entries under its prefix before its children read theirs:
-        # entries of a checkpoint written before the encodings were modules move to their names now.
-        for key in [k for k in state_dict if k.startswith(prefix)]:
-            new = legacy_key(key[len(prefix) :])
-            if new is not None and prefix + new not in state_dict:
-                state_dict[prefix + new] = state_dict.pop(key)
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
 
     @property
     def tokens(self) -> tuple[int, ...]:

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from ...data.atomic import atomic_write
-from ...nn.positional import upgrade_state_dict
 from .models import SelfAttentionNet, build_model
 from .presets import TrainConfig
 
@@ -204,8 +203,7 @@ def _check_tokens(path: Path, options: dict[str, Any]) -> None:
 def _check_model(path: Path, config: TrainConfig, model: object) -> dict[str, torch.Tensor]:
     """The checkpoint's parameters against those of the model its config asks for, built on ``meta``.
 
-    Returns them under the names of this structconv (a checkpoint written before the attention
-    layers' encodings were modules holds theirs under the layers' flat names), in their order.
+    Returns them as the checkpoint holds them, once their names and shapes are the model's.
     """
     if not isinstance(model, dict) or not all(isinstance(v, torch.Tensor) for v in model.values()):
         raise CheckpointError(f"{path}: 'model' is not a dict of tensors (a model's state_dict)")
@@ -215,7 +213,6 @@ def _check_model(path: Path, config: TrainConfig, model: object) -> dict[str, to
     except (TypeError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{path}: config model_options do not build model {config.model!r}: {err}") from err
     wanted = {k: tuple(v.shape) for k, v in built.state_dict().items()}
-    model = upgrade_state_dict(model, built)
     held = {k: tuple(v.shape) for k, v in model.items()}
     if wanted != held:
         missing = sorted(set(wanted) - set(held))

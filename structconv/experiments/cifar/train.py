@@ -156,29 +156,6 @@ def _optimizer(model: nn.Module, config: TrainConfig, fused: bool = False) -> to
     )
 
 
-def _in_model_order(
-    saved: dict[str, Any], optimizer: torch.optim.Optimizer, model: nn.Module, stored: list[str]
-) -> dict[str, Any]:
-    """``saved``, an optimizer's ``state_dict``, for ``optimizer`` when a checkpoint holds parameters in another order.
-
-    torch numbers the optimizer's per-parameter state by position in its groups.  A checkpoint
-    written before the attention layers' encodings were modules stored those layers' parameters
-    in another order (content before the learned tables); ``stored`` is the checkpoint's order of
-    names, and each state moves to where its parameter is now.
-    """
-    names = {id(p): n for n, p in model.named_parameters()}
-    rank = {n: i for i, n in enumerate(k for k in stored if k in names.values())}
-    now = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
-    then = [sorted(group, key=lambda n: rank[n]) for group in now]
-    if then == now:
-        return saved
-    position = {n: i for i, n in enumerate(n for group in then for n in group)}
-    state = saved["state"]
-    ordered = (n for group in now for n in group)
-    moved = {i: state[position[n]] for i, n in enumerate(ordered) if position[n] in state}
-    return {**saved, "state": moved}
-
-
 def _autocast(config: TrainConfig, device: str) -> contextlib.AbstractContextManager[Any]:
     cuda = device.startswith("cuda")
     if config.precision == "bf16" or (config.precision == "auto" and cuda):
@@ -576,7 +553,7 @@ def train(
         state = load_checkpoint(ckpt, config.as_dict())
         try:
             model.load_state_dict(state["model"])
-            optimizer.load_state_dict(_in_model_order(state["optimizer"], optimizer, model, list(state["model"])))
+            optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as err:
             raise ValueError(f"{ckpt}: parameters do not fit model {config.model!r}: {err}") from err
         first, history = int(state["epoch"]), list(state["history"])

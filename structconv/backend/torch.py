@@ -99,8 +99,7 @@ class TorchBackend(Backend):
         K, _, Q = (int(s) for s in theta.shape)
         # Θ as a column-major (P, K Q) matrix, the layout of nn.Linear's weight: torch's GEMM
         # backward follows the layout of its second operand, so the weight gradient is formed as
-        # (gᵀ x)ᵀ instead of xᵀ g, measured 9 % faster per forward + backward at Cora's
-        # 1433 -> 16 (the copy of Θ is tiny).
+        # (gᵀ x)ᵀ instead of xᵀ g, the faster product for a wide P (the copy of Θ is tiny).
         wide = theta.permute(0, 2, 1).reshape(K * Q, P).contiguous().t()
         return (x.reshape(B * M, P) @ wide).reshape(B, M, K, Q).permute(0, 2, 1, 3)
 
@@ -134,9 +133,8 @@ class TorchBackend(Backend):
         then the :math:`K`-fold intermediate as :math:`(N B, K P)` times :math:`\Theta` as
         :math:`(K P, Q)` in one GEMM.  ``"xtheta"``: :math:`S_k = x\,\Theta_k` in one batched
         GEMM, then :math:`y = [A_1; \dots; A_K]^\top [S_1; \dots; S_K]` in one GEMM over
-        :math:`(k, m)`.  One GEMM per member instead (accumulated in place) was measured 1.5-1.8x
-        slower forward and backward on 2 CPU threads (16x16 tokens, 9 heads, width 400, batch 1
-        and 4): many small products and per-member gradient copies.  The result is the
+        :math:`(k, m)`.  One GEMM per member instead (accumulated in place) is slower: many small
+        products and per-member gradient copies.  The result is the
         ``(B, N, Q)`` view of an ``(N, B, Q)`` array.  A per-instance basis runs
         :func:`_instance_gemms` (x·Θ first only).
         """
@@ -544,10 +542,9 @@ def _instance_gemms(a: Array, x: Array, theta: Array) -> Array:
     :math:`A'_b` the basis of instance :math:`b` read as :math:`(M K, N)`.  That reading is a view
     when the basis is stored in ``(B, M, K, N)`` memory order (as
     :class:`~structconv.nn.PositionalAttention` builds its dropped-out heads) and one copy of the
-    basis otherwise.  Measured on CPU (batch 25, 9 heads, 256 positions, width 400, forward and
-    backward): 554 ms against 663 ms for opt_einsum's ``tensordot`` path, which permutes both the
-    basis and the :math:`K`-fold intermediate.  (A per-head batched GEMM for ``"ax"`` measured
-    slower than opt_einsum, 846 against 623 ms, so that order keeps the einsum path.)
+    basis otherwise, where opt_einsum's ``tensordot`` path permutes both the basis and the
+    :math:`K`-fold intermediate.  (For ``"ax"`` a per-head batched GEMM was slower than
+    opt_einsum, so that order keeps the einsum path.)
     """
     B, K, M, N = (int(s) for s in a.shape)
     P, Q = int(theta.shape[1]), int(theta.shape[2])

@@ -516,7 +516,7 @@ class AttentionBasis(Basis):
 
         Not with additive scores: their kernel's backward returns the gradients of keys, queries
         and values apart, and the backward of three slices of one output would allocate that
-        output's size three times over (measured: 27 % more peak memory at 16x16 tokens, width 400).
+        output's size three times over.
         """
         if self.mask is not None or self._bias is not None or x is not self._x or self._z is not self._x:
             return None

@@ -156,9 +156,9 @@ class KroneckerBasis(Basis):
     # --- the per-axis passes ------------------------------------------------------------------
     # Every product below is one GEMM or one batched GEMM on plain row-major views: rows stay in
     # the order (n_1, B, n_2, ..., n_d) with the members K outermost, so that the passes and their
-    # gradients copy no K-fold intermediate to reorder it between axes (measured on CPU at 16x16
-    # tokens, 9 heads, width 400: such copies took as long as the passes themselves); one copy is
-    # left where the members meet Θ (``_ax`` under autograd, ``_xtheta_factored``, ``_unrows``).
+    # gradients copy no K-fold intermediate to reorder it between axes (such copies cost as much
+    # as the passes themselves); one copy is left where the members meet Θ (``_ax`` under
+    # autograd, ``_xtheta_factored``, ``_unrows``).
     def _sizes(self) -> tuple[list[int], list[int]]:
         return [int(f.shape[1]) for f in self._factors], [int(f.shape[2]) for f in self._factors]
 
@@ -207,10 +207,9 @@ class KroneckerBasis(Basis):
         """A·x first: the passes on ``x`` shared by the members, then one GEMM over ``(k, p)``.
 
         Outside autograd the members go one at a time, each GEMM accumulated into the output:
-        the K-fold intermediate is never written (its passes and reordering copy took as long
-        as the GEMM, measured on CPU at 16x16 tokens, 9 heads, width 400), and each member's
-        intermediate stays in cache.  Under autograd the batched form is kept: per-member
-        slices would each be stacked again into a K-fold gradient.
+        the K-fold intermediate is never written (its passes and reordering copy cost as much
+        as the GEMM), and each member's intermediate stays in cache.  Under autograd the batched
+        form is kept: per-member slices would each be stacked again into a K-fold gradient.
         """
         B, _, P = (int(v) for v in x.shape)
         K, Q = self.K, int(theta.shape[2])

@@ -85,9 +85,8 @@ class Projected:
     :math:`xW` and its backward are about half of a forward and backward pass, so an order that
     computed it again would cost about that much more; computing the logits from :math:`x` with
     the attention vectors folded into :math:`W` instead (:math:`x\,(W_h a_h)`, so that the basis
-    needs no values) was measured 15 % slower on that product alone.  The product by
-    :func:`head_placement` adds a GEMM of :math:`N \times KD \times Q` (about 1.5 % on Cora),
-    which a reshape avoids.
+    needs no values) was slower on that product alone.  The product by :func:`head_placement`
+    adds a GEMM of :math:`N \times KD \times Q`, which a reshape avoids.
 
     Attributes
     ----------

@@ -31,7 +31,7 @@ def block_size(width: int, size: int) -> int:
     """The output block of a band of ``width`` offsets on an axis of ``size``: about the width, 16 at least.
 
     A block of :math:`b` outputs costs :math:`b + w - 1` multiply-adds each; below 16 rows the
-    batched GEMMs run far from peak (measured on CPU), above the width they add zeros.
+    batched GEMMs run far from peak, above the width they add zeros.
     """
     return max(1, min(size, max(16, 8 * math.ceil(width / 8))))
 
@@ -229,9 +229,8 @@ def cost_window(window: Window, batch: int, p: int, q: int, members: int) -> Cos
 
     The passes count as irregular work (:data:`~structconv.engine.plan.SPARSE_FLOP_WEIGHT`):
     their GEMMs have a block's rows on zero-padded, overlapping windows copied for the batched
-    call, and measured on CPU (width 400, 9 heads, 64x64 to 256x256 tokens) they ran several
-    times slower per flop than the GEMM with Θ; the exact per-axis passes, plain GEMMs on views,
-    were faster up to 256x256 tokens although they do 2 to 9 times the flops.
+    call, far from a GEMM's rate per flop (benchmarks/bench_positional_scaling.py measures where
+    the exact per-axis passes, plain GEMMs on views, stop being the cheaper).
     """
     sizes = [a.size for a in window.axes]
     M = math.prod(sizes)

@@ -19,42 +19,21 @@ from .pyg_state import PyGKey, member_keys, same_key
 class GCNConv(_CachedGraphLayer):
     r"""Graph convolution of Kipf & Welling: one member, the GCN-normalised adjacency.
 
-    Basis: the GCN-normalised graph :math:`\hat A = \tilde D^{-1/2}(A + I)\tilde D^{-1/2}`, by
-    :func:`structconv.gcn_basis` (K = 1)
+    Basis: the GCN-normalised graph :math:`\hat A` of :func:`structconv.gcn_basis` (K = 1)
 
     Θ: ``theta``, the one channel map every neighbour shares, a tensor as :meth:`parameter` returns it (K, P, Q)
 
     .. math::
 
         y = \hat A^\top x\,\Theta + \beta,
-        \qquad y_n = \sum_{m} \frac{\tilde a_{mn}}{\sqrt{\tilde d_m \tilde d_n}}\, x_m \Theta + \beta,
+        \qquad \hat A = \tilde D^{-1/2}(A + I)\tilde D^{-1/2},
+        \quad \tilde d_n = \textstyle\sum_m \tilde a_{mn},
 
-    with :math:`\tilde a_{mn}` the weight of the edge :math:`m \to n` in :math:`A + I` (the
-    loops as PyG's ``gcn_norm`` adds them, see below) and :math:`\tilde d_n = \sum_m \tilde a_{mn}`
-    the in-degree of :math:`n`.  Equals PyG's
-    ``GCNConv`` built with the same arguments when ``theta[0]`` is its ``lin.weight`` transposed
-    and ``bias`` its ``bias`` (``load_state_dict`` does both), for every ``improved``,
-    ``add_self_loops``, ``normalize``, ``flow``, edge weights and sparse ``adj_t``
-    (``tests/peers/test_pyg_graph.py``, ``docs/peers/graph.rst``).  The constructor takes PyG's
-    positional arguments in PyG's order with PyG's defaults (``GCNConv(16, 32, True)`` is
-    ``improved=True`` in both); ``flow``, as PyG's keyword, is keyword-only.
-
-    **cached.**  ``cached=True`` keeps the basis of the first graph seen and reuses it, as PyG
-    keeps its normalised adjacency.  Unlike PyG, which silently reuses its cache for any later
-    graph, a later ``edge_index`` of another shape (or a sparse adjacency with another number of
-    entries), another number of nodes, with or without ``edge_weight`` unlike the first, or on
-    another device is refused with a ``ValueError``; :meth:`reset_cache` (or
-    :meth:`reset_parameters`, as in PyG) forgets the cached basis.
-
-    With :math:`K = 1` every neighbour shares one channel map, which is what limits GCN: it can
-    only average its neighbourhood, never tell neighbours apart.  Self-loops and ``improved``
-    follow :func:`structconv.structures.graph.gcn_edges`, the rule of :func:`structconv.gcn_basis`
-    and PyG's ``gcn_norm``.  ``x`` may be sparse (densified) or a static batch ``(B, N, P)``.
-    Glorot weights, zero bias.
-
-    **PyG checkpoints.**  ``load_state_dict`` also reads PyG's ``GCNConv`` entries (``lin.weight``,
-    transposed into ``theta[0]``, and ``bias``); :func:`structconv.nn.pyg_state.pyg_state_dict`
-    gives them back (:mod:`structconv.nn.pyg_state`).
+    with :math:`\tilde a_{mn}` the weight of the edge :math:`m \to n` in :math:`A + I` (self-loops
+    and ``improved`` as PyG's ``gcn_norm``).  A drop-in for PyG's ``GCNConv``: its
+    arguments in its order, ``cached``, its checkpoints (``lin.weight`` is ``theta[0]``
+    transposed); what differs is listed in ``docs/peers/graph.rst``, the derivation is in
+    ``docs/graph.rst``.  Glorot weights, zero bias.
 
     Parameters
     ----------
@@ -65,7 +44,8 @@ class GCNConv(_CachedGraphLayer):
     improved : bool, default False
         Weigh the added self-loops 2 instead of 1 (:math:`A + 2I`), as PyG's ``improved``.
     cached : bool, default False
-        Keep the first graph's basis and reuse it (see **cached** above).
+        Keep the first graph's basis and reuse it; a later graph of another size, node count,
+        weighting or device is refused (PyG reuses silently); :meth:`reset_cache` forgets it.
     add_self_loops : bool, optional
         Add :math:`I` before normalising; ``None`` (the default) follows ``normalize``, as in PyG.
         ``True`` needs ``normalize=True``.
@@ -181,7 +161,8 @@ class SGConv(_CachedGraphLayer):
     K : int, default 1
         The number of hops, the power of :math:`\hat A`.
     cached : bool, default False
-        Keep the first graph's basis and reuse it (see **cached** above).
+        Keep the first graph's basis and reuse it; a later graph of another size, node count,
+        weighting or device is refused (PyG reuses silently); :meth:`reset_cache` forgets it.
     add_self_loops : bool, default True
         Add :math:`I` before normalising.
     bias : bool, default True

@@ -29,9 +29,8 @@ from .positional_heads import PositionalHeads, QuadraticHeads, heads_of
 
 __all__ = ["PositionalAttention"]
 
-#: Sides from which the layer's heads carry a window without dropout: at width 400 with 9 heads
-#: the planner took the exact per-axis passes through 384x384 tokens and the window from 512x512
-#: (which was faster there, measured on CPU; see docs/attention.rst).
+#: Sides from which the layer's heads carry a window without dropout: below, the planner takes
+#: the exact per-axis passes at the study's widths (docs/attention.rst, benchmarks/bench_positional_scaling.py).
 WINDOW_SIDE = 384
 
 
@@ -57,20 +56,9 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
     where the score :math:`a_{hmn}` of key :math:`m` for query :math:`n` is given by the encoding
     ``heads`` as a function of their offset :math:`\delta_{mn}` (:class:`QuadraticHeads`,
     :class:`GaussianHeads`, :class:`LearnedHeads`), plus, with ``content``, a score of their
-    features (:class:`ContentHeads`); content plus position (not Eq. 5's ``relative_terms``) is a
-    lazy :class:`~structconv.AttentionBasis` whose fused order ``"sdpa"`` passes the positional
-    scores to torch's fused attention as its float mask, never forming the ``(B, K, M, M)``
-    weights (the engine costs it beside the dense orders).  Without content the heads do not
-    depend on the input, so they are built once per forward for the whole batch: exactly, as a Kronecker product of
-    per-axis softmaxes for separable heads (quadratic, learned), else as truncated renormalised
-    shift bases when that is cheaper (``threshold``, see
-    :meth:`~structconv.structures.positional.PositionalMechanism.basis`; ``None`` keeps the
-    exact softmax).
-
-    The parameter is :math:`\Theta_h` of shape ``(K, E, E)`` when ``head_dim`` is ``None`` (the
-    paper's :math:`D_h = D_{\mathrm{out}}`: every head averages the raw input, then one linear
-    map of the concatenated heads), otherwise :math:`\Theta_h = W^v_h W^{o\top}_h` of rank
-    ``head_dim`` (:class:`~structconv.LowRank`).
+    features (:class:`ContentHeads`).  How the heads are represented and which order runs them
+    (a Kronecker product of per-axis softmaxes, shift bases, the fused ``"sdpa"`` kernel) is
+    derived and measured in ``docs/attention.rst``.
 
     Parameters
     ----------
@@ -89,20 +77,10 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         ``(relative_terms=True)``, the four terms of Eq. 5 instead); bound as :attr:`content`.
     attention_dropout : float, default 0.0
         Drops attention weights in training, after the softmax (scaled by :math:`1/(1-p)`).
-        Position-only heads with a window (grids with a side above 32, see
-        :meth:`~structconv.QuadraticPosition.window`) drop the windowed heads' entries, each
-        with probability :math:`p`, one mask per step shared by the batch, in block-local form
-        (:class:`~structconv.bases.local.LocalBasis`): no ``(K, M, M)`` matrix is formed.
-        Content plus position heads drop inside the fused attention kernel (``dropout_p``, a
-        mask per image and head) where one takes dropout (CUDA); elsewhere (CPU, whose fused
-        kernel takes none) as dense heads per image.
     dropout_shared : bool, optional
-        ``None`` (the default) does what Cordonnier et al.'s code does: position-only heads are
-        one ``(K, M, M)`` tensor with no batch axis, and one mask per step is drawn for it,
-        shared by every image of the batch (the heads stay one shared basis); content heads are
-        per image, and so are their masks.  ``False`` draws a mask per image for position-only
-        heads too (another regulariser, which costs the sharing); ``True`` is the default's rule
-        for position-only heads and changes nothing for content heads.
+        ``None`` (the default), as Cordonnier et al.'s code: one mask per step shared by the batch
+        for position-only heads, one per image for content heads.  ``False``: one per image for
+        position-only heads too; ``True``: the default's rule.
     head_dim : int, optional
         The rank of each :math:`\Theta_h` (``value`` and ``out``, ``(K, E, head_dim)`` each);
         ``None``: the full ``theta``.
@@ -112,16 +90,12 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         The grid's offsets: within its box, or wrapped around it.
     threshold : float or None, default 1e-7
         The truncation of position-only Gaussian heads to shift bases, and the L1 error per
-        column allowed to the window of quadratic heads (``None``: exact).  Quadratic heads
-        carry a window on grids with a side of :data:`WINDOW_SIDE` or more, where the engine may
-        run it when cheaper, and for attention dropout on grids with a side above 32
-        (:meth:`~structconv.QuadraticPosition.window`).
+        column allowed to the window of quadratic heads on large grids (``None``: exact; under
+        ``torch.compile`` the heads are exact).
     padding : int or tuple of int, default 0
         Zero tokens around the grid, on each side of each axis (``boundary="zero"`` only): keys
-        the heads may attend to, whose features are zero and which are not outputs.  The softmax
-        normalises over them, so as the heads become one-hot the layer reads zeros beyond the
-        image, as a convolution with zero padding does (:meth:`from_conv`); without them a head
-        whose offset leaves the image renormalises over the pixels that exist.
+        with zero features that are not outputs, over which the softmax still normalises (a
+        convolution's zero padding, :meth:`from_conv`).
 
     Shapes
     ------
@@ -454,8 +428,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         """Whether the heads should carry a window: for dropout in block-local form, or where the planner may take it.
 
         Building one reads the heads' widths and centres back from the device; below
-        :data:`WINDOW_SIDE` the engine runs the exact passes anyway (measured: see
-        :meth:`~structconv.QuadraticPosition.window`), so only dropout asks for it there.
+        :data:`WINDOW_SIDE` the engine runs the exact passes anyway, so only dropout asks for it there.
         """
         dropout = self.training and self.attention_dropout > 0.0 and self.dropout_shared is not False
         return dropout or max(self.grid) >= WINDOW_SIDE

@@ -76,8 +76,8 @@ __all__ = [
 _LOG_RANGE = 60.0
 
 #: A tap of the shift form (a depthwise convolution) is a memory-bound read of the activations
-#: while a dense entry is a GEMM flop; measured on CPU (benchmarks/bench_positional.py, Gaussian
-#: heads) a tap costs about as much as 16 dense entries, so the shift form is chosen only below that.
+#: while a dense entry is a GEMM flop: a tap is costed as 16 dense entries (benchmarks/bench_positional.py,
+#: Gaussian heads), so the shift form is chosen only below that.
 _SHIFT_COST = 16
 
 
@@ -237,8 +237,7 @@ class PositionalMechanism(Mechanism):
         ``banded=False``) also carry a window, which the engine's ``"window"`` order runs within
         L1 ``threshold`` per column of the exact heads when it is cheaper (:meth:`QuadraticPosition.window`): its
         per-axis passes cost :math:`2/\sqrt M` of the dense aggregation on a square grid, and the
-        engine runs them as plain GEMMs (measured on CPU at 16x16 tokens, 9 heads, width 400: a
-        forward and backward 0.75x the time of the dense softmax's, whose GEMM is the same).
+        engine runs them as plain GEMMs (benchmarks/bench_positional.py times them).
         """
         form = representation
         if form not in ("auto", "shifts", "dense", "kronecker"):

@@ -70,10 +70,10 @@ def test_numpy_attention_scores_beyond_the_device_are_refused_before_allocating(
     from conftest import memory_budget
 
     from structconv import BiAffine, attention_basis, conv
-    from structconv.bases import attention as attention_module
+    from structconv.backend import checks
 
     if capacity_gib is not None:  # a host of 16 GiB: the one image's 23.8 GiB of scores and weights cannot fit
-        monkeypatch.setitem(attention_module._CAPACITY, "cpu", capacity_gib * 2**30)
+        monkeypatch.setitem(checks._CAPACITY, "cpu", capacity_gib * 2**30)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch, TOKENS, 2))
     if mechanism == "transformer":

@@ -531,7 +531,7 @@ def test_placed_tables_are_cached_by_value_not_by_identity() -> None:
         np.testing.assert_array_equal(relative.placed(rel, "offsets", like).numpy(), rel.offsets)
         for i in range(len(grid)):
             np.testing.assert_array_equal(relative.placed(rel, f"axis_index{i}", like).numpy(), rel.axis_index(i))
-    assert len(relative._PLACED) <= relative._PLACED_SIZE
+    assert len(relative._PLACED) <= relative._PLACED.size
 
 
 def test_positional_heads_follow_parameters_changed_in_place() -> None:

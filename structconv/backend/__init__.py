@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import opt_einsum
 
+from .cache import BoundedCache
 from .interface import Array, Backend
 
 REGISTRY: dict[str, tuple[str, str]] = {
@@ -289,21 +290,16 @@ def shape_str(shape: tuple[int, ...]) -> str:
     return str(tuple(int(s) for s in shape))
 
 
-_EXPRESSIONS: dict[tuple[Any, ...], Any] = {}
-_EXPRESSIONS_SIZE = 1024
+_EXPRESSIONS: BoundedCache[Any] = BoundedCache(size=1024)
 
 
 def _expression(eq: str, shapes: tuple[tuple[int, ...], ...], path: tuple[tuple[int, ...], ...] | None) -> Any:
-    # A plain dictionary, not functools.lru_cache: torch.compile honours a dictionary lookup (and
-    # guards on it) but traces through an lru_cache into opt_einsum's planner.
     key = (eq, shapes, path)
-    expression = _EXPRESSIONS.get(key)
-    if expression is None:
-        if len(_EXPRESSIONS) >= _EXPRESSIONS_SIZE:
-            _EXPRESSIONS.pop(next(iter(_EXPRESSIONS)))  # the oldest plan
+    found = _EXPRESSIONS.find(key)
+    if found is None:
         optimize: Any = "optimal" if path is None else list(path)
-        expression = _EXPRESSIONS[key] = opt_einsum.contract_expression(eq, *shapes, optimize=optimize)
-    return expression
+        found = _EXPRESSIONS.put(key, opt_einsum.contract_expression(eq, *shapes, optimize=optimize))
+    return found
 
 
 def einsum(eq: str, *operands: Array, path: tuple[tuple[int, ...], ...] | None = None) -> Array:
@@ -341,7 +337,7 @@ def einsum(eq: str, *operands: Array, path: tuple[tuple[int, ...], ...] | None =
     return remaining[0]
 
 
-_PATHS: dict[tuple[Any, ...], tuple[tuple[tuple[tuple[int, ...], str], ...], float, float]] = {}
+_PATHS: BoundedCache[tuple[tuple[tuple[tuple[int, ...], str], ...], float, float]] = BoundedCache(size=1024)
 
 
 def einsum_path(
@@ -363,15 +359,16 @@ def einsum_path(
         A contraction path (pairs of operand positions), or ``None`` for opt_einsum's optimal one.
     """
     key = (eq, shapes, path)
-    found = _PATHS.get(key)
-    if found is None:
-        if len(_PATHS) >= _EXPRESSIONS_SIZE:
-            _PATHS.pop(next(iter(_PATHS)))  # the oldest plan
-        optimize: Any = "optimal" if path is None else [tuple(p) for p in path]
-        _, info = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=optimize)
-        steps = tuple((tuple(step[0]), str(step[2])) for step in info.contraction_list)
-        found = _PATHS[key] = (steps, float(info.opt_cost), float(sum(info.size_list)))
-    return found
+    return _PATHS.find(key) or _PATHS.put(key, _planned(eq, shapes, path))
+
+
+def _planned(
+    eq: str, shapes: tuple[tuple[int, ...], ...], path: tuple[tuple[int, ...], ...] | None
+) -> tuple[tuple[tuple[tuple[int, ...], str], ...], float, float]:
+    optimize: Any = "optimal" if path is None else [tuple(p) for p in path]
+    _, info = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=optimize)
+    steps = tuple((tuple(step[0]), str(step[2])) for step in info.contraction_list)
+    return steps, float(info.opt_cost), float(sum(info.size_list))
 
 
 __all__ = [

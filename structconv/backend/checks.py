@@ -163,6 +163,43 @@ def check_index_range(index: Array, size: int, arg: str, size_name: str | None =
         raise ValueError(f"{expected}, got values in [{lo}, {hi}]")
 
 
+_CAPACITY: dict[str, float] = {}  # bytes per device, asked once: torch.compile traces a lookup, not a system call
+
+
+def check_memory(need: float, like: Array, what: str, *, share: float = 1.0, advice: str = "") -> None:
+    """Refuse ``what``, ``need`` bytes, beyond ``share`` of the memory of ``like``'s device, before any is allocated.
+
+    The one guard of the package: the engine's orders, attention scores, the tables of a grid and
+    a layer's parameters all ask it.  The memory is the backend's
+    :meth:`~structconv.backend.interface.Backend.memory_capacity` (a ceiling, not what is free).
+
+    Parameters
+    ----------
+    need
+        The bytes asked for.
+    like
+        An array on the device that would hold them (a ``meta`` array allocates nothing: no check).
+    what
+        What would be allocated, naming the argument that asks for it, as the message says it.
+    share
+        The part of the device's memory allowed (a grid's host tables: half of it).
+    advice
+        What to do instead, added to the message.
+    """
+    device = device_of(like)
+    if device == "meta":
+        return
+    capacity = _CAPACITY.get(device)
+    if capacity is None:
+        capacity = _CAPACITY[device] = of(like).memory_capacity(like)
+    if need > share * capacity:
+        part = "" if share == 1.0 else f"{share:g} of "
+        raise ValueError(
+            f"{what} would take {need / 2**30:.3g} GiB on {device}, more than {part}its {capacity / 2**30:.3g} GiB"
+            + (f"; {advice}" if advice else "")
+        )
+
+
 def check_same_placement(named: dict[str, Array]) -> None:
     """Raise if the arrays mix backends, dtypes or devices (nothing is converted silently).
 

@@ -18,20 +18,18 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from ..backend import Array, concatenate, device_of, dtype_name, namespace, of, shape_str, x_theta, zeros
+from ..backend.checks import check_memory
 from .base import NO_ORDERS, Basis, Cost, OwnOrder
 from .dense import DenseBasis
 from .scores import allowed_mask, finite_real, normalise
 from .scores import masked_softmax as masked_softmax  # read from here by structures.positional
 
-_CAPACITY: dict[str, float] = {}
-
 
 def check_scores_memory(like: Array, shape: tuple[int, ...], copies: int, what: str) -> None:
     """Refuse ``copies`` arrays of attention scores ``shape`` that cannot fit on ``like``'s device, before allocating.
 
-    The engine's guard on a requested order (``structconv.engine.contract``) does the same: the
-    bytes asked for against the device's :meth:`~structconv.backend.Backend.memory_capacity`.  Here
-    the scores themselves are checked, which the dense orders form whichever order is chosen.
+    The scores themselves, which the dense orders form whichever order is chosen, through the
+    package's one guard (:func:`~structconv.backend.checks.check_memory`).
 
     Parameters
     ----------
@@ -44,20 +42,13 @@ def check_scores_memory(like: Array, shape: tuple[int, ...], copies: int, what: 
     what
         What would be formed, as the message says it.
     """
-    device = device_of(like)
-    if device == "meta":  # a meta array allocates nothing
-        return
-    need = float(copies) * math.prod(shape) * like.dtype.itemsize
-    capacity = _CAPACITY.get(device)
-    if capacity is None:  # asked once per device, as the engine's guard does
-        capacity = _CAPACITY[device] = of(like).memory_capacity(like)
-    if need > capacity:
-        raise ValueError(
-            f"attention of {shape[2]:,} inputs to {shape[3]:,} outputs: {what} {shape_str(shape)} (B, K, M, N) "
-            f"would take {need / 2**30:.3g} GiB on {device}, which has {capacity / 2**30:.3g} GiB; use fewer "
-            "tokens or a smaller batch, or torch tensors with BiAffine(key=..., query=...), whose fused 'sdpa' "
-            "order does not form them"
-        )
+    check_memory(
+        float(copies) * math.prod(shape) * like.dtype.itemsize,
+        like,
+        f"attention of {shape[2]:,} inputs to {shape[3]:,} outputs: {what} {shape_str(shape)} (B, K, M, N)",
+        advice="use fewer tokens or a smaller batch, or torch tensors with BiAffine(key=..., query=...), whose "
+        "fused 'sdpa' order does not form them",
+    )
 
 
 @dataclass(frozen=True, eq=False)

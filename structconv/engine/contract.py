@@ -27,17 +27,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..backend import Array, device_of, load, of
+from ..backend import Array, load
+from ..backend.cache import BoundedCache
+from ..backend.checks import check_memory
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import Parameter
 from .operands import Param, autocast, placed, prepare
 from .orders import DenseOrder, Order, orders_for
-from .plan import MEMORY_WEIGHT, SPARSE_FLOP_WEIGHT, Candidate, Plan, PlanCache
+from .plan import MEMORY_WEIGHT, SPARSE_FLOP_WEIGHT, Candidate, Plan
 
 _RANK_NAME = {"separable": "H", "lowrank": "D", "convweight": "G"}
 
-PLANS: PlanCache[tuple[Plan, Order]] = PlanCache(size=2048)
+PLANS: BoundedCache[tuple[Plan, Order]] = BoundedCache(size=2048)
 """The plans made so far and the order each runs (call ``PLANS.clear()`` after changing a weight)."""
 
 
@@ -47,9 +49,10 @@ def _plan(basis: Basis, x: Array, prm: Param, order: str) -> tuple[Plan, Order]:
     B = int(x.shape[0])
     traced = load(basis.backend).traced()  # x may be a shape (a compiled contraction plans before it runs)
     key = (basis.plan_key(), B, prm.kind, prm.P, prm.Q, prm.R, order, traced)
-    cached = PLANS.get(key)
-    if cached is not None:
-        return cached
+    return PLANS.find(key) or PLANS.put(key, _new_plan(basis, B, prm, order, traced))
+
+
+def _new_plan(basis: Basis, B: int, prm: Param, order: str, traced: bool) -> tuple[Plan, Order]:
     dense = isinstance(basis, DenseBasis)
     orders = orders_for(prm.kind, basis, dense)
     if traced:  # torch.compile: the orders that read the basis on the host cannot be traced
@@ -78,11 +81,7 @@ def _plan(basis: Basis, x: Array, prm: Param, order: str) -> tuple[Plan, Order]:
     equation = orders[0].equation if isinstance(orders[0], DenseOrder) else ""
     plan = Plan(basis.representation, sizes, prm.kind, tuple(candidates), chosen, order, equation)
     entry = (plan, orders[valid.index(chosen)])
-    PLANS.put(key, entry)
     return entry
-
-
-_CAPACITY: dict[str, float] = {}
 
 
 def _check_memory(plan: Plan, x: Array) -> None:
@@ -91,18 +90,14 @@ def _check_memory(plan: Plan, x: Array) -> None:
     ``auto`` never needs this (it picks the cheapest order); a forced order can ask for a dense
     :math:`(K, M, N)` basis that the answer does not need.
     """
-    need = plan.candidate(plan.chosen).memory * x.dtype.itemsize
-    device = device_of(x)
-    capacity = _CAPACITY.get(device)
-    if capacity is None:  # asked once per device: torch.compile traces a dictionary lookup, not a system call
-        capacity = _CAPACITY[device] = of(x).memory_capacity(x)
-    if need > capacity:
-        best = sorted(plan.candidates, key=lambda c: c.memory)[0]  # sorted(key=) traces; min(key=) does not
-        raise ValueError(
-            f"order={plan.chosen!r} would write {need / 2**30:.3g} GiB of intermediates on {device_of(x)}, "
-            f"which has {capacity / 2**30:.3g} GiB; order {best.order!r} needs "
-            f"{best.memory * x.dtype.itemsize / 2**30:.3g} GiB (or pass order='auto')"
-        )
+    size = x.dtype.itemsize
+    best = sorted(plan.candidates, key=lambda c: c.memory)[0]  # sorted(key=) traces; min(key=) does not
+    check_memory(
+        plan.candidate(plan.chosen).memory * size,
+        x,
+        f"order={plan.chosen!r}'s intermediates",
+        advice=f"order {best.order!r} needs {best.memory * size / 2**30:.3g} GiB (or pass order='auto')",
+    )
 
 
 def explain(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> Plan:

@@ -8,10 +8,7 @@ kernels.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
 
 #: Price of writing one element of an intermediate, in GEMM flops (calibrated on CPU by
 #: ``benchmarks/bench_orders.py``; memory traffic, not arithmetic, dominates small contractions).
@@ -115,55 +112,4 @@ class Plan:
         return "\n".join(lines)
 
 
-_V = TypeVar("_V")
-
-
-class PlanCache(Generic[_V]):
-    """A bounded least-recently-used map from plan keys to plans.
-
-    Keys are values (tuples of shapes, names and a basis' :meth:`~structconv.Basis.plan_key`),
-    never array identities, so equal operands share a plan and nothing is kept alive by it.
-    A plain ordered dictionary rather than ``functools.lru_cache``: ``torch.compile`` guards
-    on a dictionary lookup but would trace into an ``lru_cache``.
-
-    Examples
-    --------
-    >>> cache = PlanCache(size=2)
-    >>> cache.put("a", 1); cache.put("b", 2); cache.get("a"); cache.put("c", 3)
-    1
-    >>> cache.get("b") is None, len(cache)
-    (True, 2)
-    """
-
-    def __init__(self, size: int) -> None:
-        if size < 1:
-            raise ValueError(f"size must be at least 1, got {size}")
-        self.size = size
-        self._items: OrderedDict[Hashable, _V] = OrderedDict()
-
-    def get(self, key: Hashable) -> _V | None:
-        """The value stored under ``key`` (now the most recently used), or ``None``."""
-        found = self._items.get(key)
-        if found is not None:
-            self._items.move_to_end(key)
-        return found
-
-    def put(self, key: Hashable, value: _V) -> None:
-        """Store ``value`` under ``key``, dropping the least recently used entry beyond :attr:`size`."""
-        self._items[key] = value
-        self._items.move_to_end(key)
-        if len(self._items) > self.size:
-            self._items.popitem(last=False)
-
-    def clear(self) -> None:
-        """Forget every plan (e.g. after changing :data:`MEMORY_WEIGHT` or :data:`SPARSE_FLOP_WEIGHT`)."""
-        self._items.clear()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._items
-
-
-__all__ = ["MEMORY_WEIGHT", "SPARSE_FLOP_WEIGHT", "Candidate", "Plan", "PlanCache"]
+__all__ = ["MEMORY_WEIGHT", "SPARSE_FLOP_WEIGHT", "Candidate", "Plan"]

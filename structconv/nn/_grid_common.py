@@ -1,34 +1,11 @@
-"""What the grid layers share: a small cache of bases per input grid, input checks, a named ``__init__``."""
+"""What the grid layers share: input checks, the grid of an input, a named ``__init__``."""
 
 from __future__ import annotations
 
 import types
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import torch
-
-_T = TypeVar("_T")
-_CACHE_SIZE = 8
-
-
-class BasisCache(Generic[_T]):
-    """The bases of the last few input grids (bases are immutable values; this only saves rebuilding)."""
-
-    def __init__(self) -> None:
-        self._items: OrderedDict[tuple[Any, ...], _T] = OrderedDict()
-
-    def get(self, key: tuple[Any, ...], build: Callable[[], _T]) -> _T:
-        basis = self._items.get(key)
-        if basis is None:
-            basis = build()
-            self._items[key] = basis
-            if len(self._items) > _CACHE_SIZE:
-                self._items.popitem(last=False)
-        else:
-            self._items.move_to_end(key)
-        return basis
 
 
 def split_input(x: torch.Tensor, ndim: int, channels: int | None, layer: str) -> tuple[torch.Tensor, bool]:

@@ -16,7 +16,9 @@ from typing import Any, NoReturn
 
 import torch
 
-from ..backend import load, of
+from ..backend import load
+from ..backend.cache import BoundedCache
+from ..backend.checks import check_memory
 from ..engine.compiled import contraction
 
 load("torch")  # now, not on a layer's first call: torch.compile cannot trace an import
@@ -77,16 +79,10 @@ def check_parameter_memory(layer: str, numel: int, sizes: str, device: Any = Non
     >>> check_parameter_memory("RGCNConv", 2 * 3 * 10**12, "num_relations=1000000000000")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: RGCNConv: num_relations=1000000000000 asks for ... GiB of parameters, more than the ... GiB ...
+    ValueError: RGCNConv: num_relations=1000000000000 asks for parameters that would take ... GiB on cpu, ...
     """
     probe = torch.empty(0, device=device, dtype=dtype)
-    need = numel * probe.element_size()
-    capacity = of(probe).memory_capacity(probe)
-    if need > capacity:
-        raise ValueError(
-            f"{layer}: {sizes} asks for {need / 2**30:.3g} GiB of parameters, more than the "
-            f"{capacity / 2**30:.3g} GiB of memory on {probe.device}"
-        )
+    check_memory(numel * probe.element_size(), probe, f"{layer}: {sizes} asks for parameters that")
 
 
 def own_parameter(module: torch.nn.Module, name: str) -> Any:
@@ -101,28 +97,21 @@ def own_parameter(module: torch.nn.Module, name: str) -> Any:
     return found if found is not None else getattr(module, name)
 
 
-_RUNS_KEPT = 16  # compiled input shapes kept per layer
-
-
 class CompiledRuns:
     """A layer's compiled contractions (:func:`structconv.contraction`), one per input key.
 
     Put it before ``nn.Module`` among the bases.  A layer looks its run up by a key of what the
     plan depends on (input shape, dtype, device, the basis' structure) and compiles on a miss; the
-    oldest of more than 16 keys is dropped.  A copy or a pickle carries none: they are rebuilt on
-    the first call.
+    16 keys used last are kept.  A copy or a pickle carries none: they are rebuilt on the first call.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._runs: BoundedCache[Any] = BoundedCache(size=16)
 
     def compiled_run(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
         """The run kept under ``key``, built by ``build()`` on the first call with it."""
-        runs: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_runs", {})
-        run = runs.get(key)
-        if run is None:
-            run = build()
-            if len(runs) >= _RUNS_KEPT:
-                runs.pop(next(iter(runs)))
-            runs[key] = run
-        return run
+        return self._runs.find(key) or self._runs.put(key, build())
 
     def contract(
         self, basis: Any, x: torch.Tensor, theta: Any, *, bias: torch.Tensor | None = None, order: str = "auto"
@@ -140,16 +129,12 @@ class CompiledRuns:
 
     def forget_runs(self) -> None:
         """Drop every compiled run (a setting they depend on changed)."""
-        self.__dict__.get("_runs", {}).clear()
+        self._runs.clear()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_runs"] = {}
+        state["_runs"] = BoundedCache(size=16)
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        state.setdefault("_runs", {})  # pickles from before compiled runs
-        super().__setstate__(state)  # type: ignore[misc]
 
 
 #: The layers that build their structure eagerly when torch.compile first meets an input shape, by id.

@@ -31,13 +31,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 
+from ..backend.cache import BoundedCache
 from ..backend.checks import positive_int
 from ..backend.shift_torch import conv_image
 from ..bases.conv_weight import ConvWeight
 from ..bases.grid import GridBasis, Size, _ints
 from ..engine.compiled import Contraction, contraction
 from ..structures.grid import Padding, _padding, grid_basis
-from ._grid_common import BasisCache, grid_and_like, own_init, split_input
+from ._grid_common import grid_and_like, own_init, split_input
 from ._grid_docs import conv_doc
 from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, own_parameter, refuse_jit_trace
 
@@ -116,8 +117,7 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size, **factory))
         self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
-        self._bases: BasisCache[_Entry] = BasisCache()
-        self._runs: dict[tuple[Any, ...], _Run] = {}
+        self._bases: BoundedCache[_Entry] = BoundedCache(size=8)  # per input grid
         self.reset_parameters()
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -170,7 +170,7 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
         # The settings are part of the key: a layer whose attributes were changed builds anew.
         key = (grid, like.dtype, like.device, self.kernel_size, self.stride, self.dilation, repr(self.padding),
                self.padding_mode)  # fmt: skip
-        return self._bases.get(key, lambda: self._build(grid, like))
+        return self._bases.find(key) or self._bases.put(key, self._build(grid, like))
 
     def _build(self, grid: tuple[int, ...], like: torch.Tensor) -> _Entry:
         if self.padding_mode not in _FRAMED:
@@ -205,7 +205,7 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
         weight = own_parameter(self, "weight")
         # Everything the compiled call would compare: it runs keyed (Contraction.run_keyed).
         key = (x.shape, x.dtype, x.device, weight.dtype, weight.device)
-        unbatched, pads, compiled = self._runs.get(key) or self.compiled_run(key, partial(self._compile, x))
+        unbatched, pads, compiled = self._runs.find(key) or self.compiled_run(key, partial(self._compile, x))
         xb = x[None] if unbatched else x
         if pads is not None:  # reflect / replicate: torch's explicit framing
             xb = F.pad(xb, pads, mode=self.padding_mode)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from ..backend import of
+from ..backend.checks import check_memory
 
 _NAME = "MultiHeadSelfAttention"
 
@@ -172,12 +172,8 @@ def register_torch_parameters(layer: Any, bias: bool, add_bias_kv: bool, factory
     probe = torch.empty(0, **factory)
     # in_proj_weight (or q/k/v_proj_weight), out_proj.weight, in_proj_bias, out_proj.bias, bias_k, bias_v
     need = (embed_dim * (2 * embed_dim + layer.kdim + layer.vdim) + 6 * embed_dim) * probe.element_size()
-    capacity = of(probe).memory_capacity(probe)
-    if need > capacity:
-        raise ValueError(
-            f"{_NAME}: embed_dim={embed_dim}, kdim={layer.kdim} and vdim={layer.vdim} need {need / 2**30:.3g} GiB "
-            f"of parameters, more than the {capacity / 2**30:.3g} GiB of memory on {probe.device}"
-        )
+    sizes = f"{_NAME}: embed_dim={embed_dim}, kdim={layer.kdim} and vdim={layer.vdim} ask for parameters that"
+    check_memory(need, probe, sizes)
     if layer._qkv_same_embed_dim:
         layer.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
         layer.register_parameter("q_proj_weight", None)

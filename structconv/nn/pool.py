@@ -16,10 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..backend.cache import BoundedCache
 from ..backend.checks import positive_int
 from ..bases.grid import GridBasis, Size, _ints
 from ..structures.grid import Padding, apply_shifts, avg_pool_basis
-from ._grid_common import BasisCache, grid_and_like, own_init, split_input
+from ._grid_common import grid_and_like, own_init, split_input
 from ._grid_docs import pool_doc
 from ._module import NotScriptable, StructureOutsideGraph, refuse_jit_trace
 
@@ -59,7 +60,7 @@ class _AvgPoolNd(StructureOutsideGraph, NotScriptable, nn.Module):
         if order not in _ORDERS:
             raise ValueError(f"{name}: order must be one of {_ORDERS}, got {order!r}")
         self.order = order
-        self._bases: BasisCache[GridBasis] = BasisCache()
+        self._bases: BoundedCache[GridBasis] = BoundedCache(size=8)  # per input grid
 
     def basis(self, x: torch.Tensor | tuple[int, ...], like: torch.Tensor | None = None) -> GridBasis:
         """The one-member averaging basis on the input ``x`` (or on a grid of sizes ``x``, like ``like``).
@@ -92,7 +93,8 @@ class _AvgPoolNd(StructureOutsideGraph, NotScriptable, nn.Module):
 
         settings = (self.kernel_size, self.stride, str(self.padding), self.ceil_mode, self.count_include_pad,
                     self.divisor_override)  # fmt: skip
-        return self._bases.get((grid, like.dtype, str(like.device), settings), build)
+        key = (grid, like.dtype, str(like.device), settings)
+        return self._bases.find(key) or self._bases.put(key, build())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Average ``x`` of shape ``(B, C, *grid)`` (or unbatched) like ``torch.nn.AvgPool{d}d``.

@@ -142,11 +142,6 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
         self._fixed_basis = self._fixed_basis.to(device=self.theta.device, dtype=self.theta.dtype)
         return self
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if "basis" in state:  # a layer pickled when the basis was the attribute ``basis``
-            state["_fixed_basis"] = state.pop("basis")
-        super().__setstate__(state)
-
     def extra_repr(self) -> str:
         b = self._fixed_basis
         return (

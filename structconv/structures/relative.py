@@ -13,7 +13,6 @@ can never go stale, whatever objects are freed and rebuilt in between.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
@@ -22,14 +21,10 @@ from typing import Any
 import numpy as np
 
 from ..backend import Array, dtype_name, einsum, namespace, of, shape_str
-from ..backend.checks import check_array
+from ..backend.cache import BoundedCache
+from ..backend.checks import check_array, check_memory
 from ..bases.grid import BOUNDARIES, _grid
 from .attention import Mechanism
-
-#: How many placed tables :func:`placed` keeps (the oldest goes first).
-_PLACED_SIZE = 256
-#: How many grids :func:`relative_offsets` keeps (the oldest goes first).
-_RELATIVE_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -126,20 +121,13 @@ class RelativeOffsets:
         return out.reshape(*lead, self.positions, self.positions)
 
 
-_HOST: dict[str, float] = {}
+_HOST = np.empty(0)  # the host's memory is what the NumPy tables take
 
 
 def check_host_memory(grid: tuple[int, ...], what: str, need: float) -> None:
     """Refuse ``what`` for ``grid``, ``need`` bytes, beyond half the host's memory, before allocating it."""
-    budget = _HOST.get("half")
-    if budget is None:  # asked once: torch.compile traces a dictionary lookup, not a system call
-        host = np.empty(0)
-        budget = _HOST["half"] = of(host).memory_capacity(host) / 2
-    if need > budget:
-        raise ValueError(
-            f"grid {grid} has {math.prod(grid):,} positions; {what} would need {need / 2**30:.3g} GiB, "
-            f"more than half of this host's {2 * budget / 2**30:.3g} GiB"
-        )
+    positions = f"grid {grid} has {math.prod(grid):,} positions; {what}"
+    check_memory(need, _HOST, positions, share=0.5)
 
 
 def _check_pairs(grid: tuple[int, ...], what: str, per_pair: int = 8) -> None:
@@ -147,7 +135,8 @@ def _check_pairs(grid: tuple[int, ...], what: str, per_pair: int = 8) -> None:
     check_host_memory(grid, what, math.prod(grid) ** 2 * per_pair)
 
 
-_RELATIVE: OrderedDict[tuple[tuple[int, ...], str], RelativeOffsets] = OrderedDict()
+#: The tables of the 64 grids used last (:func:`relative_offsets`).
+_RELATIVE: BoundedCache[RelativeOffsets] = BoundedCache(size=64)
 
 
 def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeOffsets:
@@ -165,23 +154,15 @@ def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeO
     -------
     RelativeOffsets
         Read-only tables of :math:`O(S_i)` per axis and the :math:`O = \prod_i L_i` offsets,
-        shared by every caller of the same ``(grid, boundary)``; the :data:`_RELATIVE_SIZE` most
-        recently built grids are kept.
+        shared by every caller of the same ``(grid, boundary)``; the 64 grids used last are kept.
 
     Raises
     ------
     ValueError
         For a bad grid or boundary.
     """
-    # A plain dictionary, not functools.lru_cache: torch.compile honours a dictionary lookup (and
-    # guards on it) but traces through an lru_cache into the NumPy construction below.
     key = (tuple(grid), boundary)
-    cached = _RELATIVE.get(key)
-    if cached is None:
-        cached = _RELATIVE[key] = _relative_offsets(*key)
-        if len(_RELATIVE) > _RELATIVE_SIZE:
-            _RELATIVE.popitem(last=False)
-    return cached
+    return _RELATIVE.find(key) or _RELATIVE.put(key, _relative_offsets(*key))
 
 
 def _relative_offsets(grid: tuple[int, ...], boundary: str) -> RelativeOffsets:
@@ -202,25 +183,25 @@ def _relative_offsets(grid: tuple[int, ...], boundary: str) -> RelativeOffsets:
     return RelativeOffsets(g, boundary, lows, lengths, tuple(axis_ids))
 
 
-_PLACED: dict[tuple[Any, ...], Any] = {}
+#: The 256 tables placed last on a backend, dtype and device (:func:`placed`).
+_PLACED: BoundedCache[Any] = BoundedCache(size=256)
 
 
-def _table(rel: RelativeOffsets, name: str) -> tuple[np.ndarray, str | None]:
-    """The NumPy table ``name`` of ``rel`` and its dtype on a backend (``None``: the dtype of ``like``)."""
+def _table(rel: RelativeOffsets, name: str, like: Array) -> tuple[np.ndarray, Array, str | None]:
+    """The NumPy table ``name`` of ``rel``, ``like``, and the table's dtype there (``None``: ``like``'s)."""
     # Copies: the cached tables are read-only, and torch does not share read-only memory.
     if name == "offsets":
-        return rel.offsets.astype(np.float64), None
+        return rel.offsets.astype(np.float64), like, None
     if name.startswith("axis_index"):  # (S_i, S_i), built now: O(S_i^2), the size of one axis' factor
-        return rel.axis_index(int(name.removeprefix("axis_index"))), "int64"
+        return rel.axis_index(int(name.removeprefix("axis_index"))), like, "int64"
     raise KeyError(name)
 
 
 def placed(rel: RelativeOffsets, name: str, like: Array) -> Any:
     """Table ``name`` of ``rel`` on ``like``'s backend and device.
 
-    Cached by value (grid, boundary, table, backend, dtype, device), so a forward pass copies no
-    table to its device; a plain dictionary, not ``functools.lru_cache``: ``torch.compile``
-    honours a dictionary lookup (and guards on it) but traces through an ``lru_cache``.
+    Cached by value (grid, boundary, table, backend, dtype, device) in a
+    :class:`~structconv.backend.cache.BoundedCache`, so a forward pass copies no table to its device.
 
     Parameters
     ----------
@@ -240,13 +221,8 @@ def placed(rel: RelativeOffsets, name: str, like: Array) -> Any:
     """
     backend = of(like)
     key = (rel.grid, rel.boundary, name, backend.name, dtype_name(like), backend.device(like))
-    found = _PLACED.get(key)
-    if found is None:
-        if len(_PLACED) >= _PLACED_SIZE:
-            _PLACED.pop(next(iter(_PLACED)))  # the oldest
-        values, dtype = _table(rel, name)
-        found = _PLACED[key] = backend.asarray(values, like, dtype)
-    return found
+    found = _PLACED.find(key)
+    return found if found is not None else _PLACED.put(key, backend.asarray(*_table(rel, name, like)))
 
 
 def _check_tables(tables: Sequence[Array], rel: RelativeOffsets) -> tuple[int, ...]:

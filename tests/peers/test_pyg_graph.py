@@ -869,6 +869,42 @@ def test_state_dict_both_ways(kind: str) -> None:
     assert all(torch.equal(back[k], v) for k, v in ref.state_dict().items())
 
 
+# --- compiled and traced -------------------------------------------------------------------------------
+@case(
+    "all",
+    EQUAL,
+    "``torch.compile(layer, fullgraph=True)``, the first call compiled",
+    "one graph, PyG's too; the compiled output and input gradient equal PyG's eager ones (aot_eager here, "
+    "Inductor in tests/test_fullgraph.py)",
+)
+@pytest.mark.parametrize("kind", list(CLASSES))
+def test_compiled_fullgraph(kind: str) -> None:
+    ours, ref, args = _autocast_case(kind)
+    x = args[0].clone().requires_grad_()
+    x_ref = args[0].clone().requires_grad_()
+    torch._dynamo.reset()
+    y = torch.compile(ours, backend="aot_eager", fullgraph=True, dynamic=False)(x, *args[1:])
+    y_ref = ref(x_ref, *args[1:])
+    close(y, y_ref, torch.float32, "output")
+    weight = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+    (g,) = torch.autograd.grad((y * weight).sum(), x)
+    (g_ref,) = torch.autograd.grad((y_ref * weight).sum(), x_ref)
+    close(g, g_ref, torch.float32, "input gradient")
+
+
+@case(
+    "all",
+    REFUSED,
+    "``torch.jit.trace``",
+    "TypeError in one sentence pointing to torch.compile: a trace would freeze the basis built for one graph",
+)
+@pytest.mark.parametrize("kind", list(CLASSES))
+def test_jit_trace_refused(kind: str) -> None:
+    ours, _, args = _autocast_case(kind)
+    with pytest.raises(TypeError, match=r"does not support torch.jit.trace .* use torch.compile\(layer\) instead"):
+        torch.jit.trace(ours, args, check_trace=False)
+
+
 # --- PyG internals -------------------------------------------------------------------------------------
 @case(
     "all",

@@ -517,7 +517,7 @@ def test_positional_attention_in_low_precision_follows_float64(dtype: torch.dtyp
         assert float((ya.double() - expected).abs().max()) <= tol * scale
 
 
-def test_placed_tables_are_cached_by_value_not_by_identity() -> None:
+def test_tables_on_a_device_are_cached_by_value_not_by_identity() -> None:
     """Offset tables freed and rebuilt (their ids free for reuse) still give each grid its own tables."""
     import gc
 
@@ -528,9 +528,9 @@ def test_placed_tables_are_cached_by_value_not_by_identity() -> None:
         relative._RELATIVE.clear()  # new NumPy tables, possibly at the addresses of freed ones
         gc.collect()
         rel = relative_offsets(grid)
-        np.testing.assert_array_equal(relative.placed(rel, "offsets", like).numpy(), rel.offsets)
+        np.testing.assert_array_equal(relative.table_on(rel, "offsets", like).numpy(), rel.offsets)
         for i in range(len(grid)):
-            np.testing.assert_array_equal(relative.placed(rel, f"axis_index{i}", like).numpy(), rel.axis_index(i))
+            np.testing.assert_array_equal(relative.table_on(rel, f"axis_index{i}", like).numpy(), rel.axis_index(i))
     assert len(relative._PLACED) <= relative._PLACED.size
 
 

@@ -56,8 +56,8 @@ from .relative import (
     _check_tables,
     _split,
     check_host_memory,
-    placed,
     relative_offsets,
+    table_on,
 )
 
 __all__ = [
@@ -145,7 +145,7 @@ class PositionalMechanism(Mechanism):
         check_host_memory(self.grid, "its per-axis softmaxes", 16 * self.heads * sum([s * s for s in self.grid]))
         factors = []
         for size, scores, p in zip(self.grid, per_axis, pads, strict=True):
-            index = placed(relative_offsets((size,), self.boundary), "axis_index0", scores)
+            index = table_on(relative_offsets((size,), self.boundary), "axis_index0", scores)
             factor = masked_softmax(scores[:, index])
             factors.append(factor[:, p : size - p, p : size - p] if p else factor)
         window = None if threshold is None or not banded else self.window(threshold, padding=pads)
@@ -189,7 +189,7 @@ class PositionalMechanism(Mechanism):
         check_host_memory(self.grid, "its dense scores", 8.0 * self.heads * self.relative.positions**2)
         d, K, total = len(self.grid), self.heads, None
         for i, (size, scores) in enumerate(zip(self.grid, per_axis, strict=True)):
-            index = placed(relative_offsets((size,), self.boundary), "axis_index0", scores)  # (m_i, n_i)
+            index = table_on(relative_offsets((size,), self.boundary), "axis_index0", scores)  # (m_i, n_i)
             term = scores[:, index].reshape([K] + [size if j in (i, d + i) else 1 for j in range(2 * d)])
             total = term if total is None else total + term
         assert total is not None
@@ -366,7 +366,7 @@ def _wrapped_difference(rel: RelativeOffsets, centres: Array) -> Array:
     :math:`s` (half a side, not :math:`\\lfloor s/2\\rfloor`: on odd sides a non-integer
     difference of :math:`\\lfloor s/2\\rfloor + 0.7` is nearer through the border).
     """
-    diff = placed(rel, "offsets", centres)[None] - centres[:, None, :]
+    diff = table_on(rel, "offsets", centres)[None] - centres[:, None, :]
     if rel.boundary == "periodic":
         size = of(centres).asarray(np.asarray(rel.grid, dtype=np.float64), centres)
         return (diff + size / 2) % size - size / 2  # a Python-style remainder on both backends

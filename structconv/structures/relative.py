@@ -6,7 +6,7 @@ r"""Relative offsets on a grid, and relative-position attention with content (Co
 position-only mechanisms are in :mod:`structconv.structures.positional`.
 
 Both tables are pure functions of ``(grid, boundary)``, so they are cached by that value, and
-their copies on a backend (a device, a dtype) by that value too (:func:`placed`): a cache that
+their copies on a backend (a device, a dtype) by that value too (:func:`table_on`): a cache that
 can never go stale, whatever objects are freed and rebuilt in between.
 """
 
@@ -115,7 +115,7 @@ class RelativeOffsets:
         per_axis = scores.reshape(*lead, *self.lengths)
         index = []
         for i in range(d):
-            table = placed(self, f"axis_index{i}", scores)
+            table = table_on(self, f"axis_index{i}", scores)
             index.append(table.reshape([self.grid[i] if j in (i, d + i) else 1 for j in range(2 * d)]))
         out = per_axis[(Ellipsis, *index)]  # (..., S_1..S_d [keys], S_1..S_d [queries])
         return out.reshape(*lead, self.positions, self.positions)
@@ -183,7 +183,7 @@ def _relative_offsets(grid: tuple[int, ...], boundary: str) -> RelativeOffsets:
     return RelativeOffsets(g, boundary, lows, lengths, tuple(axis_ids))
 
 
-#: The 256 tables placed last on a backend, dtype and device (:func:`placed`).
+#: The 256 tables placed last on a backend, dtype and device (:func:`table_on`).
 _PLACED: BoundedCache[Any] = BoundedCache(size=256)
 
 
@@ -197,7 +197,7 @@ def _table(rel: RelativeOffsets, name: str, like: Array) -> tuple[np.ndarray, Ar
     raise KeyError(name)
 
 
-def placed(rel: RelativeOffsets, name: str, like: Array) -> Any:
+def table_on(rel: RelativeOffsets, name: str, like: Array) -> Any:
     """Table ``name`` of ``rel`` on ``like``'s backend and device.
 
     Cached by value (grid, boundary, table, backend, dtype, device) in a
@@ -397,7 +397,7 @@ class RelativeAttention(Mechanism):
         total: Any = None
         for i, table in enumerate(projected):
             per_offset = einsum("bknd,kld->bknl", queries, table).reshape(B, K, *grid, -1)  # (B, K, n..., L_i)
-            index = placed(rel, f"axis_index{i}", per_offset).swapaxes(0, 1)  # (n_i, m_i)
+            index = table_on(rel, f"axis_index{i}", per_offset).swapaxes(0, 1)  # (n_i, m_i)
             shape = [1, 1] + [grid[j] if j == i else 1 for j in range(d)] + [grid[i]]
             target = (B, K, *grid, grid[i])
             picked = xp.take_along_axis(per_offset, xp.broadcast_to(index.reshape(shape), target), axis=-1)

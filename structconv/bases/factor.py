@@ -115,5 +115,5 @@ class LowRank:
         return einsum("kpd,kqd->kpq", self.value, self.out)
 
 
-Parameter = Array | Separable | LowRank | ConvWeight
+Theta = Array | Separable | LowRank | ConvWeight
 """What :func:`structconv.conv` accepts as :math:`\\Theta`."""

@@ -28,7 +28,7 @@ from ..backend import Array, device_of, of, shape_str
 from ..bases.base import Basis
 from ..bases.conv_weight import ConvWeight
 from ..bases.convert import as_basis
-from ..bases.factor import LowRank, Parameter, Separable
+from ..bases.factor import LowRank, Separable, Theta
 from .contract import _check_memory, _plan, conv
 from .operands import Param, Shaped, as_param, autocast, placed, prepare
 
@@ -45,7 +45,7 @@ def _shape(value: Any, arg: str) -> Shape:
     return tuple(value)
 
 
-def _operand_shapes(theta: Parameter | Shape) -> tuple[str, tuple[Shape, ...], int]:
+def _operand_shapes(theta: Theta | Shape) -> tuple[str, tuple[Shape, ...], int]:
     """The kind, the operand shapes and the rank of a parameter (or of the shape of a full one)."""
     if isinstance(theta, tuple | list):
         shape = _shape(theta, "theta")
@@ -128,7 +128,7 @@ class Contraction:
         """The order every call runs (``plan.chosen``)."""
         return self.plan.chosen
 
-    def __call__(self, x: Array, theta: Parameter, *, bias: Array | None = None, basis: Basis | None = None) -> Array:
+    def __call__(self, x: Array, theta: Theta, *, bias: Array | None = None, basis: Basis | None = None) -> Array:
         """Contract ``x`` with ``theta`` (shapes, dtype and device as compiled), plus ``bias`` ``(Q,)`` if given.
 
         ``basis`` replaces the bound basis for this call; it must have the same structure
@@ -152,7 +152,7 @@ class Contraction:
             f"{shape_str(tuple(bias.shape))} and {bias.dtype}"
         )
 
-    def run_keyed(self, x: Array, theta: Parameter, bias: Array | None = None, basis: Basis | None = None) -> Array:
+    def run_keyed(self, x: Array, theta: Theta, bias: Array | None = None, basis: Basis | None = None) -> Array:
         """The call for a caller that keys its contractions by what the call would compare.
 
         A layer that looks its contraction up by ``x``'s shape, dtype and device (and by the
@@ -192,7 +192,7 @@ class Contraction:
         xp = of(x).namespace()
         return xp.permute_dims(xp.reshape(x, (int(x.shape[0]), int(x.shape[1]), -1)), (0, 2, 1))
 
-    def _verify(self, basis: Basis, x: Array, theta: Parameter, bias: Array | None) -> None:
+    def _verify(self, basis: Basis, x: Array, theta: Theta, bias: Array | None) -> None:
         """The first call: every check :func:`~structconv.conv` makes, then the device is bound."""
         if tuple(int(s) for s in x.shape) != self._x_shape:
             raise self._mismatch(x)
@@ -212,7 +212,7 @@ class Contraction:
         self._autocast = of(x).autocast_probe(x)
         self._verified = True
 
-    def _param(self, theta: Parameter) -> Param:
+    def _param(self, theta: Theta) -> Param:
         kind = self._kind
         if kind == "full" or kind == "convweight":
             op: Any = theta.weight if type(theta) is ConvWeight else theta
@@ -259,7 +259,7 @@ class Contraction:
             "compile another contraction for these inputs"
         )
 
-    def _general(self, basis: Basis, x: Array, theta: Parameter, bias: Array | None) -> Array:
+    def _general(self, basis: Basis, x: Array, theta: Theta, bias: Array | None) -> Array:
         """Under torch autocast: :func:`~structconv.conv`'s conversions, then the same layout."""
         full = _as_parameter(theta, self._kind, self._rank)
         if self.layout == "rows":
@@ -292,7 +292,7 @@ def _full_shape(kind: str, shapes: tuple[Shape, ...], rank: int) -> tuple[int, i
     return K, P, Q
 
 
-def _as_parameter(theta: Parameter, kind: str, rank: int) -> Parameter:
+def _as_parameter(theta: Theta, kind: str, rank: int) -> Theta:
     """``theta`` as :func:`~structconv.conv` takes it (a bare weight for a ``"convweight"`` contraction)."""
     return ConvWeight(theta, rank) if kind == "convweight" and not isinstance(theta, ConvWeight) else theta
 
@@ -307,7 +307,7 @@ def prepare_bias(bias: Array, x: Array, shape: Shape) -> None:
 def contraction(
     a: Basis | Array,
     x: Array | Shape,
-    theta: Parameter | Shape,
+    theta: Theta | Shape,
     *,
     order: str = "auto",
     layout: str = "rows",

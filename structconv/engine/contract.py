@@ -32,7 +32,7 @@ from ..backend.cache import BoundedCache
 from ..backend.checks import check_memory
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
-from ..bases.factor import Parameter
+from ..bases.factor import Theta
 from .operands import Param, autocast, placed, prepare
 from .orders import DenseOrder, Order, orders_for
 from .plan import MEMORY_WEIGHT, SPARSE_FLOP_WEIGHT, Candidate, Plan
@@ -100,7 +100,7 @@ def _check_memory(plan: Plan, x: Array) -> None:
     )
 
 
-def explain(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> Plan:
+def explain(a: Basis | Array, x: Array, theta: Theta, order: str = "auto") -> Plan:
     """Report the cost of every order for these operands and the one :func:`conv` would run.
 
     Parameters
@@ -128,7 +128,7 @@ def explain(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -
     return replace(plan, notes=notes) if notes else plan
 
 
-def conv(a: Basis | Array, x: Array, theta: Parameter, order: str = "auto") -> Array:
+def conv(a: Basis | Array, x: Array, theta: Theta, order: str = "auto") -> Array:
     r"""Compute :math:`y_b = \sum_k A_k^\top x_b \Theta_k` (Andreoli, Prop. 2, batched).
 
     Parameters

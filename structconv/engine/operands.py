@@ -9,7 +9,7 @@ from ..backend.checks import check_array, check_same_placement
 from ..bases.base import Basis
 from ..bases.conv_weight import ConvWeight
 from ..bases.convert import as_basis
-from ..bases.factor import LowRank, Parameter, Separable
+from ..bases.factor import LowRank, Separable, Theta
 
 #: Argument names of each parameter kind's operands, as error messages show them.
 _OPERAND_NAMES = {
@@ -42,7 +42,7 @@ class Shaped(NamedTuple):
     shape: tuple[int, ...]
 
 
-def as_param(theta: Parameter) -> Param:
+def as_param(theta: Theta) -> Param:
     """Read ``theta`` (an array, :class:`Separable` or :class:`LowRank`) as a :class:`Param`."""
     if isinstance(theta, Separable):
         k, p, q = theta.shape
@@ -58,7 +58,7 @@ def as_param(theta: Parameter) -> Param:
     return Param("full", (theta,), k, p, q, 0)
 
 
-def autocast(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis | Array, Array, Parameter]:
+def autocast(a: Basis | Array, x: Array, theta: Theta) -> tuple[Basis | Array, Array, Theta]:
     """Inside ``torch.autocast``, every floating operand in the autocast dtype, as ``torch.matmul`` would.
 
     Autocast leaves layers' outputs in the low dtype and their parameters in float32; the
@@ -88,7 +88,7 @@ def placed(a: Basis | Array, x: Array) -> Basis | Array:
     return a.placed_like(x) if isinstance(a, Basis) else a
 
 
-def prepare(a: Basis | Array, x: Array, theta: Parameter) -> tuple[Basis, Array, Param, bool]:
+def prepare(a: Basis | Array, x: Array, theta: Theta) -> tuple[Basis, Array, Param, bool]:
     """Check the operands against each other.
 
     Returns the basis, ``x`` as ``(B, M, P)``, the parameter, and whether ``x`` was 2-D.

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from ..backend import Array, find, native
 from ..bases.base import Basis
-from ..bases.factor import LowRank, Parameter, Separable
+from ..bases.factor import LowRank, Separable, Theta
 
 
-def dense_reference(a: Basis | Array, x: Array, theta: Parameter) -> Array:
+def dense_reference(a: Basis | Array, x: Array, theta: Theta) -> Array:
     r"""Compute :math:`y_b = \sum_k A_k^\top x_b \Theta_k` by one dense ``einsum``, ``"kmn,bmp,kpq->bnq"``.
 
     Parameters

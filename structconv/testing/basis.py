@@ -21,7 +21,7 @@ import numpy as np
 
 from ..backend import Array, device_of, find, load
 from ..bases.base import Basis
-from ..bases.factor import Parameter
+from ..bases.factor import Theta
 from ..bases.sparse import Derived
 from ..engine.contract import conv, explain
 from ..engine.reference import dense_reference
@@ -192,7 +192,7 @@ def assert_unchanged(before: dict[str, Any], after: dict[str, Any], *, what: str
 
 
 # --- the check ----------------------------------------------------------------------------------
-def _factors(theta: Parameter) -> tuple[tuple[Array, ...], Callable[..., Parameter]]:
+def _factors(theta: Theta) -> tuple[tuple[Array, ...], Callable[..., Theta]]:
     """The arrays ``theta`` is made of, and how to make it again from them.
 
     A factorised parameter (:class:`~structconv.Separable`, :class:`~structconv.LowRank`, any
@@ -201,8 +201,8 @@ def _factors(theta: Parameter) -> tuple[tuple[Array, ...], Callable[..., Paramet
     if dataclasses.is_dataclass(theta) and not isinstance(theta, type):
         names = [f.name for f in dataclasses.fields(theta) if find(getattr(theta, f.name)) is not None]
 
-        def rebuild(*arrays: Array) -> Parameter:
-            made: Parameter = dataclasses.replace(theta, **dict(zip(names, arrays, strict=True)))
+        def rebuild(*arrays: Array) -> Theta:
+            made: Theta = dataclasses.replace(theta, **dict(zip(names, arrays, strict=True)))
             return made
 
         return tuple(getattr(theta, n) for n in names), rebuild
@@ -229,7 +229,7 @@ def _worst_jacobian_entry(run: Callable[..., Any], leaves: tuple[Any, ...]) -> f
     return worst
 
 
-def _gradcheck(basis: Basis, x: Array, theta: Parameter, order: str, fast: bool) -> None:
+def _gradcheck(basis: Basis, x: Array, theta: Theta, order: str, fast: bool) -> None:
     """``torch.autograd.gradcheck`` of :math:`x` and the arrays of :math:`\\Theta` through ``order``."""
     import torch
     from torch.autograd.gradcheck import GradcheckError
@@ -257,7 +257,7 @@ def check_basis(
     basis: Basis,
     *,
     x: Array | None = None,
-    theta: Parameter | None = None,
+    theta: Theta | None = None,
     dense: Array | None = None,
     rtol: float | None = None,
     atol: float | None = None,

@@ -27,6 +27,7 @@ from structconv import BiAffine, LowRank, attention_basis, conv, explain, masked
 from structconv.bases import attention as attention_module
 from structconv.bases.attention import fused_width
 from structconv.engine.contract import PLANS
+from structconv.engine.operands import FULL
 from structconv.engine.orders import names
 from structconv.nn import ContentHeads, MultiHeadSelfAttention, PositionalAttention
 
@@ -100,7 +101,7 @@ def test_sdpa_runs_the_fused_kernel_at_any_width_and_mask(
     full = theta.full() if lowrank else theta
     ref = reference(as_numpy(basis.to_dense()), as_numpy(x), as_numpy(full))
     np.testing.assert_allclose(as_numpy(y), ref, rtol=1e-10, atol=1e-10)
-    for order in names("full", basis):
+    for order in names(FULL, basis):
         np.testing.assert_allclose(as_numpy(conv(basis, x, full, order=order)), ref, rtol=1e-10, atol=1e-10)
     (g_fused,) = torch.autograd.grad(y.sum(), x)
     (g_dense,) = torch.autograd.grad(conv(basis, x, theta, order="ax").sum(), x)
@@ -319,7 +320,7 @@ def test_every_mask_gives_one_answer_in_every_order_or_one_clear_error(case: dic
     basis = attention_basis(x, z, mechanism=mech, mask=mask)
     weights = _dense_reference(case, np.broadcast_to(allowed, SCORES), x_np, z_np, mech)
     ref = reference(weights, x_np, as_numpy(theta))
-    orders = names("full", basis)
+    orders = names(FULL, basis)
     assert ("sdpa" in orders) == (case["x_backend"] == "torch" and case["mechanism"] == "transformer")
     for order in orders:
         np.testing.assert_allclose(as_numpy(conv(basis, x, theta, order=order)), ref, rtol=1e-9, atol=1e-9)
@@ -432,7 +433,7 @@ def test_a_numpy_scalar_scale_keeps_the_inputs_dtype() -> None:
         A = attention_basis(x, mechanism=mech)
         assert type(mech.scale) is float and A.to_dense().dtype == np.float16
         theta = rng.normal(size=(int(A.shape[1]), 3, 2)).astype(np.float16)
-        for order in names("full", A):
+        for order in names(FULL, A):
             assert conv(A, x, theta, order=order).dtype == np.float16, order
     for scale, error in (("0.5", TypeError), (float("nan"), ValueError), (np.inf, ValueError)):
         with pytest.raises(error, match=r"scale must be"):
@@ -481,7 +482,7 @@ def test_a_lazy_basis_converts_its_projections_with_its_inputs() -> None:
     double = BiAffine(**{k: v.double() for k, v in mech.arrays().items()}, scale=mech.scale)
     exact = attention_basis(x.double(), mechanism=double)
     assert wide.dtype == torch.float64 and wide.to_dense().dtype == torch.float64
-    for order in names("full", wide):
+    for order in names(FULL, wide):
         torch.testing.assert_close(conv(wide, x.double(), theta, order=order), conv(exact, x.double(), theta))
 
 

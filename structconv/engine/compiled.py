@@ -30,7 +30,7 @@ from ..bases.conv_weight import ConvWeight
 from ..bases.convert import as_basis
 from ..bases.factor import LowRank, Separable, Theta
 from .contract import _check_memory, _plan, conv
-from .operands import Param, Shaped, as_param, autocast, placed, prepare
+from .operands import CONV_WEIGHT, FULL, Kind, Param, Shaped, as_param, autocast, placed, prepare
 
 LAYOUTS = ("rows", "channels_first")
 
@@ -45,13 +45,13 @@ def _shape(value: Any, arg: str) -> Shape:
     return tuple(value)
 
 
-def _operand_shapes(theta: Theta | Shape) -> tuple[str, tuple[Shape, ...], int]:
+def _operand_shapes(theta: Theta | Shape) -> tuple[Kind, tuple[Shape, ...], int]:
     """The kind, the operand shapes and the rank of a parameter (or of the shape of a full one)."""
     if isinstance(theta, tuple | list):
         shape = _shape(theta, "theta")
         if len(shape) != 3:
             raise ValueError(f"theta as a shape must be (K, P, Q), got {shape}")
-        return "full", (shape,), 0
+        return FULL, (shape,), 0
     prm = as_param(theta)
     return prm.kind, tuple(tuple(int(s) for s in op.shape) for op in prm.operands), prm.R
 
@@ -98,7 +98,7 @@ class Contraction:
         self,
         basis: Basis,
         x_shape: Shape,
-        theta: tuple[str, tuple[Shape, ...], int],
+        theta: tuple[Kind, tuple[Shape, ...], int],
         order: str,
         layout: str,
         dtype: Any,
@@ -106,7 +106,7 @@ class Contraction:
         self.basis, self.layout = basis, layout
         self._kind, self._operand_shapes, self._rank = theta
         self._x_shape, self._squeeze = x_shape, len(x_shape) == 2
-        K, P, Q = _full_shape(self._kind, self._operand_shapes, self._rank)
+        K, P, Q = self._kind.full_shape(self._operand_shapes, self._rank)
         rows = x_shape if layout == "rows" else (x_shape[0], basis.M, P)
         B = 1 if self._squeeze else int(rows[0])
         probe = Param(self._kind, tuple(Shaped(s) for s in self._operand_shapes), K, P, Q, self._rank)
@@ -214,7 +214,7 @@ class Contraction:
 
     def _param(self, theta: Theta) -> Param:
         kind = self._kind
-        if kind == "full" or kind == "convweight":
+        if not kind.factored:
             op: Any = theta.weight if type(theta) is ConvWeight else theta
             if op.shape != self._operand_shapes[0] or op.dtype != self._dtype or op.device != self._device:
                 raise self._theta_mismatch(op)
@@ -223,12 +223,9 @@ class Contraction:
                 return last
             self._last = Param(kind, (op,), *self._full, self._rank)
             return self._last
-        if kind == "lowrank" and isinstance(theta, LowRank):
-            ops: tuple[Array, ...] = (theta.value, theta.out)
-        elif kind == "separable" and isinstance(theta, Separable):
-            ops = (theta.basis_coef, theta.channel)
-        else:
-            raise TypeError(f"theta must be a {kind} parameter as compiled, got {type(theta).__name__}")
+        if not isinstance(theta, LowRank | Separable) or as_param(theta).kind is not kind:
+            raise TypeError(f"theta must be a {kind.name} parameter as compiled, got {type(theta).__name__}")
+        ops: tuple[Array, ...] = as_param(theta).operands
         for op, shape in zip(ops, self._operand_shapes, strict=True):
             if op.shape != shape or op.dtype != self._dtype or op.device != self._device:
                 raise self._theta_mismatch(op)
@@ -236,7 +233,7 @@ class Contraction:
 
     def _theta_mismatch(self, op: Any) -> ValueError:
         if not hasattr(op, "shape"):
-            return ValueError(f"theta must be a {self._kind} parameter as compiled, got {type(op).__name__}")
+            return ValueError(f"theta must be a {self._kind.name} parameter as compiled, got {type(op).__name__}")
         return ValueError(
             f"theta's arrays must have shapes {', '.join(shape_str(s) for s in self._operand_shapes)}, "
             f"dtype {self._dtype} and device {self._device} as compiled; got {shape_str(tuple(op.shape))}, "
@@ -272,29 +269,14 @@ class Contraction:
 
     def __repr__(self) -> str:
         return (
-            f"Contraction({self.basis!r}, x={shape_str(self._x_shape)}, theta={self._kind} "
+            f"Contraction({self.basis!r}, x={shape_str(self._x_shape)}, theta={self._kind.name} "
             f"{', '.join(shape_str(s) for s in self._operand_shapes)}, order={self.order!r}, layout={self.layout!r})"
         )
 
 
-def _full_shape(kind: str, shapes: tuple[Shape, ...], rank: int) -> tuple[int, int, int]:
-    if kind == "full":
-        K, P, Q = shapes[0]
-    elif kind == "separable":
-        K, (_, P, Q) = shapes[0][1], shapes[1]
-    elif kind == "lowrank":
-        (K, P, _), Q = shapes[0], shapes[1][1]
-    else:  # convweight (Q, P/G, *kernel)
-        w = shapes[0]
-        K, P, Q = 1, w[1] * rank, w[0]
-        for s in w[2:]:
-            K *= s
-    return K, P, Q
-
-
-def _as_parameter(theta: Theta, kind: str, rank: int) -> Theta:
-    """``theta`` as :func:`~structconv.conv` takes it (a bare weight for a ``"convweight"`` contraction)."""
-    return ConvWeight(theta, rank) if kind == "convweight" and not isinstance(theta, ConvWeight) else theta
+def _as_parameter(theta: Theta, kind: Kind, rank: int) -> Theta:
+    """``theta`` as :func:`~structconv.conv` takes it (a bare weight for a convolution-weight contraction)."""
+    return ConvWeight(theta, rank) if kind is CONV_WEIGHT and not isinstance(theta, ConvWeight) else theta
 
 
 def prepare_bias(bias: Array, x: Array, shape: Shape) -> None:
@@ -368,9 +350,9 @@ def contraction(
     return Contraction(basis, x_shape, spec, order, layout, dtype)
 
 
-def _check_layout(basis: Basis, x_shape: Shape, spec: tuple[str, tuple[Shape, ...], int], layout: str) -> None:
+def _check_layout(basis: Basis, x_shape: Shape, spec: tuple[Kind, tuple[Shape, ...], int], layout: str) -> None:
     """Refuse an ``x`` or ``theta`` shape that does not fit the basis, naming the expected shape."""
-    K, P, _ = _full_shape(*spec)
+    K, P, _ = spec[0].full_shape(spec[1], spec[2])
     if K != basis.K:
         raise ValueError(f"theta has K={K} members but the basis has K={basis.K}")
     if layout == "rows":

@@ -37,8 +37,6 @@ from .operands import Param, autocast, placed, prepare
 from .orders import DenseOrder, Order, orders_for
 from .plan import MEMORY_WEIGHT, SPARSE_FLOP_WEIGHT, Candidate, Plan
 
-_RANK_NAME = {"separable": "H", "lowrank": "D", "convweight": "G"}
-
 PLANS: BoundedCache[tuple[Plan, Order]] = BoundedCache(size=2048)
 """The plans made so far and the order each runs (call ``PLANS.clear()`` after changing a weight)."""
 
@@ -48,7 +46,7 @@ def _plan(basis: Basis, x: Array, prm: Param, order: str) -> tuple[Plan, Order]:
         raise TypeError(f"order must be a string such as 'auto' or 'ax', got {type(order).__name__}: {order!r}")
     B = int(x.shape[0])
     traced = load(basis.backend).traced()  # x may be a shape (a compiled contraction plans before it runs)
-    key = (basis.plan_key(), B, prm.kind, prm.P, prm.Q, prm.R, order, traced)
+    key = (basis.plan_key(), B, prm.kind.name, prm.P, prm.Q, prm.R, order, traced)
     return PLANS.find(key) or PLANS.put(key, _new_plan(basis, B, prm, order, traced))
 
 
@@ -69,8 +67,8 @@ def _new_plan(basis: Basis, B: int, prm: Param, order: str, traced: bool) -> tup
             f"on {basis.backend}; expected one of {('auto',) + valid}"
         )
     sizes = {"B": B, "K": basis.K, "M": basis.M, "N": basis.N, "P": prm.P, "Q": prm.Q}
-    if prm.kind != "full":
-        sizes[_RANK_NAME[prm.kind]] = prm.R
+    if prm.kind.rank_name is not None:
+        sizes[prm.kind.rank_name] = prm.R
     candidates = []
     for o in orders:
         cost = o.cost(basis, B, prm)
@@ -79,7 +77,7 @@ def _new_plan(basis: Basis, B: int, prm: Param, order: str, traced: bool) -> tup
     scores = [c.score for c in candidates]
     chosen = order if order != "auto" else candidates[scores.index(min(scores))].order
     equation = orders[0].equation if isinstance(orders[0], DenseOrder) else ""
-    plan = Plan(basis.representation, sizes, prm.kind, tuple(candidates), chosen, order, equation)
+    plan = Plan(basis.representation, sizes, prm.kind.name, tuple(candidates), chosen, order, equation)
     entry = (plan, orders[valid.index(chosen)])
     return entry
 

@@ -21,33 +21,15 @@ from collections.abc import Callable, Mapping
 
 from ..backend import Array, einsum, einsum_path, of, x_theta
 from ..bases.base import Basis, Cost, OwnOrder
-from ..bases.conv_weight import conv_weight_full
-from .operands import Param, Shaped
+from .operands import CONV_WEIGHT, FULL, LOWRANK, SEPARABLE, Kind, Param, Shaped
 
 #: The triangle's orders for a full parameter, and for a factorised one.
 BASE_ORDERS = ("ax", "xtheta", "atheta")
 FACTOR_ORDERS = ("ax", "xtheta", "ax+full", "xtheta+full", "atheta")
 
-_FULL_SUBSCRIPTS = {"separable": "hk,hpq->kpq", "lowrank": "kpd,kqd->kpq"}
-
 
 def _gemm(*dims: int) -> float:
     return 2.0 * float(math.prod(dims))
-
-
-def _full(prm: Param) -> Param:
-    r"""The parameter with :math:`\Theta` formed from its factors (or its convolution weight)."""
-    if prm.kind == "convweight":
-        full = conv_weight_full(prm.operands[0], prm.R)
-    else:
-        full = einsum(_FULL_SUBSCRIPTS[prm.kind], *prm.operands)
-    return Param("full", (full,), prm.K, prm.P, prm.Q, 0)
-
-
-def _full_cost(prm: Param) -> Cost:
-    if prm.kind == "convweight":  # a view for one group; the block-diagonal zeros written for several
-        return Cost(0.0, 0.0) if prm.R == 1 else Cost(_gemm(prm.K, prm.P, prm.Q), float(prm.K * prm.P * prm.Q))
-    return Cost(_gemm(prm.K, prm.P, prm.Q, prm.R), float(prm.K * prm.P * prm.Q))
 
 
 def rows_to_image(x: Array, shape: tuple[int, ...]) -> Array:
@@ -150,11 +132,11 @@ class _FormFull(Order):
         self.inner = inner
 
     def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
-        full = Param("full", (Shaped((prm.K, prm.P, prm.Q)),), prm.K, prm.P, prm.Q, 0)
-        return self.inner.cost(basis, batch, full) + _full_cost(prm)
+        full = Param(FULL, (Shaped((prm.K, prm.P, prm.Q)),), prm.K, prm.P, prm.Q, 0)
+        return self.inner.cost(basis, batch, full) + prm.full_cost()
 
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
-        return self.inner.run(basis, x, _full(prm))
+        return self.inner.run(basis, x, prm.full())
 
 
 class _SeparableAx(Order):
@@ -274,14 +256,14 @@ class _OwnImage(_Own):
 
 
 _FULL_ORDERS: dict[str, Order] = {"ax": _FullAx("ax"), "xtheta": _FullXTheta("xtheta"), "atheta": _FullOrder("atheta")}
-_HOOK_ORDERS: dict[str, dict[str, Order]] = {
-    "full": _FULL_ORDERS,
-    "separable": {"ax": _SeparableAx("ax"), "xtheta": _SeparableXTheta("xtheta")},
-    "lowrank": {"ax": _LowRankAx("ax"), "xtheta": _LowRankXTheta("xtheta")},
+_HOOK_ORDERS: dict[Kind, dict[str, Order]] = {
+    FULL: _FULL_ORDERS,
+    SEPARABLE: {"ax": _SeparableAx("ax"), "xtheta": _SeparableXTheta("xtheta")},
+    LOWRANK: {"ax": _LowRankAx("ax"), "xtheta": _LowRankXTheta("xtheta")},
 }
 #: The factorised orders that form :math:`\Theta` first, and the full order each then runs.
 _FORM_FULL = {"ax+full": "ax", "xtheta+full": "xtheta", "atheta": "atheta"}
-for _kind in ("separable", "lowrank"):
+for _kind in (SEPARABLE, LOWRANK):
     for _key, _name in _FORM_FULL.items():
         _HOOK_ORDERS[_kind][_key] = _FormFull(_key, _FULL_ORDERS[_name])
 
@@ -292,15 +274,15 @@ def _full_order(name: str, own: Mapping[str, OwnOrder]) -> Order:
     return _FULL_ORDERS[name] if found is None else _Own(name, found)
 
 
-def _hook_order(kind: str, name: str, own: Mapping[str, OwnOrder]) -> Order:
-    if kind == "full":
+def _hook_order(kind: Kind, name: str, own: Mapping[str, OwnOrder]) -> Order:
+    if kind is FULL:
         return _full_order(name, own)
     found = own.get(name)
-    if kind == "convweight":  # the weight as stored where the order takes it, else Θ formed first
+    if kind is CONV_WEIGHT:  # the weight as stored where the order takes it, else Θ formed first
         if found is not None and found.run_image is not None:
             return _OwnImage(name, found)
         return _FormFull(name, _full_order(name, own))
-    if kind == "lowrank" and found is not None and found.run_factored is not None:
+    if kind is LOWRANK and found is not None and found.run_factored is not None:
         return _Factored(name, found)
     if name in ("ax", "xtheta"):  # the factors kept, through the hooks
         return _HOOK_ORDERS[kind][name]
@@ -311,16 +293,16 @@ def _hook_order(kind: str, name: str, own: Mapping[str, OwnOrder]) -> Order:
 
 # --- dense bases: one opt_einsum contraction --------------------------------------------------
 #: Explicit opt_einsum paths: operands are (A, x, Θ) or (A, x, F1, F2).
-DENSE_PATHS: dict[str, dict[str, tuple[tuple[int, ...], ...]]] = {
-    "full": {"ax": ((0, 1), (0, 1)), "xtheta": ((1, 2), (0, 1)), "atheta": ((0, 2), (0, 1))},
-    "separable": {
+DENSE_PATHS: dict[Kind, dict[str, tuple[tuple[int, ...], ...]]] = {
+    FULL: {"ax": ((0, 1), (0, 1)), "xtheta": ((1, 2), (0, 1)), "atheta": ((0, 2), (0, 1))},
+    SEPARABLE: {
         "ax": ((0, 1), (0, 2), (0, 1)),
         "xtheta": ((1, 3), (1, 2), (0, 1)),
         "ax+full": ((2, 3), (0, 1), (0, 1)),
         "xtheta+full": ((2, 3), (1, 2), (0, 1)),
         "atheta": ((2, 3), (0, 2), (0, 1)),
     },
-    "lowrank": {
+    LOWRANK: {
         "ax": ((0, 1), (0, 2), (0, 1)),
         "xtheta": ((1, 2), (0, 2), (0, 1)),
         "ax+full": ((2, 3), (0, 1), (0, 1)),
@@ -328,12 +310,11 @@ DENSE_PATHS: dict[str, dict[str, tuple[tuple[int, ...], ...]]] = {
         "atheta": ((2, 3), (0, 2), (0, 1)),
     },
 }
-_PARAM_SUBSCRIPTS = {"full": "kpq", "separable": "hk,hpq", "lowrank": "kpd,kqd"}
 
 
-def dense_equation(batched: bool, kind: str) -> str:
+def dense_equation(batched: bool, kind: Kind) -> str:
     """The einsum equation of a dense basis (``batched``: per instance) and a ``kind`` of parameter."""
-    return f"{'bkmn' if batched else 'kmn'},bmp,{_PARAM_SUBSCRIPTS[kind]}->bnq"
+    return f"{'bkmn' if batched else 'kmn'},bmp,{kind.subscripts}->bnq"
 
 
 def _path_cost(eq: str, shapes: tuple[tuple[int, ...], ...], path: tuple[tuple[int, ...], ...]) -> Cost:
@@ -346,7 +327,7 @@ class DenseOrder(Order):
 
     __slots__ = ("equation", "kind", "path")
 
-    def __init__(self, name: str, kind: str, batched: bool) -> None:
+    def __init__(self, name: str, kind: Kind, batched: bool) -> None:
         super().__init__(name)
         self.kind = kind
         self.equation = dense_equation(batched, kind)
@@ -359,9 +340,9 @@ class DenseOrder(Order):
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
         a = basis.to_dense()
         y = None
-        if self.kind == "full":
+        if self.kind is FULL:
             y = of(a).dense_gemms(self.name, a, x, prm.operands[0])
-        elif self.kind == "lowrank" and self.name == "xtheta":
+        elif self.kind is LOWRANK and self.name == "xtheta":
             y = of(a).dense_gemms_lowrank(a, x, *prm.operands)
         return einsum(self.equation, a, x, *prm.operands, path=self.path) if y is None else y
 
@@ -373,17 +354,17 @@ _DENSE_ORDERS = {
 }
 
 
-def names(kind: str, basis: Basis) -> tuple[str, ...]:
+def names(kind: Kind, basis: Basis) -> tuple[str, ...]:
     """The orders open to ``basis`` with a ``kind`` of parameter, in the order :func:`explain` lists them."""
     beyond = tuple(name for name in basis.own_orders() if name not in BASE_ORDERS)
-    return (BASE_ORDERS if kind in ("full", "convweight") else FACTOR_ORDERS) + beyond
+    return (FACTOR_ORDERS if kind.factored else BASE_ORDERS) + beyond
 
 
-def orders_for(kind: str, basis: Basis, dense: bool) -> tuple[Order, ...]:
+def orders_for(kind: Kind, basis: Basis, dense: bool) -> tuple[Order, ...]:
     """The :class:`Order` objects of :func:`names`; ``dense`` selects the opt_einsum family."""
     if dense:
-        if kind == "convweight":  # Θ formed first (a view for one group), then the full einsum
-            full = _DENSE_ORDERS["full", basis.batch is not None]
+        if kind is CONV_WEIGHT:  # Θ formed first (a view for one group), then the full einsum
+            full = _DENSE_ORDERS[FULL, basis.batch is not None]
             return tuple(_FormFull(name, full[name]) for name in names(kind, basis))
         table = _DENSE_ORDERS[kind, basis.batch is not None]
         return tuple(table[name] for name in names(kind, basis))

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..backend import Array, dtype_name, einsum, find, namespace, shape_str, zeros
+from ..backend import Array, dtype_name, einsum, find, namespace, of, shape_str, zeros
 from ..backend.checks import check_array, check_same_placement
 from ..bases.attention import AttentionBasis, Projections, check_scores_memory
 from ..bases.scores import check_placement, finite_real
@@ -409,7 +409,7 @@ def attention_basis(
         mechanism.check_inputs(x3, z3)
     shape = (int(x3.shape[0]), mechanism.heads, int(x3.shape[1]), int(z3.shape[1]))
     if mask is not None:
-        mask = _over_keys(mask, shape)
+        mask = _over_keys(mask, shape, x3)
         check_mask(mask, x3, shape, arg="x", layout="(B, K, M, N)", expected=_EXPECTED, ranks=(2, 4))
     if leaky_relu is not None:
         leaky_relu = finite_real(leaky_relu, "leaky_relu", "the LeakyReLU's negative slope, e.g. 0.2, or None")
@@ -434,15 +434,16 @@ def attention_basis(
 _EXPECTED = MASK_SHAPES + "; or additive over the keys alone, (M,) or (B, M)"
 
 
-def _over_keys(mask: Any, shape: tuple[int, ...]) -> Any:
+def _over_keys(mask: Any, shape: tuple[int, ...], like: Array) -> Any:
     """A mask over the keys alone, ``(M,)`` or ``(B, M)``, as the ``(M, 1)`` or ``(B, 1, M, 1)`` mask it means.
 
-    Any other mask is returned as given (:func:`check_mask` judges it).  A 2-D mask that also reads
+    Any other mask, and a mask of another backend than ``like`` (the inputs), is returned as given
+    (:func:`check_mask` judges it: the backend first, as for every mask).  A 2-D mask that also reads
     as ``(M, N)`` keeps that meaning.  A boolean one is refused: torch's ``key_padding_mask`` of
     these shapes marks the keys to ignore with ``True``, where a structconv mask marks the allowed
     entries, and neither reading can be told from the values.
     """
-    if find(mask) is None:
+    if find(mask) is not of(like):
         return mask
     B, _, M, N = shape
     got = tuple(int(s) for s in mask.shape)

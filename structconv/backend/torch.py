@@ -70,8 +70,8 @@ class TorchBackend(Backend):
     def check_all(self, condition: Array, message: str) -> None:
         if torch.compiler.is_compiling():  # an assertion in the graph: no host read, no graph break
             torch._assert_async(condition.all(), message)
-        elif not bool(condition.all()):
-            raise ValueError(message)
+        else:
+            super().check_all(condition, message)
 
     def requires_grad(self, a: Array) -> bool:
         return bool(a.requires_grad)

@@ -223,9 +223,10 @@ class Contraction:
                 return last
             self._last = Param(kind, (op,), *self._full, self._rank)
             return self._last
-        if not isinstance(theta, LowRank | Separable) or as_param(theta).kind is not kind:
+        read = as_param(theta) if isinstance(theta, LowRank | Separable) else None
+        if read is None or read.kind is not kind:
             raise TypeError(f"theta must be a {kind.name} parameter as compiled, got {type(theta).__name__}")
-        ops: tuple[Array, ...] = as_param(theta).operands
+        ops: tuple[Array, ...] = read.operands
         for op, shape in zip(ops, self._operand_shapes, strict=True):
             if op.shape != shape or op.dtype != self._dtype or op.device != self._device:
                 raise self._theta_mismatch(op)

@@ -187,13 +187,14 @@ def _relative_offsets(grid: tuple[int, ...], boundary: str) -> RelativeOffsets:
 _PLACED: BoundedCache[Any] = BoundedCache(size=256)
 
 
-def _table(rel: RelativeOffsets, name: str, like: Array) -> tuple[np.ndarray, Array, str | None]:
-    """The NumPy table ``name`` of ``rel``, ``like``, and the table's dtype there (``None``: ``like``'s)."""
+def _placed_table(rel: RelativeOffsets, name: str, like: Array) -> Any:
+    """The table ``name`` of ``rel`` copied to ``like``'s backend and device (``"offsets"`` in ``like``'s dtype)."""
+    backend = of(like)
     # Copies: the cached tables are read-only, and torch does not share read-only memory.
     if name == "offsets":
-        return rel.offsets.astype(np.float64), like, None
+        return backend.asarray(rel.offsets.astype(np.float64), like)
     if name.startswith("axis_index"):  # (S_i, S_i), built now: O(S_i^2), the size of one axis' factor
-        return rel.axis_index(int(name.removeprefix("axis_index"))), like, "int64"
+        return backend.asarray(rel.axis_index(int(name.removeprefix("axis_index"))), like, "int64")
     raise KeyError(name)
 
 
@@ -222,7 +223,7 @@ def table_on(rel: RelativeOffsets, name: str, like: Array) -> Any:
     backend = of(like)
     key = (rel.grid, rel.boundary, name, backend.name, dtype_name(like), backend.device(like))
     found = _PLACED.find(key)
-    return found if found is not None else _PLACED.put(key, backend.asarray(*_table(rel, name, like)))
+    return found if found is not None else _PLACED.put(key, _placed_table(rel, name, like))
 
 
 def _check_tables(tables: Sequence[Array], rel: RelativeOffsets) -> tuple[int, ...]:

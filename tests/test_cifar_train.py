@@ -615,6 +615,20 @@ def test_the_gemm_yardstick_records_every_product_of_a_step_backward_included() 
     assert largest_gemm([]) is None
 
 
+def test_the_gemm_yardstick_counts_a_convolution_as_its_unfolded_product() -> None:
+    from structconv.experiments.cifar.throughput import Gemm, _count, largest_gemm
+
+    conv, grouped = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 4, 1, stride=2, groups=2)
+    x = torch.randn(2, 3, 6, 6)
+    _, gemms = _count(lambda: grouped(conv(x)).sum().backward(), batch=2)
+    f32 = torch.float32
+    # 2 x 6 x 6 output positions, each a 3 x 3 x 3 patch against 8 filters; then 2 groups of a
+    # 4-channel 1 x 1 patch at 2 x 3 x 3 positions against 2 filters each (backward adds none).
+    assert gemms == [Gemm(1, 72, 27, 8, f32), Gemm(2, 18, 4, 2, f32)]
+    assert largest_gemm(gemms) == Gemm(1, 72, 27, 8, f32)
+    assert sum(g.flops for g in gemms) == 2 * (conv.weight.numel() * 36 + grouped.weight.numel() * 9) * 2
+
+
 def test_cli_reports_bad_input_clearly(tmp_path: Path) -> None:
     bad_model = _cli("train", "--model", "vgg", "--data", str(tmp_path))
     assert bad_model.returncode == 2 and "--model: unknown model 'vgg'; expected 'all'" in bad_model.stderr

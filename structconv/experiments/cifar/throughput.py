@@ -31,7 +31,8 @@ The GEMM yardstick says how fast this machine multiplies matrices of the size th
 multiplies, so that a variant's achieved FLOP/s can be judged against what the hardware delivers
 on its own largest product rather than against a datasheet.  The step that counts the FLOPs
 also runs under a dispatch mode that records every ``aten.mm``, ``addmm``, ``bmm`` and
-``baddbmm``; the product with the most FLOPs of ``sa-quadratic``'s step (of the largest among
+``baddbmm``, and every forward convolution as the product it is (its unfolded input, one row per
+output position, times its weight); the product with the most FLOPs of ``sa-quadratic``'s step (of the largest among
 the variants measured when it is not one of them) gives the shape and dtype (the autocast
 dtype under bf16 autocast, float32 otherwise).  Every round then times, after the variants,
 ``torch.mm`` (``torch.bmm`` for a batched product) of contiguous random operands of that shape
@@ -202,12 +203,19 @@ class _GemmRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        out = func(*args, **(kwargs or {}))
         first = _GEMM_OPS.get(func.overloadpacket)
         if first is not None:
             a, b = args[first], args[first + 1]
             batch = int(a.shape[0]) if a.ndim == 3 else 1
             self.gemms.append(Gemm(batch, int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1]), a.dtype))
-        return func(*args, **(kwargs or {}))
+        elif func.overloadpacket is torch.ops.aten.convolution and not args[6]:  # not transposed
+            # A convolution is the product of its unfolded input (one row per output position)
+            # with its weight, one per group: ResNet's largest products are convolutions.
+            weight, groups = args[1], int(args[8])
+            positions = out.numel() // out.shape[1]
+            self.gemms.append(Gemm(groups, positions, weight[0].numel(), int(weight.shape[0]) // groups, out.dtype))
+        return out
 
 
 def largest_gemm(gemms: list[Gemm]) -> Gemm | None:

@@ -4,9 +4,8 @@ The layer is ``structconv.nn.PositionalAttention((s, s), 400, 9)`` (9 quadratic 
 400, the layer's defaults otherwise: the paper's D_h = D_out, ``threshold=1e-7``), float32, CPU,
 batch 1, on grids of ``--sides`` (default 16, 32, 64, 128, 256: 256 to 65,536 tokens), in two
 modes: ``inference`` (forward under ``torch.no_grad()``) and ``training`` (forward + backward of
-``y.sum()``, gradients to the input and every parameter).  On grids with sides above 32 the
-heads also carry a banded "window" form, and the engine picks the order of least estimated
-cost; the order ``structconv.explain`` reports is recorded per side.
+``y.sum()``, gradients to the input and every parameter).  The order ``structconv.explain`` reports is
+recorded per side.
 
 Variants, each on the same ``(1, s, s, 400)`` activations:
 

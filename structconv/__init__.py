@@ -20,7 +20,13 @@ from .engine.contract import Candidate, Plan, conv, explain
 from .structures.attention import AttentionBasis, BiAffine, Mechanism, attention_basis, masked_softmax
 from .structures.graph import PolynomialBasis, gcn_basis, graph_basis
 from .structures.grid import apply_shifts, avg_pool_basis, grid_basis, shift_matrix
-from .structures.positional import GaussianPosition, LearnedPosition, QuadraticPosition, RelativeAttention
+from .structures.positional import (
+    PositionScores,
+    RelativeAttention,
+    gaussian_scores,
+    learned_scores,
+    quadratic_scores,
+)
 from .theory.algebra import combine, compose, decompose
 
 __all__ = [
@@ -35,14 +41,12 @@ __all__ = [
     "Cost",
     "DenseBasis",
     "EdgeBasis",
-    "GaussianPosition",
     "GridBasis",
-    "LearnedPosition",
     "LowRank",
     "Mechanism",
     "Plan",
     "PolynomialBasis",
-    "QuadraticPosition",
+    "PositionScores",
     "RelativeAttention",
     "SelectBasis",
     "Separable",
@@ -59,10 +63,13 @@ __all__ = [
     "conv",
     "decompose",
     "explain",
+    "gaussian_scores",
     "gcn_basis",
     "graph_basis",
     "grid_basis",
+    "learned_scores",
     "masked_softmax",
+    "quadratic_scores",
     "shift_matrix",
 ]
 

@@ -15,7 +15,6 @@ import torch
 
 import structconv as sc
 from structconv.bases.kronecker import KroneckerBasis
-from structconv.bases.local import LocalBasis, local_weights
 
 Convert = Callable[[np.ndarray], Any]
 _RNG = np.random.default_rng(0)
@@ -36,20 +35,6 @@ def _graph(kind: str) -> Callable[[Convert], Any]:
     return build
 
 
-def _windowed(local: bool) -> Callable[[Convert], Any]:
-    def build(cv: Convert) -> Any:
-        heads = sc.QuadraticPosition((6, 5), cv(np.array([[0.0, 1.0], [1.5, -1.0]])), cv(np.array([1.0, 2.0])))
-        window = heads.window(1e-3, min_side=0)
-        assert window is not None
-        if local:
-            return LocalBasis(local_weights(window), window)
-        separable = heads.basis()
-        assert isinstance(separable, KroneckerBasis)
-        return KroneckerBasis(separable.factors, window=window)
-
-    return build
-
-
 KINDS: dict[str, Callable[[Convert], Any]] = {
     "dense": lambda cv: sc.DenseBasis(cv(_DENSE)),
     "dense-batched": lambda cv: sc.DenseBasis(cv(_BATCHED)),
@@ -57,8 +42,6 @@ KINDS: dict[str, Callable[[Convert], Any]] = {
     "sparse-batched": lambda cv: sc.SparseBasis.from_dense(cv(_BATCHED)),
     "edges": lambda cv: sc.EdgeBasis(cv(_EDGES[0]), cv(_EDGES[1]), cv(_EDGE_VALUES), (6, 6)),
     "kronecker": lambda cv: KroneckerBasis([cv(f) for f in _FACTORS]),
-    "kronecker-windowed": _windowed(local=False),
-    "local": _windowed(local=True),
     "concat": lambda cv: sc.ConcatBasis([sc.DenseBasis(cv(_DENSE[:1])), sc.SparseBasis.from_dense(cv(_DENSE[1:]))]),
     "composed": lambda cv: sc.ComposedBasis(
         sc.SparseBasis.from_dense(cv(_DENSE)), sc.DenseBasis(cv(_DENSE[:2, :5, :4]))
@@ -69,7 +52,7 @@ KINDS: dict[str, Callable[[Convert], Any]] = {
     "graph-powers": _graph("powers"),
     "graph-chebyshev": _graph("chebyshev"),
     "attention": lambda cv: sc.attention_basis(cv(_TOKENS), mechanism=sc.BiAffine(bilinear=cv(_BILINEAR))),
-    "positional": lambda cv: sc.QuadraticPosition(
+    "positional": lambda cv: sc.quadratic_scores(
         (3, 3), cv(np.array([[0.0, 1.0], [1.0, -1.0]])), cv(np.array([1.0, 2.0]))
     ).basis(threshold=0.05),
     # torch only: its per-target maximum is a scatter-max that only the torch backend has

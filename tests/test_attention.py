@@ -258,10 +258,10 @@ def test_soft_quadratic_attention_tends_to_the_hard_one() -> None:
     ]
     assert errors == sorted(errors, reverse=True) and errors[-1] < 1e-12
     # The scores follow the quadratic encoding v_h . r_delta up to a per-column constant.
-    from structconv.structures.positional import QuadraticPosition
+    from structconv.structures.positional import quadratic_scores
 
     alpha = torch.tensor([0.5, 2.0], dtype=torch.float64)
-    s = QuadraticPosition((6, 6), centres, alpha).dense_scores()
+    s = quadratic_scores((6, 6), centres, alpha).dense_scores()
     pos = torch.stack(torch.meshgrid(torch.arange(6.0), torch.arange(6.0), indexing="ij"), -1).reshape(-1, 2).double()
     delta = pos[:, None] - pos[None]
     r = torch.cat([(delta**2).sum(-1, keepdim=True), delta], -1)
@@ -270,7 +270,7 @@ def test_soft_quadratic_attention_tends_to_the_hard_one() -> None:
     diff = encoded - s
     torch.testing.assert_close(diff, diff[:, :1].expand_as(diff))
     with pytest.raises(ValueError, match=r"alpha must be positive"):
-        QuadraticPosition((6, 6), centres, torch.tensor([1.0, 0.0], dtype=torch.float64))
+        quadratic_scores((6, 6), centres, torch.tensor([1.0, 0.0], dtype=torch.float64))
 
 
 @given(seed=st.integers(0, 2**31), k=st.sampled_from([1, 3, 5]), size=st.integers(5, 9))
@@ -308,7 +308,7 @@ def test_alpha_bound_values_and_errors() -> None:
 @given(data=st.data())
 def test_truncated_shift_heads_equal_the_dense_softmax(boundary: str, data: Any) -> None:
     from structconv import conv
-    from structconv.structures.positional import QuadraticPosition, positional_basis
+    from structconv.structures.positional import positional_basis, quadratic_scores
 
     grid = (data.draw(st.integers(2, 7)), data.draw(st.integers(2, 7)))
     H = data.draw(st.integers(1, 3))
@@ -318,7 +318,7 @@ def test_truncated_shift_heads_equal_the_dense_softmax(boundary: str, data: Any)
         centres += rng.uniform(-0.5, 0.5, size=(H, 2))
     alpha = rng.uniform(0.3, 5.0, size=H)
     dense = positional_basis(grid, torch.from_numpy(centres), torch.from_numpy(alpha), boundary).to_dense()
-    mech = QuadraticPosition(grid, torch.from_numpy(centres), torch.from_numpy(alpha), boundary)
+    mech = quadratic_scores(grid, torch.from_numpy(centres), torch.from_numpy(alpha), boundary)
     shifted = mech.basis(threshold=1e-12, representation="shifts")
     np.testing.assert_allclose(shifted.to_dense().numpy(), dense.numpy(), atol=1e-9)
     x = torch.randn(2, grid[0] * grid[1], 3, dtype=torch.float64)
@@ -328,7 +328,7 @@ def test_truncated_shift_heads_equal_the_dense_softmax(boundary: str, data: Any)
 
 def test_truncated_shift_heads_gradcheck() -> None:
     from structconv import conv
-    from structconv.structures.positional import QuadraticPosition
+    from structconv.structures.positional import quadratic_scores
 
     x = torch.randn(1, 20, 2, dtype=torch.float64)
     theta = torch.randn(2, 2, 2, dtype=torch.float64)
@@ -336,7 +336,7 @@ def test_truncated_shift_heads_gradcheck() -> None:
     alpha = torch.tensor([0.8, 2.0], dtype=torch.float64, requires_grad=True)
 
     def f(c: torch.Tensor, a: torch.Tensor) -> Any:
-        return conv(QuadraticPosition((4, 5), c, a).basis(threshold=1e-8, representation="shifts"), x, theta)
+        return conv(quadratic_scores((4, 5), c, a).basis(threshold=1e-8, representation="shifts"), x, theta)
 
     assert torch.autograd.gradcheck(f, (centres, alpha))
 

@@ -1,7 +1,6 @@
 """benchmarks/bench_positional_scaling.py runs end to end on tiny grids and writes what it promises.
 
-Width 16 keeps every call short; side 36 is above 32, so the layer builds its heads' window form
-there.  Flex (tens of seconds of compiling per grid) and NATTEN (found only in some
+Width 16 keeps every call short.  Flex (tens of seconds of compiling per grid) and NATTEN (found only in some
 environments) are skipped by ``--skip``, and a memory budget of 0.15 GB lets the dense peers run
 at 8x8 while skipping some of them at 36x36 by their estimate: both paths of a peer are covered.
 """

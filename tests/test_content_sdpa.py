@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import structconv.backend.torch as torch_backend
-from structconv import AttentionBasis, BiAffine, LearnedPosition, QuadraticPosition, attention_basis, conv, explain
+from structconv import AttentionBasis, BiAffine, attention_basis, conv, explain, learned_scores, quadratic_scores
 from structconv.bases import attention as attention_module
 from structconv.experiments.cifar.models import build_model
 from structconv.nn import ContentHeads, LearnedHeads, PositionalAttention, QuadraticHeads
@@ -114,7 +114,7 @@ def test_gradcheck_of_the_fused_order_in_float64(monkeypatch: pytest.MonkeyPatch
 
     def run(x: Any, key: Any, query: Any, kb: Any, qb: Any, rows: Any, cols: Any, weight: Any, theta: Any) -> Any:
         content = BiAffine(key=key, query=query, key_bias=kb, query_bias=qb, scale=0.7)
-        basis = attention_basis(x, mechanism=content + LearnedPosition(grid, (rows, cols), weight))
+        basis = attention_basis(x, mechanism=content + learned_scores(grid, (rows, cols), weight))
         return conv(basis, x, theta, order="sdpa")
 
     leaves = (x, key, query, kb, qb, rows, cols, weight, theta)
@@ -262,15 +262,15 @@ def test_per_axis_positional_scores_equal_the_gather_over_offsets(grid: tuple[in
     weight = torch.randn(3, 2 * len(grid), dtype=D64, generator=g, requires_grad=True)
     centres = torch.randn(3, len(grid), dtype=D64, generator=g, requires_grad=True)
     alpha = torch.rand(3, dtype=D64, generator=g).add(0.2).requires_grad_()
-    for mech in (
-        LearnedPosition(grid, tuple(tables), weight, boundary),
-        QuadraticPosition(grid, centres, alpha, boundary),
+    for learned, mech in (
+        (True, learned_scores(grid, tuple(tables), weight, boundary)),
+        (False, quadratic_scores(grid, centres, alpha, boundary)),
     ):
         fast, slow = mech.dense_scores(), mech.relative.gather(mech.offset_scores())
         torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
         probe = torch.randn(fast.shape, dtype=D64, generator=g)
-        leaves = [*tables, weight] if isinstance(mech, LearnedPosition) else [centres, alpha]
-        fast_grads = torch.autograd.grad((fast * probe).sum(), leaves)
+        leaves = [*tables, weight] if learned else [centres, alpha]
+        fast_grads = torch.autograd.grad((fast * probe).sum(), leaves, retain_graph=True)  # slow shares the scores
         for a, b in zip(fast_grads, torch.autograd.grad((slow * probe).sum(), leaves), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -15,14 +16,14 @@ from hypothesis import strategies as st
 
 from structconv import (
     BiAffine,
-    GaussianPosition,
-    LearnedPosition,
     LowRank,
-    QuadraticPosition,
     RelativeAttention,
     attention_basis,
     conv,
+    gaussian_scores,
     grid_basis,
+    learned_scores,
+    quadratic_scores,
 )
 from structconv import nn as snn
 from structconv.structures.positional import positional_basis, relative_offsets
@@ -73,9 +74,9 @@ def test_per_axis_tables_gather_every_pair_as_a_dense_index(seed: int, grid: tup
 
 _FIRST_CALL = """
 import resource, sys, torch
-from structconv import QuadraticPosition
+from structconv import quadratic_scores
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-mech = QuadraticPosition((128, 128), torch.randn(9, 2), torch.full((9,), 0.5), positive=True)
+mech = quadratic_scores((128, 128), torch.randn(9, 2), torch.full((9,), 0.5), positive=True)
 basis = mech.basis(1e-7)
 assert basis.shape == (9, 128 * 128, 128 * 128), basis.shape
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
@@ -101,8 +102,8 @@ def test_isotropic_gaussian_is_the_quadratic_encoding(seed: int, grid: tuple[int
     H, d = 3, len(grid)
     centres = torch.from_numpy(rng.normal(size=(H, d)))
     alpha = torch.from_numpy(rng.uniform(0.2, 3.0, size=H))
-    quad = QuadraticPosition(grid, centres, alpha, boundary)
-    gauss = GaussianPosition(grid, centres, torch.sqrt(2 * alpha)[:, None, None] * torch.eye(d, dtype=D64), boundary)
+    quad = quadratic_scores(grid, centres, alpha, boundary)
+    gauss = gaussian_scores(grid, centres, torch.sqrt(2 * alpha)[:, None, None] * torch.eye(d, dtype=D64), boundary)
     torch.testing.assert_close(gauss.offset_scores(), quad.offset_scores())
     # Against the explicit formula -alpha |delta - Delta|^2 (periodic: shortest wrapped difference).
     delta = torch.from_numpy(_naive_delta(grid, boundary)).double()
@@ -116,12 +117,12 @@ def test_isotropic_gaussian_is_the_quadratic_encoding(seed: int, grid: tuple[int
 
 def test_periodic_difference_on_an_odd_side_takes_the_nearest_image() -> None:
     """Side 5, centre 0.3: offset -2 is 2.3 away directly (2.7 through the border); +2 is 1.7 away."""
-    quad = QuadraticPosition((5,), torch.tensor([[0.3]], dtype=D64), torch.ones(1, dtype=D64), "periodic")
+    quad = quadratic_scores((5,), torch.tensor([[0.3]], dtype=D64), torch.ones(1, dtype=D64), "periodic")
     offsets = relative_offsets((5,), "periodic").offsets[:, 0].tolist()
     scores = dict(zip(offsets, quad.offset_scores()[0].tolist(), strict=True))
     assert scores[-2] == pytest.approx(-(2.3**2))
     assert scores[2] == pytest.approx(-(1.7**2))
-    quad = QuadraticPosition((5,), torch.tensor([[-0.3]], dtype=D64), torch.ones(1, dtype=D64), "periodic")
+    quad = quadratic_scores((5,), torch.tensor([[-0.3]], dtype=D64), torch.ones(1, dtype=D64), "periodic")
     scores = dict(zip(offsets, quad.offset_scores()[0].tolist(), strict=True))
     assert scores[2] == pytest.approx(-(2.3**2))  # 2.3 directly; the old floor(s/2) wrap gave 2.7
 
@@ -132,8 +133,8 @@ def test_non_isotropic_gaussian_scores_and_psd_precision(seed: int) -> None:
     grid, H = (4, 5), 2
     centres = torch.from_numpy(rng.normal(size=(H, 2)))
     S = torch.from_numpy(rng.normal(size=(H, 2, 2)))
-    mech = GaussianPosition(grid, centres, S)
-    precision = mech.precision()
+    mech = gaussian_scores(grid, centres, S)
+    precision = torch.einsum("kij,kil->kjl", S, S)
     assert bool((torch.linalg.eigvalsh(precision) >= -1e-12).all())
     delta = torch.from_numpy(_naive_delta(grid, "zero")).double()
     diff = delta[None] - centres[:, None, None]
@@ -160,7 +161,7 @@ def test_learned_position_is_a_dot_product_with_the_embedding(seed: int, grid: t
     widths = tuple(2 + i for i in range(len(grid)))
     tables = _tables(grid, boundary, widths, seed)
     weight = torch.randn(3, sum(widths), dtype=D64, generator=torch.Generator().manual_seed(seed + 1))
-    mech = LearnedPosition(grid, tables, weight, boundary)
+    mech = learned_scores(grid, tables, weight, boundary)
     ref = torch.einsum("hc,mnc->hmn", weight, _embedding(grid, boundary, tables))
     torch.testing.assert_close(mech.dense_scores(), ref)
 
@@ -188,7 +189,7 @@ def test_relative_attention_has_the_four_terms_of_eq5(seed: int, boundary: str) 
     torch.testing.assert_close(mech.scores(x, x), 0.5 * ref)
     # Only the position term: the same scores as LearnedPosition with t_h = W_hat_h v_h.
     only = RelativeAttention(grid, tables, rel_key=rel_key, v=v, boundary=boundary)
-    learned = LearnedPosition(grid, tables, torch.einsum("hcd,hd->hc", rel_key, v), boundary)
+    learned = learned_scores(grid, tables, torch.einsum("hcd,hd->hc", rel_key, v), boundary)
     torch.testing.assert_close(only.scores(x, x)[0], learned.dense_scores())
 
 
@@ -197,9 +198,9 @@ def _mechanisms(grid: tuple[int, ...], boundary: str, seed: int) -> dict[str, An
     H, d = 3, len(grid)
     centres = torch.from_numpy(rng.uniform(-1.5, 1.5, size=(H, d)))
     return {
-        "quadratic": QuadraticPosition(grid, centres, torch.from_numpy(rng.uniform(0.3, 4.0, size=H)), boundary),
-        "gaussian": GaussianPosition(grid, centres, torch.from_numpy(rng.normal(size=(H, d, d)) * 1.5), boundary),
-        "learned": LearnedPosition(
+        "quadratic": quadratic_scores(grid, centres, torch.from_numpy(rng.uniform(0.3, 4.0, size=H)), boundary),
+        "gaussian": gaussian_scores(grid, centres, torch.from_numpy(rng.normal(size=(H, d, d)) * 1.5), boundary),
+        "learned": learned_scores(
             grid, _tables(grid, boundary, (2,) * d, seed), torch.from_numpy(rng.normal(size=(H, 2 * d))), boundary
         ),
     }
@@ -237,7 +238,7 @@ def test_truncated_shift_form_is_within_its_threshold(kind: str, boundary: str, 
 def test_far_centres_on_a_zero_grid_keep_each_columns_best_taps() -> None:
     # The best in-grid weight of border columns is far below the head's peak; truncating against
     # the peak would empty them.  The threshold is relative to the weakest column's best.
-    mech = QuadraticPosition((6, 6), torch.tensor([[4.0, 4.0]], dtype=D64), torch.tensor([1.0], dtype=D64))
+    mech = quadratic_scores((6, 6), torch.tensor([[4.0, 4.0]], dtype=D64), torch.tensor([1.0], dtype=D64))
     dense = mech.basis(representation="dense").to_dense()
     shifted = mech.basis(1e-6, representation="shifts").to_dense()
     assert float((shifted - dense).abs().sum(1).max()) < 1e-6 * 121
@@ -248,23 +249,28 @@ def test_every_positional_mechanism_gradchecks(kind: str) -> None:
     grid, H = (3, 4), 3
     x = torch.randn(2, 12, 2, dtype=D64)
     theta = torch.randn(H, 2, 2, dtype=D64)
-    base = _mechanisms(grid, "zero", 7)[kind]
-    names = {"quadratic": ("centres", "alpha"), "gaussian": ("centres", "inv_sqrt_cov"), "learned": ("weight",)}[kind]
-    params = [getattr(base, n).clone().requires_grad_(True) for n in names]
+    rng = np.random.default_rng(7)
+    centres = torch.from_numpy(rng.uniform(-1.5, 1.5, size=(H, 2)))
+    tables = _tables(grid, "zero", (2, 2), 7)
+    scores, params = {
+        "quadratic": (partial(quadratic_scores, grid), (centres, torch.from_numpy(rng.uniform(0.3, 4.0, size=H)))),
+        "gaussian": (partial(gaussian_scores, grid), (centres, torch.from_numpy(rng.normal(size=(H, 2, 2)) * 1.5))),
+        "learned": (partial(learned_scores, grid, tables), (torch.from_numpy(rng.normal(size=(H, 4))),)),
+    }[kind]
+    params = tuple(p.clone().requires_grad_(True) for p in params)
 
     def f(*ps: torch.Tensor) -> torch.Tensor:
-        mech = type(base)(**{**base.__dict__, **dict(zip(names, ps, strict=True))})
+        mech = scores(*ps)
         dense = conv(mech.basis(representation="dense"), x, theta)
         return dense if kind == "gaussian" else dense + conv(mech.basis(representation="kronecker"), x, theta)
 
-    assert torch.autograd.gradcheck(f, tuple(params))
+    assert torch.autograd.gradcheck(f, params)
     if kind != "learned":
 
         def g(*ps: torch.Tensor) -> torch.Tensor:
-            mech = type(base)(**{**base.__dict__, **dict(zip(names, ps, strict=True))})
-            return conv(mech.basis(1e-10, representation="shifts"), x, theta)
+            return conv(scores(*ps).basis(1e-10, representation="shifts"), x, theta)
 
-        assert torch.autograd.gradcheck(g, tuple(params))
+        assert torch.autograd.gradcheck(g, params)
 
 
 def test_relative_attention_and_combined_mechanisms_gradcheck() -> None:
@@ -286,7 +292,7 @@ def test_relative_attention_and_combined_mechanisms_gradcheck() -> None:
 
     def h(x: torch.Tensor, key: torch.Tensor, query: torch.Tensor, c: torch.Tensor) -> Any:
         content = BiAffine(key=key, query=query, scale=0.5)
-        position = QuadraticPosition(grid, c, alpha)
+        position = quadratic_scores(grid, c, alpha)
         both = attention_basis(x, mechanism=content + position)
         prod = attention_basis(x, mechanism=content * position, leaky_relu=0.2)
         return conv(both, x, theta) + conv(prod, x, theta)
@@ -298,12 +304,12 @@ def test_combined_mechanisms_add_and_multiply_scores() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 6, 3, generator=g, dtype=D64)
     a = BiAffine(bilinear=torch.randn(2, 3, 3, generator=g, dtype=D64))
-    b = QuadraticPosition((2, 3), torch.randn(2, 2, generator=g, dtype=D64), torch.ones(2, dtype=D64))
+    b = quadratic_scores((2, 3), torch.randn(2, 2, generator=g, dtype=D64), torch.ones(2, dtype=D64))
     torch.testing.assert_close((a + b).scores(x, x), a.scores(x, x) + b.scores(x, x))
     torch.testing.assert_close((a * b).scores(x, x), a.scores(x, x) * b.scores(x, x))
     assert not (a + b).positional and (b + b).positional
     with pytest.raises(ValueError, match=r"sum of 2 and 1 heads"):
-        _ = a + QuadraticPosition((2, 3), torch.zeros(1, 2, dtype=D64), torch.ones(1, dtype=D64))
+        _ = a + quadratic_scores((2, 3), torch.zeros(1, 2, dtype=D64), torch.ones(1, dtype=D64))
 
 
 @pytest.mark.parametrize("grid", [(7,), (4, 5), (3, 4, 3)])
@@ -313,7 +319,7 @@ def test_hard_heads_equal_the_grid_basis_in_every_dimension(grid: tuple[int, ...
     heads = positional_basis(grid, torch.from_numpy(A.offsets).double(), None, boundary)
     np.testing.assert_array_equal(heads.to_dense().numpy(), A.to_dense())
     # and soft heads at a large alpha approach them (D_p = d + 1 quadratic encoding in n-D)
-    soft = QuadraticPosition(grid, torch.from_numpy(A.offsets).double(), torch.full((A.K,), 40.0, dtype=D64), boundary)
+    soft = quadratic_scores(grid, torch.from_numpy(A.offsets).double(), torch.full((A.K,), 40.0, dtype=D64), boundary)
     if boundary == "periodic":
         np.testing.assert_allclose(soft.basis().to_dense().numpy(), A.to_dense(), atol=1e-15)
 
@@ -321,23 +327,23 @@ def test_hard_heads_equal_the_grid_basis_in_every_dimension(grid: tuple[int, ...
 def test_positional_errors() -> None:
     c = torch.zeros(2, 2, dtype=D64)
     with pytest.raises(ValueError, match=r"alpha must be positive"):
-        QuadraticPosition((3, 3), c, torch.tensor([1.0, -1.0], dtype=D64))
+        quadratic_scores((3, 3), c, torch.tensor([1.0, -1.0], dtype=D64))
     with pytest.raises(ValueError, match=r"centres must have shape \(K, 2\)"):
-        QuadraticPosition((3, 3), torch.zeros(2, 3, dtype=D64), torch.ones(2, dtype=D64))
+        quadratic_scores((3, 3), torch.zeros(2, 3, dtype=D64), torch.ones(2, dtype=D64))
     with pytest.raises(ValueError, match=r"inv_sqrt_cov must have shape \(K, d, d\) = \(2, 2, 2\)"):
-        GaussianPosition((3, 3), c, torch.ones(2, 2, dtype=D64))
+        gaussian_scores((3, 3), c, torch.ones(2, 2, dtype=D64))
     with pytest.raises(ValueError, match=r"tables\[1\] must have 5 rows"):
-        LearnedPosition((3, 3), (torch.ones(5, 2), torch.ones(4, 2)), torch.ones(2, 4))
+        learned_scores((3, 3), (torch.ones(5, 2), torch.ones(4, 2)), torch.ones(2, 4))
     with pytest.raises(ValueError, match=r"give one table per grid axis"):
-        LearnedPosition((3, 3), (torch.ones(5, 2),), torch.ones(2, 2))
+        learned_scores((3, 3), (torch.ones(5, 2),), torch.ones(2, 2))
     with pytest.raises(ValueError, match=r"weight must have shape \(K, D_p\) with D_p = 4"):
-        LearnedPosition((3, 3), (torch.ones(5, 2), torch.ones(5, 2)), torch.ones(2, 3))
+        learned_scores((3, 3), (torch.ones(5, 2), torch.ones(5, 2)), torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"threshold must lie in \(0, 1\)"):
-        QuadraticPosition((3, 3), c, torch.ones(2, dtype=D64)).basis(threshold=2.0, representation="shifts")
+        quadratic_scores((3, 3), c, torch.ones(2, dtype=D64)).basis(threshold=2.0, representation="shifts")
     with pytest.raises(ValueError, match=r"not separable by axis"):
-        GaussianPosition((3, 3), c, torch.ones(2, 2, 2, dtype=D64)).basis(representation="kronecker")
+        gaussian_scores((3, 3), c, torch.ones(2, 2, 2, dtype=D64)).basis(representation="kronecker")
     with pytest.raises(ValueError, match=r"needs 9 positions, got x with 8"):
-        QuadraticPosition((3, 3), c, torch.ones(2, dtype=D64)).scores(torch.ones(1, 8, 2), torch.ones(1, 8, 2))
+        quadratic_scores((3, 3), c, torch.ones(2, dtype=D64)).scores(torch.ones(1, 8, 2), torch.ones(1, 8, 2))
     with pytest.raises(ValueError, match=r"RelativeAttention needs one of"):
         RelativeAttention((3, 3), (torch.ones(5, 2), torch.ones(5, 2)), key=torch.ones(2, 3, 2))
 
@@ -415,7 +421,7 @@ def test_soft_heads_are_measured_against_their_nearest_shift() -> None:
     from structconv.theory import attention_to_conv, nearest_convolution
 
     centres = torch.tensor([[1.0, 0.0], [0.0, -1.0], [0.3, 0.4]], dtype=D64)
-    mech = QuadraticPosition((6, 6), centres, torch.tensor([30.0, 2.0, 0.5], dtype=D64), "periodic")
+    mech = quadratic_scores((6, 6), centres, torch.tensor([30.0, 2.0, 0.5], dtype=D64), "periodic")
     fit = nearest_convolution(mech.basis(representation="dense"), (6, 6), padding_mode="circular")
     np.testing.assert_array_equal(fit.offsets, [[1, 0], [0, -1], [0, 0]])
     assert fit.distance[0] < 1e-10 < fit.distance[1] < fit.distance[2] < 1
@@ -535,16 +541,14 @@ def test_tables_on_a_device_are_cached_by_value_not_by_identity() -> None:
 
 
 def test_positional_heads_follow_parameters_changed_in_place() -> None:
-    """A mechanism holds its parameters, not a copy of its weights: an in-place update is seen."""
-    centres = torch.tensor([[0.0, 1.0], [1.0, -1.0]], dtype=D64)
-    alpha = torch.tensor([1.0, 2.0], dtype=D64)
-    mech = QuadraticPosition((4, 4), centres, alpha, "periodic")
-    before = mech.basis(representation="dense").to_dense().clone()
-    centres.add_(0.5)
-    after = mech.basis(representation="dense").to_dense()
-    fresh = (
-        QuadraticPosition((4, 4), centres.clone(), alpha.clone(), "periodic").basis(representation="dense").to_dense()
-    )
+    """An encoding scores its parameters at every call, not a copy of its weights: an in-place update is seen."""
+    layer = snn.PositionalAttention((4, 4), 3, 2, heads="quadratic", boundary="periodic").double()
+    before = layer.basis().to_dense().clone()
+    with torch.no_grad():
+        layer.heads.centres.add_(0.5)
+    after = layer.basis().to_dense()
+    centres, alpha = layer.heads.centres.detach().clone(), layer.heads.alpha().detach().clone()
+    fresh = quadratic_scores((4, 4), centres, alpha, "periodic").basis(representation="dense").to_dense()
     torch.testing.assert_close(after, fresh)
     assert not torch.allclose(after, before)
 
@@ -556,15 +560,13 @@ def test_positional_heads_follow_parameters_changed_in_place() -> None:
 )
 def test_the_weakest_column_of_a_concave_head_is_a_corner(seed: int, grid: list[int], kind: str) -> None:
     # The shift form's floor (min over columns of the best score) is read at the 2^d corners only.
-    from structconv.structures.positional import GaussianPosition, QuadraticPosition
-
     g = torch.Generator().manual_seed(seed)
     d = len(grid)
     centres = torch.randn(3, d, generator=g, dtype=D64) * 3
     if kind == "quadratic":
-        mech: Any = QuadraticPosition(tuple(grid), centres, torch.rand(3, generator=g, dtype=D64) * 4 + 0.01)
+        mech: Any = quadratic_scores(tuple(grid), centres, torch.rand(3, generator=g, dtype=D64) * 4 + 0.01)
     else:
-        mech = GaussianPosition(tuple(grid), centres, torch.randn(3, d, d, generator=g, dtype=D64))
+        mech = gaussian_scores(tuple(grid), centres, torch.randn(3, d, d, generator=g, dtype=D64))
     dense = mech.dense_scores().numpy()
     expected = dense.max(axis=1).min(axis=1)
     np.testing.assert_allclose(mech._weakest_best(mech.offset_scores().numpy()), expected, rtol=1e-12, atol=1e-12)

@@ -37,7 +37,11 @@ def _lines(path: Path, record: dict[str, Any]) -> list[str]:
         f"``{str(record.get('commit', '?'))[:12]}``, started {record.get('started', '?')}.  CUDA tests: "
         f"{tests.get('passed', 0)} passed, {tests.get('failed', 0)} failed, {tests.get('skipped', 0)} skipped"
         + (f" (failing: {', '.join('``' + f + '``' for f in tests['failures'])})" if tests.get("failures") else "")
-        + (f" before the step {tests['status']} after {tests.get('seconds', 0):.0f} s" if tests.get("status", "ok") != "ok" else "")
+        + (
+            f" before the step {tests['status']} after {tests.get('seconds', 0):.0f} s"
+            if tests.get("status", "ok") != "ok"
+            else ""
+        )
         + "."
     )
     lines = [head, ""]

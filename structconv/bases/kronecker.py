@@ -19,7 +19,6 @@ from ..backend import Array, device_of, einsum, native, of, shape_str
 from ..backend.checks import check_array, check_finite
 from .base import Basis, Cost, OwnOrder
 from .dense import DenseBasis
-from .window import Window, cost_window, run_window
 
 
 def _structured(factors: tuple[Array, ...]) -> tuple[Array, ...]:
@@ -44,11 +43,6 @@ class KroneckerBasis(Basis):
     factors
         One ``(K, m_i, n_i)`` array per axis, all with the same ``K`` and backend; the basis
         is ``(K, prod m_i, prod n_i)``.
-    window
-        Banded approximations of the factors (:class:`~structconv.bases.window.Window`), or
-        ``None``.  With one, the engine may run the ``"window"`` order: the members truncated to
-        their windows, within the window's stated L1 bound per column of the exact ones, when
-        its estimated cost is lower (:func:`structconv.explain` shows the radius and the bound).
 
     Examples
     --------
@@ -61,18 +55,17 @@ class KroneckerBasis(Basis):
     ((2, 12, 12), True)
     """
 
-    __slots__ = ("_factors", "_window")
+    __slots__ = ("_factors",)
     representation = "kronecker"
 
-    def __init__(self, factors: Sequence[Array], *, window: Window | None = None) -> None:
+    def __init__(self, factors: Sequence[Array]) -> None:
         factors = tuple(factors)
         self._factors = _structured(factors)
         for i, f in enumerate(factors):
             check_finite(f, f"factors[{i}]")
-        self._window = _checked_window(window, self._factors)
 
     @classmethod
-    def of_weights(cls, factors: Sequence[Array], *, window: Window | None = None) -> KroneckerBasis:
+    def of_weights(cls, factors: Sequence[Array]) -> KroneckerBasis:
         """Wrap factors the library has just computed (per-axis softmaxes), skipping the finiteness check.
 
         The check reads every entry back, which on a GPU stalls the host once per layer and
@@ -80,24 +73,12 @@ class KroneckerBasis(Basis):
 
         Parameters
         ----------
-        factors, window
+        factors
             As for :class:`KroneckerBasis`, finite.
         """
         basis = cls.__new__(cls)
         basis._factors = _structured(tuple(factors))
-        basis._window = _checked_window(window, basis._factors)
         return basis
-
-    @property
-    def window(self) -> Window | None:
-        """The banded approximation the ``"window"`` order runs, or ``None``."""
-        return self._window
-
-    def plan_key(self) -> tuple[Any, ...]:
-        return (*super().plan_key(), None if self._window is None else self._window.key())
-
-    def plan_notes(self) -> tuple[str, ...]:
-        return () if self._window is None else self._window.describe()
 
     @property
     def factors(self) -> tuple[Array, ...]:
@@ -135,23 +116,20 @@ class KroneckerBasis(Basis):
         return lib.where(abs(out) < float(lib.finfo(out.dtype).tiny), 0.0, out)  # NaN is kept
 
     def transpose(self) -> KroneckerBasis:
-        # The same (checked) entries; the window bands outputs, so the transpose has none.
         return KroneckerBasis.of_weights([f.swapaxes(-1, -2) for f in self._factors])
 
     def select(self, members: Sequence[int]) -> KroneckerBasis:
         index = list(members)
         if not index:
             raise ValueError("members must name at least one basis member")
-        window = None if self._window is None else self._window.select(index)
-        return KroneckerBasis.of_weights([f[index] for f in self._factors], window=window)
+        return KroneckerBasis.of_weights([f[index] for f in self._factors])
 
     def to(self, device: Any = None, dtype: Any = None) -> KroneckerBasis:
         # Each factor moves as a dense basis of its own would (same rules and messages).
         def move(f: Array) -> Array:
             return DenseBasis.of_weights(f).to(device, dtype).to_dense()
 
-        window = None if self._window is None else self._window.to(move)
-        return KroneckerBasis.of_weights([move(f) for f in self._factors], window=window)
+        return KroneckerBasis.of_weights([move(f) for f in self._factors])
 
     # --- the per-axis passes ------------------------------------------------------------------
     # Every product below is one GEMM or one batched GEMM on plain row-major views: rows stay in
@@ -241,16 +219,8 @@ class KroneckerBasis(Basis):
         return self._unrows(z @ out.swapaxes(1, 2).reshape(K * D, Q), int(x.shape[0]))
 
     def own_orders(self) -> Mapping[str, OwnOrder]:
-        """``"ax"``, ``"xtheta"`` as plain GEMMs over row-major views (:meth:`_passes`); ``"window"`` with a window."""
-        return _KRONECKER_ORDERS if self._window is None else _WINDOWED_ORDERS
-
-    def _run_window(self, x: Array, theta: Array) -> Array:
-        assert self._window is not None
-        return run_window(self._window, x, theta)
-
-    def _cost_window(self, batch: int, p: int, q: int) -> Cost:
-        assert self._window is not None
-        return cost_window(self._window, batch, p, q, self.K)
+        """``"ax"``, ``"xtheta"`` as plain GEMMs over row-major views (:meth:`_passes`)."""
+        return _KRONECKER_ORDERS
 
     def _flops(self, batch: int, channels: int) -> float:
         ins, outs = self._sizes()
@@ -291,25 +261,7 @@ class KroneckerBasis(Basis):
 
     def __repr__(self) -> str:
         shapes = " ⊗ ".join(shape_str(tuple(f.shape[1:])) for f in self._factors)
-        banded = "" if self._window is None else ", windowed"
-        return f"KroneckerBasis(K={self.K}, {shapes}{banded}, backend={self.backend}, dtype={self.dtype})"
-
-
-def _checked_window(window: Window | None, factors: tuple[Array, ...]) -> Window | None:
-    """``window`` if it bands these factors: one axis each, their members, square factors of its sizes."""
-    if window is None:
-        return None
-    if not isinstance(window, Window):
-        raise TypeError(f"window must be a structconv.bases.window.Window or None, got {type(window).__name__}")
-    K = int(factors[0].shape[0])
-    sizes = [(int(f.shape[1]), int(f.shape[2])) for f in factors]
-    bands = [(a.size, a.size) for a in window.axes]
-    if bands != sizes or any(int(a.weights.shape[0]) != K for a in window.axes):
-        raise ValueError(
-            f"window must band each factor: {len(factors)} axes of (K, S, S) = {[(K, *s) for s in sizes]}, got "
-            f"{len(window.axes)} axes of {[(int(a.weights.shape[0]), a.size, a.size) for a in window.axes]}"
-        )
-    return window
+        return f"KroneckerBasis(K={self.K}, {shapes}, backend={self.backend}, dtype={self.dtype})"
 
 
 _KRONECKER_ORDERS: Mapping[str, OwnOrder] = {
@@ -320,8 +272,4 @@ _KRONECKER_ORDERS: Mapping[str, OwnOrder] = {
         KroneckerBasis._cost_xtheta_factored,
         KroneckerBasis._xtheta_factored,
     ),
-}
-_WINDOWED_ORDERS: Mapping[str, OwnOrder] = {
-    **_KRONECKER_ORDERS,
-    "window": OwnOrder(KroneckerBasis._cost_window, KroneckerBasis._run_window),
 }

@@ -15,12 +15,9 @@ from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 from ..bases.grid_args import _grid, _ints
-from ..bases.kronecker import KroneckerBasis
-from ..bases.local import LocalBasis, local_weights
-from ..bases.window import Window
 from ..structures.attention import AttentionBasis, Mechanism, attention_basis
 from ..structures.grid import BOUNDARIES
-from ..structures.positional import PositionalMechanism, inner_positions
+from ..structures.positional import PositionScores, inner_positions
 from ..structures.relative import check_host_memory
 from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, refuse_jit_trace
 from .positional_base import optional_positive_int
@@ -28,16 +25,6 @@ from .positional_content import ContentHeads
 from .positional_heads import PositionalHeads, QuadraticHeads, heads_of
 
 __all__ = ["PositionalAttention"]
-
-#: Sides from which the layer's heads carry a window without dropout: below, the planner takes
-#: the exact per-axis passes at the study's widths (docs/attention.rst, benchmarks/bench_positional_scaling.py).
-WINDOW_SIDE = 384
-
-
-def _local_size(window: Window) -> int:
-    """Entries of the block-local form of ``window`` (:func:`~structconv.bases.local.local_weights`)."""
-    K = int(window.axes[0].weights.shape[0])
-    return K * math.prod([a.blocks * a.block * a.span for a in window.axes])
 
 
 class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module):
@@ -89,9 +76,8 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
     boundary : {"zero", "periodic"}
         The grid's offsets: within its box, or wrapped around it.
     threshold : float or None, default 1e-7
-        The truncation of position-only Gaussian heads to shift bases, and the L1 error per
-        column allowed to the window of quadratic heads on large grids (``None``: exact; under
-        ``torch.compile`` the heads are exact).
+        The truncation of position-only :class:`GaussianHeads` to shift bases (``None``: exact;
+        under ``torch.compile`` the heads are exact); separable heads are always exact.
     padding : int or tuple of int, default 0
         Zero tokens around the grid, on each side of each axis (``boundary="zero"`` only): keys
         with zero features that are not outputs, over which the softmax still normalises (a
@@ -411,27 +397,17 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         columns of the grid's own tokens (the zero tokens add nothing to a sum and are not outputs).
         """
         mech = self.mechanism()
-        if isinstance(mech, PositionalMechanism):
+        if isinstance(mech, PositionScores):
             # Shared by the batch and cheap: built in the parameters' precision even under autocast
             # (bf16 scores would blur the Gaussians); the engine converts the finished weights.
-            # The thresholded and windowed forms take their structure from the heads' values (a host
-            # read): compiled, the layer runs the exact heads, one graph for any parameters.
-            traced = torch.compiler.is_compiling()
-            threshold, banded = (None, False) if traced else (self.threshold, self._banded())
+            # The shift form takes its structure from the heads' values (a host read): compiled,
+            # the layer runs the exact heads, one graph for any parameters.
+            threshold = None if torch.compiler.is_compiling() else self.threshold
             with autocast_off(self.theta_device().type):
-                return mech.basis(threshold, padding=self.padding, banded=banded)
+                return mech.basis(threshold, padding=self.padding)
         if x is None:
             raise ValueError(f"{type(self).__name__}: content attention needs x to build its heads")
         return inner_positions(attention_basis(self._padded(self._flat(x)), mechanism=mech), self.tokens, self.padding)
-
-    def _banded(self) -> bool:
-        """Whether the heads should carry a window: for dropout in block-local form, or where the planner may take it.
-
-        Building one reads the heads' widths and centres back from the device; below
-        :data:`WINDOW_SIDE` the engine runs the exact passes anyway, so only dropout asks for it there.
-        """
-        dropout = self.training and self.attention_dropout > 0.0 and self.dropout_shared is not False
-        return dropout or max(self.grid) >= WINDOW_SIDE
 
     def _padded(self, flat: torch.Tensor) -> torch.Tensor:
         """``flat`` ``(B, M, E)`` among the zero tokens of :attr:`padding`, ``(B, prod(tokens), E)``."""
@@ -451,12 +427,6 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
             # Content plus position: the fused order drops inside the kernel (sdpa's dropout_p, a mask
             # per image and head), the engine still costing it beside the dense orders.
             return basis.with_dropout(self.attention_dropout)
-        window = basis.window if isinstance(basis, KroneckerBasis) else None
-        if window is not None and self.dropout_shared is not False and _local_size(window) < math.prod(basis.shape):
-            # The windowed heads entry by entry, block by block: one mask per step for the layer,
-            # the paper's rule, on N (b + w - 1)^d weights per head instead of a dense (K, N, N).
-            local = local_weights(window)
-            return LocalBasis(F.dropout(local, self.attention_dropout, training=True), window)
         # From the layer's sizes, not the basis' (torch.compile traces this without a break).
         M = math.prod(self.grid)
         copies = batch if self.content is not None or self.dropout_shared is False else 1

@@ -48,8 +48,8 @@ class Encoding(NotScriptable, nn.Module):
     """A module configured by the keyword options of its constructor, bound later to a layer's sizes.
 
     Subclasses store their options and return them from :meth:`options`; :meth:`extra_repr`
-    shows them (those that differ from the constructor's defaults, and :attr:`shown` always),
-    and :meth:`configured` makes the unbound copy a binding starts from.
+    shows them (those that differ from the constructor's defaults, and :attr:`shown` always);
+    a binding starts from a new encoding of the same options.
     """
 
     #: Options the representation always shows, even at their defaults.
@@ -58,10 +58,6 @@ class Encoding(NotScriptable, nn.Module):
     def options(self) -> dict[str, Any]:
         """The constructor's keyword arguments that give this encoding (after binding: with defaults resolved)."""
         raise NotImplementedError
-
-    def configured(self, **resolved: Any) -> Any:
-        """A new, unbound encoding of this class with this one's options, ``resolved`` replacing some."""
-        return type(self)(**{**self.options(), **resolved})
 
     def extra_repr(self) -> str:
         defaults = {

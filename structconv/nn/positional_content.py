@@ -83,7 +83,7 @@ class ContentHeads(Encoding):
         name = type(self).__name__
         H = positive_int(num_heads, "num_heads", where=name)
         E = positive_int(embed_dim, "embed_dim", where=name)
-        bound: Self = self.configured(key_dim=self.key_width(H, E))
+        bound: Self = type(self)(key_dim=self.key_width(H, E), bias=self.bias)
         bound.num_heads = H
         D = bound.key_width(H, E)
         bound.key = nn.Parameter(torch.empty(H, E, D))

@@ -2,7 +2,7 @@ r"""The relative-position encodings of :class:`~structconv.nn.PositionalAttentio
 
 Each encoding is a small module configured by its own options only (an option of another
 encoding is not a parameter of its class); the layer binds it to its grid, heads and width,
-which creates its parameters, and asks it for its mechanism
+which creates its parameters, and asks it for its scores
 (:mod:`structconv.structures.positional`):
 
 ======================  ===================================================================
@@ -25,11 +25,11 @@ from ..bases.grid_args import _grid
 from ..structures.attention import Mechanism
 from ..structures.grid import BOUNDARIES
 from ..structures.positional import (
-    GaussianPosition,
-    LearnedPosition,
-    PositionalMechanism,
-    QuadraticPosition,
+    PositionScores,
     RelativeAttention,
+    gaussian_scores,
+    learned_scores,
+    quadratic_scores,
     relative_offsets,
 )
 from .positional_base import Encoding, flag, optional_positive_int, real
@@ -46,7 +46,8 @@ class PositionalHeads(Encoding):
     Unbound, it is a template of options; :meth:`bind` gives the module a layer holds, with
     :attr:`grid`, :attr:`num_heads`, :attr:`embed_dim` and :attr:`boundary` set and its
     parameters created.  A subclass sets :attr:`name` (its ``heads=`` shorthand), creates its
-    parameters in :meth:`_build` and returns its scores from :meth:`mechanism`.
+    parameters (resolving size-dependent defaults) in :meth:`_build` and returns its scores from
+    :meth:`mechanism`.
     """
 
     #: The string that stands for this encoding at its defaults (``PositionalAttention(heads=...)``).
@@ -87,14 +88,10 @@ class PositionalHeads(Encoding):
         E = positive_int(embed_dim, "embed_dim", where=name)
         if boundary not in BOUNDARIES:
             raise ValueError(f"{name}: boundary must be one of {BOUNDARIES}, got {boundary!r}")
-        bound: Self = self.configured(**self._resolved(len(sizes), E))
+        bound: Self = type(self)(**self.options())
         bound.grid, bound.num_heads, bound.embed_dim, bound.boundary = sizes, H, E, boundary
         bound._build(content)
         return bound
-
-    def _resolved(self, dims: int, embed_dim: int) -> dict[str, Any]:
-        """Options whose defaults depend on the layer, resolved for a ``dims``-D grid and width ``embed_dim``."""
-        return {}
 
     def _build(self, content: ContentHeads | None) -> None:
         """Create the parameters, at their initial values (the sizes are set)."""
@@ -106,8 +103,8 @@ class PositionalHeads(Encoding):
                 f"{type(self).__name__} is not bound to a layer; give it to PositionalAttention(heads=...) or bind it"
             )
 
-    def mechanism(self) -> PositionalMechanism:
-        """The position-only heads: scores that depend on the offset between key and query alone."""
+    def mechanism(self) -> PositionScores:
+        """The position-only heads' scores, which depend on the offset between key and query alone."""
         raise NotImplementedError
 
     def with_content(self, content: ContentHeads) -> Mechanism:
@@ -123,8 +120,8 @@ class QuadraticHeads(PositionalHeads):
     r"""Isotropic Gaussian heads, :math:`a_{hmn} = -\alpha_h\lVert\delta_{mn} - \Delta_h\rVert^2` (Lemma 2).
 
     Every head attends around its own offset :math:`\Delta_h` with its own width; the scores are
-    a sum of per-axis terms, so the layer builds the heads exactly as a Kronecker product of
-    per-axis softmaxes (:class:`~structconv.QuadraticPosition`).  The centres start at
+    a sum of per-axis terms (:func:`~structconv.quadratic_scores`), so the layer builds the heads
+    exactly as a Kronecker product of per-axis softmaxes.  The centres start at
     :math:`\mathcal N(0, \mathrm{centre\_var}\,I)`.
 
     Parameters
@@ -212,10 +209,10 @@ class QuadraticHeads(PositionalHeads):
         else:
             self.spread.copy_((2 * values).sqrt())
 
-    def mechanism(self) -> QuadraticPosition:
+    def mechanism(self) -> PositionScores:
         self._check_bound()
         # positive=True: alpha is positive by construction, so no value is read back from a GPU
-        return QuadraticPosition(self.grid, self.centres, self.alpha(), boundary=self.boundary, positive=True)
+        return quadratic_scores(self.grid, self.centres, self.alpha(), self.boundary, positive=True)
 
     def positional_parameters(self) -> list[nn.Parameter]:
         """The centres and widths (kept out of weight decay in the CIFAR study)."""
@@ -227,7 +224,7 @@ class GaussianHeads(PositionalHeads):
     r"""Non-isotropic Gaussian heads, :math:`a_{hmn} = -\tfrac12\lVert S_h(\delta_{mn} - \Delta_h)\rVert^2`.
 
     Each head has its own precision :math:`\Sigma_h^{-1} = S_h^\top S_h`, positive semi-definite
-    for every value of :math:`S_h` (:class:`~structconv.GaussianPosition`).  The heads are not
+    for every value of :math:`S_h` (:func:`~structconv.gaussian_scores`).  The heads are not
     separable by axis: without content the layer builds them as a dense softmax, or truncated to
     shift bases (its ``threshold``).  :math:`S_h` starts at :math:`\sqrt{2\alpha}\,I` (the
     quadratic heads of the same ``alpha``) plus :math:`\mathcal N(0, \mathrm{width\_noise}^2)` per
@@ -282,9 +279,9 @@ class GaussianHeads(PositionalHeads):
         noise = torch.randn(H, d, d) * self.width_noise
         self.inv_sqrt_cov = nn.Parameter(torch.eye(d).repeat(H, 1, 1) * math.sqrt(2 * self.initial_alpha) + noise)
 
-    def mechanism(self) -> GaussianPosition:
+    def mechanism(self) -> PositionScores:
         self._check_bound()
-        return GaussianPosition(self.grid, self.centres, self.inv_sqrt_cov, boundary=self.boundary)
+        return gaussian_scores(self.grid, self.centres, self.inv_sqrt_cov, self.boundary)
 
     def positional_parameters(self) -> list[nn.Parameter]:
         """The centres and precisions' factors (kept out of weight decay in the CIFAR study)."""
@@ -299,7 +296,7 @@ class LearnedHeads(PositionalHeads):
     :math:`i` (``(L_i, D_i)``, :math:`N(0, 1)`; :math:`D_p` = ``positional_dim`` in all, split
     evenly over the axes), and each head scores it with its own vector :math:`t_h`
     (``weight``, initialised as ``torch.nn.Linear``'s of the widest table;
-    :class:`~structconv.LearnedPosition`).  The scores are a sum of per-axis terms, so without
+    :func:`~structconv.learned_scores`).  The scores are a sum of per-axis terms, so without
     content the layer builds the heads exactly as a Kronecker product of per-axis softmaxes.
 
     With ``relative_terms=True`` and content (:class:`ContentHeads`), the heads are the four
@@ -353,14 +350,6 @@ class LearnedHeads(PositionalHeads):
     def options(self) -> dict[str, Any]:
         return {"positional_dim": self.positional_dim, "relative_terms": self.relative_terms}
 
-    def _resolved(self, dims: int, embed_dim: int) -> dict[str, Any]:
-        Dp = self.positional_dim or embed_dim
-        if Dp < dims:
-            raise ValueError(
-                f"{type(self).__name__}: positional_dim={Dp} must be at least the grid's {dims} dimensions"
-            )
-        return {"positional_dim": Dp}
-
     def _build(self, content: ContentHeads | None) -> None:
         name, H, d = type(self).__name__, self.num_heads, len(self.grid)
         if self.relative_terms and content is None:
@@ -369,8 +358,9 @@ class LearnedHeads(PositionalHeads):
             )
         if self.relative_terms and content is not None and content.bias:
             raise ValueError(f"{name}: with relative_terms, u and v are the biases; give ContentHeads(bias=False)")
-        Dp = self.positional_dim
-        assert Dp is not None  # resolved by bind
+        Dp = self.positional_dim = self.positional_dim or self.embed_dim
+        if Dp < d:
+            raise ValueError(f"{name}: positional_dim={Dp} must be at least the grid's {d} dimensions")
         widths = [Dp // d + (1 if i < Dp % d else 0) for i in range(d)]
         lengths = relative_offsets(self.grid, self.boundary).lengths
         self.tables = nn.ParameterList(nn.Parameter(torch.randn(n, w)) for n, w in zip(lengths, widths, strict=True))
@@ -383,11 +373,11 @@ class LearnedHeads(PositionalHeads):
             bound = 1.0 / math.sqrt(max(widths))
             self.weight = nn.Parameter(torch.empty(H, Dp).uniform_(-bound, bound))
 
-    def mechanism(self) -> LearnedPosition:
+    def mechanism(self) -> PositionScores:
         self._check_bound()
         if self.relative_terms:
             raise ValueError(f"{type(self).__name__}: relative_terms score the content too; use with_content")
-        return LearnedPosition(self.grid, tuple(self.tables), self.weight, boundary=self.boundary)
+        return learned_scores(self.grid, tuple(self.tables), self.weight, self.boundary)
 
     def with_content(self, content: ContentHeads) -> Mechanism:
         """With ``relative_terms``, the four terms of Eq. 5; otherwise the content scores plus the positional ones."""

@@ -383,7 +383,7 @@ def attention_basis(
         It holds the scores, evaluated here, or (scaled dot-product attention) the key and query
         projections, from which the fused order attends without forming the scores.  Scaled
         dot-product attention plus scores that ignore the input (``BiAffine(key=..., query=...)
-        + LearnedPosition(...)``, :func:`content_and_position`) keeps the projections too, the
+        + learned_scores(...)``, :func:`content_and_position`) keeps the projections too, the
         positional scores evaluated here as the basis' additive ``bias`` (``(1, K, M, N)``).
 
     Examples
@@ -472,7 +472,7 @@ def content_and_position(mechanism: Mechanism) -> tuple[BiAffine, Mechanism] | N
 
     That is a sum (``a + b``, either side first) of a :attr:`BiAffine.transformer` mechanism and
     one whose scores ignore the inputs (:attr:`Mechanism.positional`, e.g.
-    :class:`~structconv.LearnedPosition`): its scores :math:`s\,q_n\cdot k_m + eta_{mn}` are a
+    :func:`~structconv.learned_scores`): its scores :math:`s\,q_n\cdot k_m + eta_{mn}` are a
     dot product plus a bias, which torch's fused attention takes as its float mask.  ``None``
     for any other mechanism.
 

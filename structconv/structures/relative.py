@@ -270,7 +270,7 @@ class RelativeAttention(Mechanism):
     With keys :math:`k_m = x_m W^k_h` and queries :math:`q_n = z_n W^q_h` (``key``/``query``,
     ``(K, P, D)``), the projected embedding :math:`\hat r_\delta = \hat W_h^\top r_\delta`
     (``rel_key``, ``(K, D_p, D)``, with :math:`r_\delta` from per-axis ``tables`` as in
-    :class:`LearnedPosition`), and the vectors ``u`` and ``v`` (``(K, D)``):
+    :func:`~structconv.learned_scores`), and the vectors ``u`` and ``v`` (``(K, D)``):
 
     .. math:: a_{hmn} = \mathrm{scale}\,\big(q_n\cdot k_m + q_n\cdot\hat r_{\delta_{mn}} + u_h\cdot k_m
               + v_h\cdot\hat r_{\delta_{mn}}\big).

@@ -105,10 +105,10 @@ def _like(values: np.ndarray, like: Array) -> Any:
 
 def _padded_heads(grid: tuple[int, ...], pad: tuple[int, ...], centres: Any, alpha: Any) -> DenseBasis:
     """Soft heads on the grid padded with zero tokens, restricted to the real tokens (rows and columns)."""
-    from ..structures.positional import QuadraticPosition
+    from ..structures.positional import quadratic_scores
 
     big = tuple(g + 2 * p for g, p in zip(grid, pad, strict=True))
-    heads = QuadraticPosition(big, centres, alpha, boundary="zero").basis(representation="dense").to_dense()
+    heads = quadratic_scores(big, centres, alpha, "zero").basis(representation="dense").to_dense()
     inner = np.ravel_multi_index(
         tuple(np.meshgrid(*[np.arange(p, p + g) for g, p in zip(grid, pad, strict=True)], indexing="ij")), big
     ).reshape(-1)

@@ -230,7 +230,8 @@ def attention_encodings(
             settings["positional_dim"] = positional_dim or dims * width
             if not content:
                 settings.pop("relative_terms", None)
-        heads = PAPER_HEADS[encoding].configured(**settings)
+        paper = PAPER_HEADS[encoding]
+        heads = type(paper)(**{**paper.options(), **settings})
     else:
         raise ValueError(f"encoding must be one of {sorted(PAPER_HEADS)} or a PositionalHeads, got {encoding!r}")
     relative = isinstance(heads, LearnedHeads) and heads.relative_terms
@@ -241,7 +242,7 @@ def attention_encodings(
     if not content:
         return heads, None, layer
     bias = bool(flat.get("content_bias", PAPER_CONTENT.bias)) and not relative
-    return heads, PAPER_CONTENT.configured(key_dim=key_dim or width, bias=bias), layer
+    return heads, ContentHeads(key_dim=key_dim or width, bias=bias), layer
 
 
 class SelfAttentionNet(nn.Module):

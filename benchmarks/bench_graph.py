@@ -45,9 +45,9 @@ def copy_weights(ours: Any, ref: Any, kind: str) -> None:
     """Give our layer the PyG layer's parameters."""
     with torch.no_grad():
         if kind == "gcn":
-            ours.theta.copy_(ref.lin.weight.T[None])
+            ours.weight.copy_(ref.lin.weight.T[None])
         elif kind in ("tag", "cheb"):
-            ours.theta.copy_(torch.stack([lin.weight.T for lin in ref.lins]))
+            ours.weight.copy_(torch.stack([lin.weight.T for lin in ref.lins]))
         else:
             ours.weight.copy_(ref.lin.weight.T)
             ours.att_src.copy_(ref.att_src[0])

@@ -1,6 +1,6 @@
 r"""Position-only attention through structconv against every peer that computes the same function.
 
-The layer is ``structconv.nn.PositionalAttention((s, s), 400, 9, heads=..., head_dim=...)``
+The layer is ``structconv.nn.PositionalAttention((s, s), 400, 9, encoding=..., head_dim=...)``
 (float32, CPU, the layer's default ``threshold``) on grids of 16x16, 32x32 and 64x64 tokens
 (batch 4, 2 and 1), for the paper's head width D_h = D_out (``head_dim=None``: Theta is
 (H, E, E), each head averages the raw input, then one linear map) and D_h = 44 (``head_dim=44``:
@@ -120,9 +120,9 @@ def grid_offsets(side: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 def axis_tables(layer: PositionalAttention) -> list[torch.Tensor]:
     """Learned encoding: per axis, the score of every head at every offset, (H, 2s - 1), offset -(s-1) first."""
-    tables = layer.heads.tables
+    tables = layer.encoding.tables
     widths = [int(t.shape[1]) for t in tables]
-    parts = torch.split(layer.heads.weight, widths, dim=1)
+    parts = torch.split(layer.encoding.weight, widths, dim=1)
     return [w @ t.T for w, t in zip(parts, tables, strict=True)]
 
 
@@ -136,15 +136,15 @@ def position_scores(layer: PositionalAttention, like: torch.Tensor) -> torch.Ten
     """
     side = _side(layer)
     dr, dc = grid_offsets(side, like)
-    if layer.heads.name == "learned":
+    if layer.encoding.name == "learned":
         t_row, t_col = axis_tables(layer)
         return t_row[:, (dr + side - 1).long()] + t_col[:, (dc + side - 1).long()]
-    if layer.heads.name == "quadratic":
-        alpha, centres = layer.heads.alpha(), layer.heads.centres
+    if layer.encoding.name == "quadratic":
+        alpha, centres = layer.encoding.alpha(), layer.encoding.centres
         r = torch.stack([dr * dr + dc * dc, dr, dc], -1)
         v = -alpha[:, None] * torch.cat([torch.ones_like(alpha)[:, None], -2 * centres], 1)
     else:
-        S, centres = layer.heads.inv_sqrt_cov, layer.heads.centres
+        S, centres = layer.encoding.inv_sqrt_cov, layer.encoding.centres
         P = S.transpose(1, 2) @ S  # the precision S^T S
         Pc = (P @ centres[:, :, None])[..., 0]
         r = torch.stack([dr * dr, dr * dc, dc * dc, dr, dc], -1)
@@ -163,7 +163,7 @@ def positional_qk(layer: PositionalAttention, like: torch.Tensor) -> tuple[torch
     side = _side(layer)
     idx = torch.arange(side * side, device=like.device)
     r, c = idx // side, idx % side
-    if layer.heads.name == "learned":
+    if layer.encoding.name == "learned":
         t_row, t_col = axis_tables(layer)
         coord = torch.arange(side, device=like.device)
         seen_row = t_row[:, coord[None, :] - r[:, None] + side - 1]  # (H, N, s): the row offsets query n sees
@@ -172,14 +172,14 @@ def positional_qk(layer: PositionalAttention, like: torch.Tensor) -> tuple[torch
         k = torch.cat([F.one_hot(r, side), F.one_hot(c, side)], -1).to(q.dtype)
         return q, k.expand(q.shape[0], -1, -1)
     pos = torch.stack([r, c], -1).to(like.dtype) - (side - 1) / 2
-    if layer.heads.name == "quadratic":
-        scale = (2 * layer.heads.alpha()).sqrt()
+    if layer.encoding.name == "quadratic":
+        scale = (2 * layer.encoding.alpha()).sqrt()
         S = scale[:, None, None] * torch.eye(2, dtype=like.dtype, device=like.device)
     else:
-        S = layer.heads.inv_sqrt_cov
+        S = layer.encoding.inv_sqrt_cov
     S = S.to(like.dtype)
     u = torch.einsum("hij,mj->hmi", S, pos)
-    w = torch.einsum("hij,hnj->hni", S, pos[None] + layer.heads.centres[:, None, :].to(like.dtype))
+    w = torch.einsum("hij,hnj->hni", S, pos[None] + layer.encoding.centres[:, None, :].to(like.dtype))
     q = torch.cat([w, torch.ones_like(w[..., :1])], -1)
     k = torch.cat([u, -0.5 * (u * u).sum(-1, keepdim=True)], -1)
     return q, k
@@ -197,7 +197,9 @@ def output_map(layer: PositionalAttention, heads: torch.Tensor) -> torch.Tensor:
     """(B, H, N, W) head outputs -> (B, N, E): one linear map of the concatenated heads, plus the bias."""
     B, H, N, W = heads.shape
     flat = heads.permute(0, 2, 1, 3).reshape(B, N, H * W)
-    weight = layer.theta.reshape(H * W, -1) if layer.head_dim is None else layer.out.permute(0, 2, 1).reshape(H * W, -1)
+    weight = (
+        layer.weight.reshape(H * W, -1) if layer.head_dim is None else layer.out.permute(0, 2, 1).reshape(H * W, -1)
+    )
     y = flat @ weight
     return y if layer.bias is None else y + layer.bias
 
@@ -226,7 +228,7 @@ def paper_dense(layer: PositionalAttention, x: torch.Tensor, key_major_mask: boo
     H = layer.num_heads
     if layer.head_dim is None:  # the paper's D_h = D_out: each head averages the raw input
         per_head = torch.einsum("hnm,bme->bnhe", probs, x).reshape(B, M, H * E)
-        y = per_head @ layer.theta.reshape(H * E, E)
+        y = per_head @ layer.weight.reshape(H * E, E)
     else:
         values = torch.einsum("bme,hed->bhmd", x, layer.value)
         per_head = torch.einsum("hnm,bhmd->bnhd", probs, values).reshape(B, M, -1)
@@ -290,13 +292,13 @@ def flex_peer(layer: PositionalAttention, x: torch.Tensor, compiled: bool = True
     ``compiled=False`` runs Flex's eager reference (it materialises the scores: for checks only).
     """
     side = _side(layer)
-    encoding = layer.heads.name
+    encoding = layer.encoding.name
     if encoding == "learned":
         params = tuple(axis_tables(layer))
     elif encoding == "quadratic":
-        params = (layer.heads.alpha(), layer.heads.centres)
+        params = (layer.encoding.alpha(), layer.encoding.centres)
     else:
-        params = (layer.heads.inv_sqrt_cov, layer.heads.centres)
+        params = (layer.encoding.inv_sqrt_cov, layer.encoding.centres)
     params = tuple(p.to(x.dtype) for p in params)
     v = head_values(layer, x).contiguous()
     if not compiled:
@@ -551,7 +553,7 @@ def measure_row(
     torch._dynamo.reset()  # each row compiles its own shapes; old graphs only cost memory
     torch.manual_seed(0)
     E, H, M = WIDTH, HEADS, side * side
-    layer = PositionalAttention((side, side), E, H, heads=encoding, head_dim=head_dim, attention_dropout=dropout)
+    layer = PositionalAttention((side, side), E, H, encoding=encoding, head_dim=head_dim, attention_dropout=dropout)
     layer.train(dropout > 0)
     x = torch.randn(B, M, E, requires_grad=backward)
     image = torch.randn(B, E, side, side, requires_grad=backward)
@@ -633,7 +635,7 @@ def measure_row(
         "flop_ratio_to_conv3x3": flops["total"] / (2.0 * B * M * 9 * E * E),
         "basis": type(layer.basis()).__name__,
         "basis_used": type(basis).__name__,  # differs with dropout: the dropped heads are dense
-        "order": structconv.explain(basis, x_plan, layer.parameter()).chosen,
+        "order": structconv.explain(basis, x_plan, layer.theta()).chosen,
         "peak_mib": peak,
     }
     params = {"encoding": encoding, "side": side, "tokens": M, "B": B, "E": E, "heads": H, "head_dim": dh}

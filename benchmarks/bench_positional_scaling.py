@@ -358,7 +358,7 @@ def measure_side(side: int, mode: str, s: Settings, seen: History) -> list[Measu
     tokens, training = side * side, mode == "training"
     case = Case.make(side, s.width, s.heads, training)
     out = {v: Measurement(side, tokens, v, mode) for v in VARIANTS}
-    order = structconv.explain(case.layer.basis(), case.x.detach().reshape(1, -1, s.width), case.layer.parameter())
+    order = structconv.explain(case.layer.basis(), case.x.detach().reshape(1, -1, s.width), case.layer.theta())
     out["structconv"].order = order.chosen
     with torch.no_grad():
         reference = case.layer(case.x)

@@ -75,11 +75,11 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]] = {
         lambda: (torch.randn(2, 9, 4, dtype=D64),),
     ),
     "PositionalAttention[gaussian]": (
-        lambda: snn.PositionalAttention((3, 3), 4, 2, heads=snn.GaussianHeads()),
+        lambda: snn.PositionalAttention((3, 3), 4, 2, encoding=snn.GaussianHeads()),
         lambda: (torch.randn(2, 3, 3, 4, dtype=D64),),
     ),
     "PositionalAttention[learned]": (
-        lambda: snn.PositionalAttention((3, 3), 4, 2, heads=snn.LearnedHeads(), content=snn.ContentHeads(bias=True)),
+        lambda: snn.PositionalAttention((3, 3), 4, 2, encoding=snn.LearnedHeads(), content=snn.ContentHeads(bias=True)),
         lambda: (torch.randn(2, 9, 4, dtype=D64),),
     ),
     "StructConv": (lambda: snn.StructConv(_fixed_basis(), 3, 4), lambda: (torch.randn(2, 6, 3, dtype=D64),)),

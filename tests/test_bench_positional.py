@@ -28,16 +28,16 @@ def _layer(encoding: str, head_dim: int | None, dropout: float = 0.0) -> Positio
         (SIDE, SIDE),
         WIDTH,
         HEADS,
-        heads=LearnedHeads(positional_dim=6) if encoding == "learned" else encoding,
+        encoding=LearnedHeads(positional_dim=6) if encoding == "learned" else encoding,
         head_dim=head_dim,
         threshold=None,  # the exact softmax: the comparison is then to float64 rounding
         attention_dropout=dropout,
     ).to(D64)
     with torch.no_grad():  # parameters away from their initial symmetry, widths on a useful scale
         if encoding == "quadratic":
-            layer.heads.set_alpha(torch.tensor([0.3, 1.7], dtype=D64))
+            layer.encoding.set_alpha(torch.tensor([0.3, 1.7], dtype=D64))
         if encoding == "gaussian":
-            layer.heads.inv_sqrt_cov.add_(0.4 * torch.randn_like(layer.heads.inv_sqrt_cov))
+            layer.encoding.inv_sqrt_cov.add_(0.4 * torch.randn_like(layer.encoding.inv_sqrt_cov))
         if layer.bias is not None:
             layer.bias.normal_()
     return layer

@@ -46,7 +46,7 @@ def test_flat_options_of_a_config_are_mapped_onto_the_encodings(
 ) -> None:
     built = build_model(model, **{**TINY, "attention": {**attention, "dropout_shared": False}})
     layer = built.blocks[0].attention
-    assert repr(layer.heads) == repr(heads)
+    assert repr(layer.encoding) == repr(heads)
     assert repr(layer.content) == repr(content)
     assert layer.dropout_shared is False  # a setting of the layer's own
 
@@ -55,7 +55,7 @@ def test_a_model_takes_encodings_as_objects() -> None:
     torch.manual_seed(0)
     model = SelfAttentionNet(encoding=GaussianHeads(alpha=2.0), content=ContentHeads(key_dim=4), **TINY)
     layer = model.attention_layers()[0]
-    assert repr(layer.heads) == "GaussianHeads(alpha=2.0)"
+    assert repr(layer.encoding) == "GaussianHeads(alpha=2.0)"
     assert repr(layer.content) == "ContentHeads(key_dim=4, bias=False)"
     with pytest.raises(ValueError, match=r"is given as an object: set \['alpha'\] in it"):
         SelfAttentionNet(encoding=QuadraticHeads(), attention={"alpha": 0.3}, **TINY)

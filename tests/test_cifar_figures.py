@@ -79,8 +79,8 @@ def _hard_quadratic(alpha: float = 40.0) -> SelfAttentionNet:
     model = _tiny("sa-quadratic")
     with torch.no_grad():
         for layer, centres in zip(model.attention_layers(), CENTRES, strict=True):
-            layer.heads.centres.copy_(torch.tensor(centres))
-            layer.heads.set_alpha(alpha)
+            layer.encoding.centres.copy_(torch.tensor(centres))
+            layer.encoding.set_alpha(alpha)
     return model
 
 
@@ -179,13 +179,13 @@ def test_contours_match_the_closed_form() -> None:
 @pytest.mark.parametrize("encoding", ["quadratic", "gaussian"])
 def test_head_gaussians_are_the_moments_of_the_attention(encoding: str) -> None:
     """Centre and covariance of the softmax over keys, relative to the query, are (Delta, P^{-1})."""
-    layer = PositionalAttention((31, 31), 4, 2, heads=encoding, threshold=None)
+    layer = PositionalAttention((31, 31), 4, 2, encoding=encoding, threshold=None)
     with torch.no_grad():
-        layer.heads.centres.copy_(torch.tensor([[2.0, -3.0], [-1.0, 1.5]]))
+        layer.encoding.centres.copy_(torch.tensor([[2.0, -3.0], [-1.0, 1.5]]))
         if encoding == "quadratic":
-            layer.heads.set_alpha(torch.tensor([0.1, 0.25]))
+            layer.encoding.set_alpha(torch.tensor([0.1, 0.25]))
         else:
-            layer.heads.inv_sqrt_cov.copy_(torch.tensor([[[0.6, 0.2], [0.0, 0.4]], [[0.5, -0.1], [0.3, 0.7]]]))
+            layer.encoding.inv_sqrt_cov.copy_(torch.tensor([[[0.6, 0.2], [0.0, 0.4]], [[0.5, -0.1], [0.3, 0.7]]]))
     centres, precisions = head_gaussians(layer)
     np.testing.assert_array_equal(centres, [[2.0, -3.0], [-1.0, 1.5]])
     if encoding == "quadratic":

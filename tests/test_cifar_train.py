@@ -161,7 +161,7 @@ def test_paper_dense_draws_the_layers_dropout_masks_and_gradients(shared: bool |
 
     torch.manual_seed(0)
     layer = PositionalAttention(
-        (4, 5), 6, 3, heads=QuadraticHeads(width="spread", width_noise=0.1), attention_dropout=0.3, threshold=None,
+        (4, 5), 6, 3, encoding=QuadraticHeads(width="spread", width_noise=0.1), attention_dropout=0.3, threshold=None,
         head_dim=head_dim, dropout_shared=shared,
     ).double()  # fmt: skip
     x = torch.randn(3, 20, 6, dtype=torch.float64)
@@ -225,7 +225,7 @@ def test_centres_and_widths_are_exempt_from_weight_decay() -> None:
     model = build_model("sa-quadratic", **TINY["sa-quadratic"])
     exempt = {id(p) for p in no_decay_parameters(model)}
     layers = model.attention_layers() if isinstance(model, SelfAttentionNet) else []
-    assert exempt == {id(p) for layer in layers for p in (layer.heads.centres, layer.heads.spread)}
+    assert exempt == {id(p) for layer in layers for p in (layer.encoding.centres, layer.encoding.spread)}
     groups = _optimizer(model, config_for("paper", "sa-quadratic")).param_groups
     assert [g["weight_decay"] for g in groups] == [1e-4, 0.0]
     assert {id(p) for p in groups[1]["params"]} == exempt
@@ -318,18 +318,18 @@ def test_parameter_counts_are_the_paper_codes(name: str) -> None:
 def test_attention_initialisation_is_the_paper_codes() -> None:
     torch.manual_seed(0)
     layers = [b.attention for b in build_model("sa-quadratic", heads=400, depth=2, width=8, ffn=8).blocks]
-    centres = torch.cat([layer.heads.centres.detach() for layer in layers])
-    spreads = torch.cat([layer.heads.spread.detach() for layer in layers])
+    centres = torch.cat([layer.encoding.centres.detach() for layer in layers])
+    spreads = torch.cat([layer.encoding.spread.detach() for layer in layers])
     assert centres.std().item() == pytest.approx(2.0, rel=0.08)  # N(0, 2^2), a standard deviation of 2
     assert spreads.mean().item() == pytest.approx(1.0, abs=2e-3) and spreads.std().item() < 0.02
-    torch.testing.assert_close(layers[0].heads.alpha(), 0.5 * layers[0].heads.spread.detach() ** 2)
+    torch.testing.assert_close(layers[0].encoding.alpha(), 0.5 * layers[0].encoding.spread.detach() ** 2)
     gauss = build_model("sa-gaussian", depth=1, width=8, ffn=8, heads=200).blocks[0].attention
-    S = gauss.heads.inv_sqrt_cov.detach()
+    S = gauss.encoding.inv_sqrt_cov.detach()
     torch.testing.assert_close(S.mean(0), torch.eye(2), atol=3e-3, rtol=0)
     content = build_model("sa-learned-content", depth=1).blocks[0].attention
     assert content.content.key.shape == content.content.query.shape == (9, 400, 400)  # full width per head
-    assert content.content.key_bias.shape == (9, 400) and not content.heads.relative_terms
-    assert [t.shape for t in content.heads.tables] == [(31, 400), (31, 400)]
+    assert content.content.key_bias.shape == (9, 400) and not content.encoding.relative_terms
+    assert [t.shape for t in content.encoding.tables] == [(31, 400), (31, 400)]
     block = build_model("sa-quadratic", depth=1).blocks[0]
     assert block.norm1.eps == block.norm2.eps == 1e-12
     assert block.projection is not None and block.projection.weight.shape == (400, 400)
@@ -343,7 +343,7 @@ def test_merged_form_computes_what_the_projected_form_does() -> None:
     merged = build_model("sa-quadratic", projection=False, **opts).double().eval()
     state = {k: v for k, v in projected.state_dict().items() if "projection" not in k}
     W, b = projected.blocks[0].projection.weight.detach(), projected.blocks[0].projection.bias.detach()
-    state["blocks.0.attention.theta"] = state["blocks.0.attention.theta"] @ W.T
+    state["blocks.0.attention.weight"] = state["blocks.0.attention.weight"] @ W.T
     state["blocks.0.attention.bias"] = W @ state["blocks.0.attention.bias"] + b
     merged.load_state_dict(state)
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)

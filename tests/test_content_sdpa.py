@@ -38,7 +38,9 @@ def _layer(
 ) -> Any:
     torch.manual_seed(seed)
     content = ContentHeads(key_dim=D, bias=content_bias)
-    layer = PositionalAttention(grid, E, H, heads=LearnedHeads(positional_dim=Dp), content=content, **options).double()
+    layer = PositionalAttention(
+        grid, E, H, encoding=LearnedHeads(positional_dim=Dp), content=content, **options
+    ).double()
     with torch.no_grad():  # away from the initial values (zero-free biases, larger position scores)
         for p in layer.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -48,7 +50,7 @@ def _layer(
 def _outputs_and_grads(layer: Any, x: torch.Tensor, order: str) -> list[torch.Tensor]:
     """The layer's ``conv`` in ``order`` and the gradients of a fixed functional of it, into x and every parameter."""
     leaves = [x, *layer.parameters()]
-    y = conv(layer.basis(x), x, layer.parameter(), order=order)
+    y = conv(layer.basis(x), x, layer.theta(), order=order)
     weight = torch.linspace(-1.0, 2.0, y.numel(), dtype=y.dtype).reshape(y.shape)
     grads = torch.autograd.grad((y * weight).sum(), leaves, allow_unused=True)
     return [y.detach()] + [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves, strict=True)]
@@ -128,10 +130,10 @@ def test_lower_precisions_follow_float64(dtype: torch.dtype, tol: float) -> None
     layer = _layer((4, 4), 8, 3, 4, 4, True, 0)
     x = torch.randn(3, 16, 8, dtype=D64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        want = conv(layer.basis(x), x, layer.parameter(), order="ax")
+        want = conv(layer.basis(x), x, layer.theta(), order="ax")
     low = copy.deepcopy(layer).to(dtype)
     xl = x.to(dtype).requires_grad_()
-    y = conv(low.basis(xl), xl, low.parameter(), order="sdpa")
+    y = conv(low.basis(xl), xl, low.theta(), order="sdpa")
     assert y.dtype == dtype
     assert float((y.detach().double() - want).abs().max()) <= tol * float(want.abs().max())
     y.float().sum().backward()
@@ -152,7 +154,7 @@ def test_the_planner_takes_the_fused_order_for_the_paper_layer_at_batch_100() ->
     x = torch.randn(100, 256, 400)
     basis = layer.basis(x)
     assert isinstance(basis, AttentionBasis) and tuple(basis.bias.shape) == (1, 9, 256, 256)
-    plan = explain(basis, x, layer.parameter())
+    plan = explain(basis, x, layer.theta())
     assert plan.chosen == "sdpa"
     assert {"ax", "xtheta", "sdpa"} <= {line.split()[0] for line in str(plan).splitlines()[3:] if line.strip()}
     # the keys, queries and values of 400 columns per head outweigh the 256 of the weights it spares
@@ -164,8 +166,8 @@ def _mass_layer(p: float, **options: Any) -> tuple[Any, torch.Tensor]:
     """A layer whose output channel 0 is the kept mass of every head's column: Θ_h = e_0 e_0^T, x_0 = 1."""
     layer = _layer((6, 6), 4, 3, 2, 4, True, 5, attention_dropout=p, bias=False, **options)
     with torch.no_grad():
-        layer.theta.zero_()
-        layer.theta[:, 0, 0] = 1.0
+        layer.weight.zero_()
+        layer.weight[:, 0, 0] = 1.0
     x = torch.randn(8, 36, 4, dtype=D64, generator=torch.Generator().manual_seed(2))
     x[..., 0] = 1.0
     return layer, x
@@ -197,8 +199,8 @@ def test_dropout_of_the_basis_drops_each_weight_with_probability_p(order: str) -
         assert dropped.dropout == p and basis.dropout == 0.0  # a new basis; the first unchanged
         for seed in range(3):
             torch.manual_seed(seed)
-            _assert_dropped_share(conv(dropped, x, layer.parameter(), order=order), weights, p)
-        theta = layer.parameter()
+            _assert_dropped_share(conv(dropped, x, layer.theta(), order=order), weights, p)
+        theta = layer.theta()
         assert torch.equal(conv(basis, x, theta, order=order), conv(basis, x, theta, order=order))  # no dropout
 
 
@@ -220,20 +222,20 @@ def test_the_layer_drops_in_training_and_is_deterministic_in_eval(
         handed = layer.dropped(layer.basis(x), int(x.shape[0]))
         assert isinstance(handed, AttentionBasis) == kernel_dropout
         if kernel_dropout:
-            assert handed.dropout == p and explain(handed, x, layer.parameter()).chosen in ("sdpa", *DENSE)
+            assert handed.dropout == p and explain(handed, x, layer.theta()).chosen in ("sdpa", *DENSE)
         for seed in range(3):
             torch.manual_seed(seed)
             _assert_dropped_share(layer(x), weights, p)
         layer.eval()
         first, second = layer(x), layer(x)
         assert torch.equal(first, second)
-        torch.testing.assert_close(first, conv(layer.basis(x), x, layer.parameter(), order="ax"))
+        torch.testing.assert_close(first, conv(layer.basis(x), x, layer.theta(), order="ax"))
 
 
 def test_eq5_relative_terms_keep_the_dense_path() -> None:
     """The query-position term of Eq. 5 depends on the query and the offset: no additive mask; dense scores."""
     torch.manual_seed(0)
-    layer = PositionalAttention((3, 3), 4, 2, heads=LearnedHeads(relative_terms=True), content=ContentHeads())
+    layer = PositionalAttention((3, 3), 4, 2, encoding=LearnedHeads(relative_terms=True), content=ContentHeads())
     assert content_and_position(layer.mechanism()) is None
     basis = layer.basis(torch.randn(2, 9, 4))
     assert isinstance(basis, AttentionBasis) and basis.projections is None and not basis.own_orders()
@@ -242,13 +244,13 @@ def test_eq5_relative_terms_keep_the_dense_path() -> None:
 def test_quadratic_heads_with_content_take_the_fused_order_too() -> None:
     """Any input-independent encoding plus content (here quadratic) is a dot product plus a bias."""
     torch.manual_seed(0)
-    layer = PositionalAttention((3, 4), 6, 2, heads=QuadraticHeads(alpha=0.7), content=ContentHeads(bias=True))
+    layer = PositionalAttention((3, 4), 6, 2, encoding=QuadraticHeads(alpha=0.7), content=ContentHeads(bias=True))
     layer = layer.double()
     x = torch.randn(2, 12, 6, dtype=D64)
     basis = layer.basis(x)
     assert "sdpa" in basis.own_orders()
     torch.testing.assert_close(
-        conv(basis, x, layer.parameter(), order="sdpa"), conv(basis, x, layer.parameter(), order="xtheta")
+        conv(basis, x, layer.theta(), order="sdpa"), conv(basis, x, layer.theta(), order="xtheta")
     )
 
 
@@ -283,7 +285,7 @@ def test_an_inference_forward_through_the_fused_order_is_one_graph_for_torch_com
     x = torch.randn(2, 3, 32, 32)
     layer = model.attention_layers()[0]
     flat = torch.randn(2, 256, 16)
-    assert explain(layer.basis(flat), flat, layer.parameter()).chosen == "sdpa"
+    assert explain(layer.basis(flat), flat, layer.theta()).chosen == "sdpa"
     model(x)
     dynamo.reset()
     explanation = dynamo.explain(model)(x)

@@ -68,8 +68,8 @@ def test_the_layer_computes_the_convolution(dtype: torch.dtype, data: Any) -> No
         y, ref = _through(layer, x), conv(x)
     _assert_same(y, ref, TOL[dtype])
     assert layer.num_heads == math.prod(conv.kernel_size)
-    assert layer.theta.dtype == dtype and (layer.bias is None) == (conv.bias is None)
-    assert isinstance(layer.heads, QuadraticHeads)
+    assert layer.weight.dtype == dtype and (layer.bias is None) == (conv.bias is None)
+    assert isinstance(layer.encoding, QuadraticHeads)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -81,7 +81,9 @@ def test_soft_heads_at_the_alpha_bound_compute_the_convolution_to_the_dtypes_pre
     for dtype in (D64, torch.float32):
         conv = torch.nn.Conv2d(3, 3, k, padding=k // 2, padding_mode=mode, dtype=dtype)
         layer = PositionalAttention.from_conv(conv, (size, size), alpha=attention_alpha_bound(dtype))
-        torch.testing.assert_close(layer.heads.alpha(), torch.full((k * k,), attention_alpha_bound(dtype), dtype=dtype))
+        torch.testing.assert_close(
+            layer.encoding.alpha(), torch.full((k * k,), attention_alpha_bound(dtype), dtype=dtype)
+        )
         x = torch.randn(2, 3, size, size, dtype=dtype)
         with torch.no_grad():
             _assert_same(_through(layer, x), conv(x), 1e-11 if dtype == D64 else 1e-5)
@@ -110,12 +112,13 @@ def test_heads_of_lemma_1s_width_and_other_dimensions() -> None:
 def test_the_layer_shows_the_encoding_the_grid_the_heads_the_widths_and_the_border() -> None:
     layer = PositionalAttention.from_conv(torch.nn.Conv2d(6, 6, 3, padding=1, bias=False), (8, 8))
     assert repr(layer) == (
-        "PositionalAttention(grid=(8, 8), embed_dim=6, num_heads=9, heads=QuadraticHeads(alpha=1024.0, width='exp'), "
+        "PositionalAttention(grid=(8, 8), embed_dim=6, num_heads=9, "
+        "encoding=QuadraticHeads(alpha=1024.0, width='exp'), "
         "content=None, head_dim=None, bias=False, padding=(1, 1))"
     )
     circular = PositionalAttention.from_conv(torch.nn.Conv2d(6, 6, 3, padding=1, padding_mode="circular"), (8, 8))
     assert "boundary='periodic'" in repr(circular) and "padding" not in repr(circular)
-    assert torch.equal(circular.heads.centres[4], torch.zeros(2))  # the kernel's centre is offset 0
+    assert torch.equal(circular.encoding.centres[4], torch.zeros(2))  # the kernel's centre is offset 0
 
 
 @pytest.mark.parametrize(
@@ -179,4 +182,4 @@ def test_padding_errors() -> None:
     with pytest.raises(ValueError, match=r"PositionalAttention: padding must have 2 entries"):
         PositionalAttention((4, 4), 4, 2, padding=(1, 1, 1))
     layer = PositionalAttention((4, 4), 4, 2, padding=(1, 0))
-    assert layer.padding == (1, 0) and layer.tokens == (6, 4) and layer.heads.grid == (6, 4)
+    assert layer.padding == (1, 0) and layer.tokens == (6, 4) and layer.encoding.grid == (6, 4)

@@ -94,7 +94,7 @@ def test_compiled_gcn_refuses_a_node_number_out_of_range() -> None:
         (lambda: snn.GridConv1d(2, 3, 5, padding=2, dilation=2, padding_mode="circular"), (2, 2, 6)),
         (lambda: snn.GridConv2d(3, 4, 3, stride=2, padding=1, padding_mode="reflect"), (2, 3, 8, 8)),
         (lambda: snn.AvgPool2d(3, stride=2, padding=1), (2, 3, 9, 9)),
-        (lambda: snn.PositionalAttention((4, 4), 8, 3, heads="gaussian"), (2, 16, 8)),
+        (lambda: snn.PositionalAttention((4, 4), 8, 3, encoding="gaussian"), (2, 16, 8)),
     ],
     ids=["conv2d-circular", "conv1d-circular-wider-than-grid", "conv2d-reflect", "avgpool2d", "positional-gaussian"],
 )

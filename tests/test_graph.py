@@ -178,11 +178,11 @@ def _pair(kind: str, P: int, Q: int) -> tuple[Any, Any]:
     if kind == "gcn":
         ref = pyg.GCNConv(P, Q)
         ours = snn.GCNConv(P, Q)
-        ours.theta.data = ref.lin.weight.data.T[None].clone()
+        ours.weight.data = ref.lin.weight.data.T[None].clone()
     elif kind == "gcn-improved":
         ref = pyg.GCNConv(P, Q, improved=True)
         ours = snn.GCNConv(P, Q, improved=True)
-        ours.theta.data = ref.lin.weight.data.T[None].clone()
+        ours.weight.data = ref.lin.weight.data.T[None].clone()
     elif kind in ("tag", "cheb", "cheb-rw"):
         ref = {"tag": pyg.TAGConv(P, Q, K=3), "cheb": pyg.ChebConv(P, Q, K=3)}.get(
             kind, pyg.ChebConv(P, Q, K=2, normalization="rw")
@@ -190,11 +190,11 @@ def _pair(kind: str, P: int, Q: int) -> tuple[Any, Any]:
         ours = {"tag": snn.TAGConv(P, Q, K=3), "cheb": snn.ChebConv(P, Q, K=3)}.get(
             kind, snn.ChebConv(P, Q, K=2, normalization="rw", lambda_max=2.0)
         )
-        ours.theta.data = torch.stack([lin.weight.data.T for lin in ref.lins])
+        ours.weight.data = torch.stack([lin.weight.data.T for lin in ref.lins])
     elif kind == "sg":
         ref = pyg.SGConv(P, Q, K=2)
         ours = snn.SGConv(P, Q, K=2)
-        ours.theta.data = ref.lin.weight.data.T[None].clone()
+        ours.weight.data = ref.lin.weight.data.T[None].clone()
         ours.bias.data = ref.lin.bias.data.clone()
         return ours, ref
     else:
@@ -241,9 +241,9 @@ def test_layers_equal_pyg_outputs_and_gradients(kind: str, g: dict[str, Any], we
         torch.testing.assert_close(ours.weight.grad, ref.lin.weight.grad.T)
         torch.testing.assert_close(ours.att_src.grad, ref.att_src.grad[0])
     elif kind in ("gcn", "gcn-improved", "sg"):
-        torch.testing.assert_close(ours.theta.grad[0], ref.lin.weight.grad.T)
+        torch.testing.assert_close(ours.weight.grad[0], ref.lin.weight.grad.T)
     else:
-        torch.testing.assert_close(ours.theta.grad, torch.stack([lin.weight.grad.T for lin in ref.lins]))
+        torch.testing.assert_close(ours.weight.grad, torch.stack([lin.weight.grad.T for lin in ref.lins]))
 
 
 @pytest.mark.parametrize("decomposition", [{}, {"num_bases": 2}, {"num_blocks": 2}])
@@ -325,7 +325,7 @@ def test_gat_forward_with_reused_values_equals_conv_of_its_attention_basis(conca
     params = [x, *layer.parameters()]
     fused = layer(x, ei)
     basis, _ = layer.attention(x, ei)
-    engine = conv(basis, x, layer.parameter())
+    engine = conv(basis, x, layer.theta())
     torch.testing.assert_close(fused, engine)
     probe = torch.randn(fused.shape, dtype=torch.float64, generator=g)
     for a, b in zip(
@@ -376,7 +376,7 @@ def test_review_regressions() -> None:
     torch.manual_seed(0)
     ref = pyg.GCNConv(4, 2, normalize=False)
     ours = snn.GCNConv(4, 2, normalize=False)
-    ours.theta.data = ref.lin.weight.data.T[None].clone()
+    ours.weight.data = ref.lin.weight.data.T[None].clone()
     ours.bias.data = ref.bias.data.clone()
     x = torch.randn(3, 4)
     ei = torch.tensor([[0, 1, 1], [1, 0, 2]])

@@ -532,7 +532,7 @@ def test_layers_direct_native_route_equals_the_engine_and_torch(
     y = layer(x)
     basis = layer.basis(tuple(x.shape[2:]), x)
     (compiled,) = (run[2] for run in layer._runs.values())
-    assert compiled.order == explain(basis, to_bmp(x), layer.parameter()).chosen, "the layer must run the engine's plan"
+    assert compiled.order == explain(basis, to_bmp(x), layer.theta()).chosen, "the layer must run the engine's plan"
     expected = ref(x)
     torch.testing.assert_close(y, expected)
     gy = torch.randn_like(y)

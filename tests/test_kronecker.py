@@ -110,7 +110,7 @@ def test_the_planner_runs_positional_heads_through_the_kronecker_orders() -> Non
     layer = PositionalAttention((16, 16), 32, 3)
     basis = layer.basis()
     assert isinstance(basis, KroneckerBasis)
-    plan = explain(basis, torch.randn(2, 256, 32), layer.parameter())
+    plan = explain(basis, torch.randn(2, 256, 32), layer.theta())
     assert plan.chosen in ("ax", "xtheta")
     dense = plan.candidate("atheta")
     assert plan.candidate(plan.chosen).score < dense.score

@@ -1,13 +1,13 @@
-"""The layer contract: every layer of ``structconv.nn`` is ``conv(layer.basis(x, ...), x, layer.parameter())``.
+"""The layer contract: every layer of ``structconv.nn`` is ``conv(layer.basis(x, ...), x, layer.theta())``.
 
 Each case builds a layer (float64, eval mode, so that no dropout is drawn) and hands it, with its
 inputs, to :func:`structconv.testing.check_layer`: the layer's output, and the gradients with
 respect to the input and every parameter, must equal :func:`structconv.conv` on the layer's own
-:meth:`basis` and :meth:`parameter` plus what the formula leaves out (the bias), in the layer's
+:meth:`basis` and :meth:`theta` plus what the formula leaves out (the bias), in the layer's
 layout (the per-layer contracts of :mod:`structconv.testing.layer`).  Where a layer's ``forward``
 reaches its output by another route (the grid's native kernel,
 MultiHeadSelfAttention's bias handling), this ties two computations; where ``forward`` already
-calls ``conv(self.basis(...), x, self.parameter())``, it pins the layout and what is added.
+calls ``conv(self.basis(...), x, self.theta())``, it pins the layout and what is added.
 
 Pooling has no :math:`\\Theta` (it is :math:`I` per channel): its contract is
 ``apply_shifts(layer.basis(x), x)``, the structured product :math:`A^\\top x` alone.
@@ -65,4 +65,4 @@ def test_pooling_has_no_parameter() -> None:
     """Pooling's Θ is the identity per channel: it has a basis and no parameter (see the module notes)."""
     for name in ("AvgPool1d", "AvgPool2d", "AvgPool3d"):
         layer = getattr(snn, name)(2)
-        assert not list(layer.parameters()) and not hasattr(layer, "parameter")
+        assert not list(layer.parameters()) and not hasattr(layer, "theta")

@@ -19,9 +19,9 @@ def test_forward_is_conv_plus_bias_and_gradients_flow():
     layer = StructConv(SparseBasis.from_dense(A), 5, 2)
     x = torch.randn(7, 6, 5)
     y = layer(x)
-    torch.testing.assert_close(y, conv(A, x, layer.theta.detach()) + layer.bias.detach())
+    torch.testing.assert_close(y, conv(A, x, layer.weight.detach()) + layer.bias.detach())
     y.sum().backward()
-    assert layer.theta.grad is not None and layer.bias.grad is not None
+    assert layer.weight.grad is not None and layer.bias.grad is not None
 
 
 def test_identity_basis_matches_linear_layer_initialisation_and_output():
@@ -29,11 +29,11 @@ def test_identity_basis_matches_linear_layer_initialisation_and_output():
     layer = StructConv(torch.eye(10)[None], 64, 32)
     assert layer.fan_in() == 64
     bound = 1 / math.sqrt(64)
-    assert layer.theta.abs().max() <= bound
-    assert layer.theta.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.1)
+    assert layer.weight.abs().max() <= bound
+    assert layer.weight.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.1)
     linear = torch.nn.Linear(64, 32)
     with torch.no_grad():
-        linear.weight.copy_(layer.theta[0].T)
+        linear.weight.copy_(layer.weight[0].T)
         linear.bias.copy_(layer.bias)
     x = torch.randn(4, 10, 64)
     torch.testing.assert_close(layer(x), linear(x))

@@ -367,14 +367,14 @@ def test_positional_layer_equals_the_dense_computation(
 
     torch.manual_seed(0)
     layer = PositionalAttention(
-        (4, 5), 8, 3, heads=heads, content=ContentHeads() if content else None, head_dim=head_dim, threshold=1e-12,
+        (4, 5), 8, 3, encoding=heads, content=ContentHeads() if content else None, head_dim=head_dim, threshold=1e-12,
     ).double()  # fmt: skip
     x = torch.randn(2, 4, 5, 8, dtype=D64, requires_grad=True)
     y = layer(x)
     assert y.shape == x.shape
     flat = x.reshape(2, 20, 8)
     weights = attention_basis(flat, mechanism=layer.mechanism()).to_dense()  # (B, H, M, N), dense softmax
-    theta = layer.theta if head_dim is None else torch.einsum("hpd,hqd->hpq", layer.value, layer.out)
+    theta = layer.weight if head_dim is None else torch.einsum("hpd,hqd->hpq", layer.value, layer.out)
     ref = torch.einsum("bhmn,bmp,hpq->bnq", weights, flat, theta) + layer.bias
     torch.testing.assert_close(y.reshape(2, 20, 8), ref)
     if not content:  # position-only heads: one basis shared by the batch
@@ -388,17 +388,17 @@ def test_positional_layer_equals_the_dense_computation(
 def test_positional_layer_errors() -> None:
     from structconv.nn import PositionalAttention, QuadraticHeads
 
-    with pytest.raises(ValueError, match=r"PositionalAttention: heads must be one of \('quadratic'"):
-        PositionalAttention((4, 4), 8, 2, heads="sinusoidal")
+    with pytest.raises(ValueError, match=r"PositionalAttention: encoding must be one of \('quadratic'"):
+        PositionalAttention((4, 4), 8, 2, encoding="sinusoidal")
     with pytest.raises(ValueError, match=r"QuadraticHeads: alpha must be finite and positive"):
-        PositionalAttention((4, 4), 8, 2, heads=QuadraticHeads(alpha=0.0))
+        PositionalAttention((4, 4), 8, 2, encoding=QuadraticHeads(alpha=0.0))
     with pytest.raises(ValueError, match=r"num_heads must be a positive integer"):
         PositionalAttention((4, 4), 8, 0)
     layer = PositionalAttention((4, 4), 8, 2)
     with pytest.raises(ValueError, match=r"x must have shape \(B, 16, 8\) or \(B, 4, 4, 8\)"):
         layer(torch.randn(2, 15, 8))
-    assert isinstance(layer.heads, QuadraticHeads)
-    assert {id(p) for p in layer.positional_parameters()} == {id(layer.heads.centres), id(layer.heads.log_alpha)}
+    assert isinstance(layer.encoding, QuadraticHeads)
+    assert {id(p) for p in layer.positional_parameters()} == {id(layer.encoding.centres), id(layer.encoding.log_alpha)}
 
 
 # --- the converse: attention heads back to a convolution ------------------------------------------------
@@ -487,13 +487,13 @@ def test_kronecker_basis_hooks_equal_its_dense_form(seed: int, shape: list[int])
 @pytest.mark.parametrize(
     "options",
     [
-        {"heads": "quadratic"},
-        {"heads": snn.QuadraticHeads(width="spread"), "threshold": 1e-3},
-        {"heads": "gaussian", "content": snn.ContentHeads()},
-        {"heads": "learned"},
-        {"heads": snn.LearnedHeads(relative_terms=True), "content": snn.ContentHeads()},
-        {"heads": "learned", "content": snn.ContentHeads(bias=True)},
-        {"heads": "quadratic", "head_dim": 3},
+        {"encoding": "quadratic"},
+        {"encoding": snn.QuadraticHeads(width="spread"), "threshold": 1e-3},
+        {"encoding": "gaussian", "content": snn.ContentHeads()},
+        {"encoding": "learned"},
+        {"encoding": snn.LearnedHeads(relative_terms=True), "content": snn.ContentHeads()},
+        {"encoding": "learned", "content": snn.ContentHeads(bias=True)},
+        {"encoding": "quadratic", "head_dim": 3},
     ],
     ids=repr,
 )
@@ -542,12 +542,12 @@ def test_tables_on_a_device_are_cached_by_value_not_by_identity() -> None:
 
 def test_positional_heads_follow_parameters_changed_in_place() -> None:
     """An encoding scores its parameters at every call, not a copy of its weights: an in-place update is seen."""
-    layer = snn.PositionalAttention((4, 4), 3, 2, heads="quadratic", boundary="periodic").double()
+    layer = snn.PositionalAttention((4, 4), 3, 2, encoding="quadratic", boundary="periodic").double()
     before = layer.basis().to_dense().clone()
     with torch.no_grad():
-        layer.heads.centres.add_(0.5)
+        layer.encoding.centres.add_(0.5)
     after = layer.basis().to_dense()
-    centres, alpha = layer.heads.centres.detach().clone(), layer.heads.alpha().detach().clone()
+    centres, alpha = layer.encoding.centres.detach().clone(), layer.encoding.alpha().detach().clone()
     fresh = quadratic_scores((4, 4), centres, alpha, "periodic").basis(representation="dense").to_dense()
     torch.testing.assert_close(after, fresh)
     assert not torch.allclose(after, before)

@@ -17,15 +17,15 @@ D64 = torch.float64
 #: The layer's configurations before its encodings were modules, as they are written now.
 CONFIGS: dict[str, dict[str, Any]] = {
     "quadratic": {},
-    "quadratic-spread": {"heads": QuadraticHeads(width="spread", width_noise=0.1, alpha=0.5, centre_var=4.0)},
-    "gaussian": {"heads": "gaussian"},
-    "gaussian-noise": {"heads": GaussianHeads(width_noise=0.1, alpha=0.7)},
-    "learned": {"heads": "learned"},
-    "learned-dim": {"heads": LearnedHeads(positional_dim=6)},
-    "learned-relative": {"heads": LearnedHeads(relative_terms=True), "content": ContentHeads()},
-    "learned-content": {"heads": "learned", "content": ContentHeads(key_dim=3, bias=True)},
+    "quadratic-spread": {"encoding": QuadraticHeads(width="spread", width_noise=0.1, alpha=0.5, centre_var=4.0)},
+    "gaussian": {"encoding": "gaussian"},
+    "gaussian-noise": {"encoding": GaussianHeads(width_noise=0.1, alpha=0.7)},
+    "learned": {"encoding": "learned"},
+    "learned-dim": {"encoding": LearnedHeads(positional_dim=6)},
+    "learned-relative": {"encoding": LearnedHeads(relative_terms=True), "content": ContentHeads()},
+    "learned-content": {"encoding": "learned", "content": ContentHeads(key_dim=3, bias=True)},
     "quadratic-content": {"content": ContentHeads(), "head_dim": 3},
-    "gaussian-content-bias": {"heads": "gaussian", "content": ContentHeads(bias=True)},
+    "gaussian-content-bias": {"encoding": "gaussian", "content": ContentHeads(bias=True)},
 }
 
 #: Recorded from the layer before the change, ``torch.manual_seed(0)`` then
@@ -144,16 +144,17 @@ RECORDED_MODELS: dict[str, dict[str, list[float]]] = {
 
 #: Where each flat entry of before is now (written out here, independently of the layer's own table).
 OLD_TO_NEW = {
-    "centres": "heads.centres",
-    "log_alpha": "heads.log_alpha",
-    "spread": "heads.spread",
-    "inv_sqrt_cov": "heads.inv_sqrt_cov",
-    "weight": "heads.weight",
-    "tables.0": "heads.tables.0",
-    "tables.1": "heads.tables.1",
-    "rel_key": "heads.rel_key",
-    "u": "heads.u",
-    "v": "heads.v",
+    "theta": "weight",
+    "centres": "encoding.centres",
+    "log_alpha": "encoding.log_alpha",
+    "spread": "encoding.spread",
+    "inv_sqrt_cov": "encoding.inv_sqrt_cov",
+    "weight": "encoding.weight",
+    "tables.0": "encoding.tables.0",
+    "tables.1": "encoding.tables.1",
+    "rel_key": "encoding.rel_key",
+    "u": "encoding.u",
+    "v": "encoding.v",
     "key": "content.key",
     "query": "content.query",
     "key_bias": "content.key_bias",
@@ -200,8 +201,8 @@ def test_the_cifar_models_give_the_parameters_and_outputs_of_before(name: str) -
 def _old_order(keys: list[str]) -> list[str]:
     """``keys`` in the state-dict order of before: each layer's tables after its other entries."""
     order = list(keys)
-    for prefix in {k.partition("heads.tables.")[0] for k in keys if "heads.tables." in k}:
-        tables = [k for k in order if k.startswith(prefix + "heads.tables.")]
+    for prefix in {k.partition("encoding.tables.")[0] for k in keys if "encoding.tables." in k}:
+        tables = [k for k in order if k.startswith(prefix + "encoding.tables.")]
         rest = [k for k in order if k not in tables]
         last = max(i for i, k in enumerate(rest) if k.startswith(prefix))
         order = rest[: last + 1] + tables + rest[last + 1 :]
@@ -212,11 +213,11 @@ def _old_order(keys: list[str]) -> list[str]:
 def test_an_encoding_is_a_template_left_unbound_and_gives_each_layer_its_own_parameters() -> None:
     spec = QuadraticHeads(alpha=0.5, width="spread", width_noise=0.1)
     assert list(spec.parameters()) == [] and spec.grid == ()
-    a = PositionalAttention((3, 4), 4, 2, heads=spec)
-    b = PositionalAttention((5, 5), 4, 3, heads=spec)
+    a = PositionalAttention((3, 4), 4, 2, encoding=spec)
+    b = PositionalAttention((5, 5), 4, 3, encoding=spec)
     assert list(spec.parameters()) == [] and spec.grid == ()
-    assert a.heads is not spec and type(a.heads) is QuadraticHeads and a.heads.options() == spec.options()
-    assert a.heads.centres.shape == (2, 2) and b.heads.centres.shape == (3, 2)
+    assert a.encoding is not spec and type(a.encoding) is QuadraticHeads and a.encoding.options() == spec.options()
+    assert a.encoding.centres.shape == (2, 2) and b.encoding.centres.shape == (3, 2)
     assert not {id(p) for p in a.parameters()} & {id(p) for p in b.parameters()}
     bound = spec.bind((2, 2, 2), num_heads=4, embed_dim=6, boundary="periodic")
     assert bound.grid == (2, 2, 2) and bound.boundary == "periodic" and bound.spread.shape == (4,)
@@ -227,14 +228,16 @@ def test_an_encoding_is_a_template_left_unbound_and_gives_each_layer_its_own_par
 
 
 def test_binding_resolves_the_defaults_that_depend_on_the_layer() -> None:
-    layer = PositionalAttention((3, 4), 6, 2, heads=LearnedHeads(), content=ContentHeads())
-    assert layer.heads.options() == {"positional_dim": 6, "relative_terms": False}
+    layer = PositionalAttention((3, 4), 6, 2, encoding=LearnedHeads(), content=ContentHeads())
+    assert layer.encoding.options() == {"positional_dim": 6, "relative_terms": False}
     assert layer.content is not None and layer.content.options() == {"key_dim": 3, "bias": False}
-    assert [tuple(t.shape) for t in layer.heads.tables] == [(5, 3), (7, 3)]
-    odd = PositionalAttention((3, 4), 6, 4, heads=LearnedHeads(positional_dim=5), content=ContentHeads())
-    assert [tuple(t.shape) for t in odd.heads.tables] == [(5, 3), (7, 2)]
+    assert [tuple(t.shape) for t in layer.encoding.tables] == [(5, 3), (7, 3)]
+    odd = PositionalAttention((3, 4), 6, 4, encoding=LearnedHeads(positional_dim=5), content=ContentHeads())
+    assert [tuple(t.shape) for t in odd.encoding.tables] == [(5, 3), (7, 2)]
     assert odd.content is not None and odd.content.key_dim == 1  # embed_dim // num_heads, at least 1
-    assert [type(PositionalAttention((3, 3), 4, 2, heads=n).heads) for n in ("quadratic", "gaussian", "learned")] == [
+    assert [
+        type(PositionalAttention((3, 3), 4, 2, encoding=n).encoding) for n in ("quadratic", "gaussian", "learned")
+    ] == [
         QuadraticHeads,
         GaussianHeads,
         LearnedHeads,
@@ -261,24 +264,28 @@ def test_binding_resolves_the_defaults_that_depend_on_the_layer() -> None:
         (lambda: ContentHeads(key_dim=2.5), ValueError, r"ContentHeads: key_dim must be a positive integer"),
         (lambda: QuadraticHeads(1.0), TypeError, r"positional argument"),  # options are keywords
         (
-            lambda: PositionalAttention((3, 3), 4, 2, heads=LearnedHeads(relative_terms=True)),
+            lambda: PositionalAttention((3, 3), 4, 2, encoding=LearnedHeads(relative_terms=True)),
             ValueError,
             r"LearnedHeads: relative_terms are the content terms of Eq. 5; give the layer content=ContentHeads",
         ),
         (
             lambda: PositionalAttention(
-                (3, 3), 4, 2, heads=LearnedHeads(relative_terms=True), content=ContentHeads(bias=True)
+                (3, 3), 4, 2, encoding=LearnedHeads(relative_terms=True), content=ContentHeads(bias=True)
             ),
             ValueError,
             r"with relative_terms, u and v are the biases; give ContentHeads\(bias=False\)",
         ),
         (
-            lambda: PositionalAttention((3, 3), 4, 2, heads=LearnedHeads(positional_dim=1)),
+            lambda: PositionalAttention((3, 3), 4, 2, encoding=LearnedHeads(positional_dim=1)),
             ValueError,
             r"positional_dim=1 must be at least the grid's 2 dimensions",
         ),
-        (lambda: PositionalAttention((3, 3), 4, 2, heads=None), TypeError, r"heads must be one of .* got NoneType"),
-        (lambda: PositionalAttention((3, 3), 4, 2, heads="sinusoidal"), ValueError, r"got str 'sinusoidal'"),
+        (
+            lambda: PositionalAttention((3, 3), 4, 2, encoding=None),
+            TypeError,
+            r"encoding must be one of .* got NoneType",
+        ),
+        (lambda: PositionalAttention((3, 3), 4, 2, encoding="sinusoidal"), ValueError, r"got str 'sinusoidal'"),
         (lambda: PositionalAttention((3, 3), 4, 2, content=True), TypeError, r"content must be None or a ContentHeads"),
         (lambda: PositionalAttention((3, 3), 4, 2, boundary="reflect"), ValueError, r"boundary must be one of"),
     ],
@@ -289,17 +296,17 @@ def test_an_option_is_checked_by_the_encoding_it_belongs_to(build: Any, error: t
 
 
 def test_the_representation_shows_the_encoding_the_grid_the_heads_and_the_widths() -> None:
-    layer = PositionalAttention((8, 8), 64, 9, heads=QuadraticHeads(alpha=1.0))
+    layer = PositionalAttention((8, 8), 64, 9, encoding=QuadraticHeads(alpha=1.0))
     assert repr(layer) == (
-        "PositionalAttention(grid=(8, 8), embed_dim=64, num_heads=9, heads=QuadraticHeads(alpha=1.0, width='exp'), "
+        "PositionalAttention(grid=(8, 8), embed_dim=64, num_heads=9, encoding=QuadraticHeads(alpha=1.0, width='exp'), "
         "content=None, head_dim=None)"
     )
     other = PositionalAttention(
-        (4, 4), 8, 2, heads=LearnedHeads(relative_terms=True), content=ContentHeads(), head_dim=3, bias=False,
+        (4, 4), 8, 2, encoding=LearnedHeads(relative_terms=True), content=ContentHeads(), head_dim=3, bias=False,
         attention_dropout=0.1, threshold=None, boundary="periodic",
     )  # fmt: skip
     assert repr(other) == (
-        "PositionalAttention(grid=(4, 4), embed_dim=8, num_heads=2, heads=LearnedHeads(positional_dim=8, "
+        "PositionalAttention(grid=(4, 4), embed_dim=8, num_heads=2, encoding=LearnedHeads(positional_dim=8, "
         "relative_terms=True), content=ContentHeads(key_dim=4, bias=False), head_dim=3, attention_dropout=0.1, "
         "bias=False, boundary='periodic', threshold=None)"
     )

@@ -129,7 +129,7 @@ def test_own_checkpoint_unchanged(kind: str) -> None:
     ours, again = Net(snn, kind).double().eval(), Net(snn, kind).double().eval()
     state = ours.state_dict()
     if kind in ("gcn", "sg", "tag", "cheb"):
-        assert "encoder.convs.0.theta" in state
+        assert "encoder.convs.0.weight" in state
     again.load_state_dict(saved(state))
     x, graph, _ = random_graph(1)
     with torch.no_grad():
@@ -197,6 +197,6 @@ def test_assign_keeps_parameters() -> None:
     ref = pyg_nn.ChebConv(P, H, K=3).double()
     ours = snn.ChebConv(P, H, K=3)
     ours.load_state_dict(ref.state_dict(), assign=True)
-    assert ours.theta.dtype == torch.float64 and ours.theta.is_contiguous()
-    assert isinstance(ours.theta, torch.nn.Parameter) and ours.theta.requires_grad
-    torch.testing.assert_close(ours.theta, torch.stack([lin.weight.T for lin in ref.lins]).detach())
+    assert ours.weight.dtype == torch.float64 and ours.weight.is_contiguous()
+    assert isinstance(ours.weight, torch.nn.Parameter) and ours.weight.requires_grad
+    torch.testing.assert_close(ours.weight, torch.stack([lin.weight.T for lin in ref.lins]).detach())

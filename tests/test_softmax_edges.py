@@ -217,7 +217,7 @@ def test_gat_forward_runs_the_segment_order_on_its_own_values(monkeypatch: pytes
     layer(x, ei)
     assert calls == ["segment"]  # the segment order ran on the values the scores were computed from
     calls.clear()
-    sc.conv(layer.basis(x, ei), x, layer.parameter(), order="segment")
+    sc.conv(layer.basis(x, ei), x, layer.theta(), order="segment")
     assert calls == ["x_theta", "segment"]  # the contract's basis holds none: computed by the order
 
 
@@ -256,7 +256,7 @@ def test_gat_training_forward_equals_conv_of_its_basis_with_the_same_draw() -> N
     torch.manual_seed(1)
     y = layer(x, ei)
     torch.manual_seed(1)
-    contract = sc.conv(layer.basis(x, ei), x, layer.parameter()) + layer.bias
+    contract = sc.conv(layer.basis(x, ei), x, layer.theta()) + layer.bias
     torch.testing.assert_close(y, contract)
     torch.manual_seed(1)
     _, (_, alpha) = layer(x, ei, return_attention_weights=True)

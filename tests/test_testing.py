@@ -236,7 +236,7 @@ class _Own(torch.nn.Module):
 
 def test_check_layer_takes_a_users_contract() -> None:
     layer, x = _Own(), torch.randn(2, 2, 6, dtype=D64)
-    with pytest.raises(TypeError, match="_Own has no basis\\(\\) and parameter\\(\\): pass contract="):
+    with pytest.raises(TypeError, match="_Own has no basis\\(\\) and theta\\(\\): pass contract="):
         check_layer(layer, x)
     check_layer(layer, x, contract=lambda m, x: sc.conv(m.fixed, x.transpose(1, 2), m.theta).transpose(1, 2))
     with pytest.raises(AssertionError, match="output against the contract"):
@@ -284,7 +284,7 @@ def test_compare_to_peer_maps_parameters_through_links() -> None:
     torch.manual_seed(0)
     peer = torch.nn.Linear(3, 4, dtype=D64)
     ours = snn.StructConv(sc.SparseBasis.from_dense(torch.eye(5, dtype=D64)[None]), 3, 4, dtype=D64)
-    links = [Link(ours.theta, [peer.weight], lambda w: w.T[None]), Link(ours.bias, [peer.bias])]
+    links = [Link(ours.weight, [peer.weight], lambda w: w.T[None]), Link(ours.bias, [peer.bias])]
     compare_to_peer(ours, peer, torch.randn(2, 5, 3, dtype=D64), parameters_from=links, name="linear")
     with pytest.raises(AssertionError, match=r"parameters of ours without a Link: \['bias'\]"):
         compare_to_peer(ours, peer, torch.randn(2, 5, 3, dtype=D64), parameters_from=links[:1])

@@ -45,7 +45,7 @@ Basis: the shifts :math:`\mathcal A_{{-o}}` by each kernel offset :math:`o` (str
 padded), by :func:`structconv.grid_basis` (K = :math:`{kernel}`)
 
 Θ: torch's ``weight`` ``(Q, P/G, {kernel_comma})`` as a :class:`~structconv.ConvWeight`, as
-:meth:`parameter` returns it; :meth:`theta` gives it full (K, P, Q)
+:meth:`theta` returns it; its ``full()`` is the (K, P, Q) tensor
 
 .. math::
 
@@ -118,7 +118,7 @@ _POOL = r"""``torch.nn.AvgPool{d}d`` as a one-member shift basis: the mean of ea
 Basis: the strided window mean :math:`A = \frac{{1}}{{|W|}}\sum_{{o \in W}} \mathcal A_{{-o}}`, by
 :func:`structconv.avg_pool_basis` (K = 1)
 
-Θ: :math:`I` per channel, never formed: pooling has no :meth:`parameter` (K, P, Q) = ``(1, C, C)``
+Θ: :math:`I` per channel, never formed: pooling has no :meth:`theta` (K, P, Q) = ``(1, C, C)``
 
 .. math::
 

@@ -42,7 +42,7 @@ class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
     :func:`~structconv.structures.attention.attention_basis` with :meth:`mechanism` (K = ``num_heads``)
 
     Θ: :math:`\Theta_h = W^v_h W^{o\top}_h`, a :class:`~structconv.LowRank` of rank ``embed_dim // num_heads``,
-    as :meth:`parameter` returns it (K, P, Q) = ``(num_heads, vdim, embed_dim)``
+    as :meth:`theta` returns it (K, P, Q) = ``(num_heads, vdim, embed_dim)``
 
     .. math::
 
@@ -212,7 +212,7 @@ class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
             scale=1.0 / math.sqrt(self.head_dim),
         )
 
-    def parameter(self) -> LowRank:
+    def theta(self) -> LowRank:
         r""":math:`\Theta_h = W^v_h W^{o\top}_h` as a :class:`~structconv.LowRank` parameter ``(H, vdim [+ e], E)``."""
         value = per_head(self, projection(self, 2))
         rows = extra_rows(self, 2)
@@ -250,7 +250,7 @@ class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
     ) -> AttentionBasis:
         r"""The heads :math:`A_h` ``(N, H, S [+ e], L)``, before attention dropout (arguments as :meth:`forward`).
 
-        The layer's output is ``conv(basis, v, parameter())`` plus :meth:`output_bias` (in eval mode, where
+        The layer's output is ``conv(basis, v, theta())`` plus :meth:`output_bias` (in eval mode, where
         every query may attend to some key), with ``v`` the value batch first, widened by
         :func:`~structconv.nn.mha_torch.append_tokens` for ``add_bias_kv``/``add_zero_attn``.
         """
@@ -333,7 +333,7 @@ class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
             query, key, value, key_padding_mask, need_weights, attn_mask, is_causal
         )
         basis: AttentionBasis | DenseBasis = heads
-        theta = self.parameter()
+        theta = self.theta()
         drop = self.training and self.dropout > 0.0
         weights = None  # torch's layout (B, H, L, S + e)
         if need_weights or drop:

@@ -20,7 +20,7 @@ class ChebConv(_GraphLayer):
     Basis: the Chebyshev polynomials :math:`T_0(\hat L) = I, \dots, T_{K-1}(\hat L)` of the scaled Laplacian
     :math:`\hat L = 2L/\lambda_{\max} - I`, a :class:`~structconv.PolynomialBasis` (K = ``K``)
 
-    Θ: ``theta``, one channel map per polynomial, a tensor as :meth:`parameter` returns it (K, P, Q)
+    Θ: ``weight``, one channel map per polynomial, a tensor as :meth:`theta` returns it (K, P, Q)
 
     .. math::
 
@@ -81,7 +81,7 @@ class ChebConv(_GraphLayer):
     >>> A[edge_index[0], edge_index[1]] = 1.0
     >>> d = A.sum(0).rsqrt()
     >>> L_hat = -(d[:, None] * A * d)
-    >>> y = x @ layer.theta[0] + L_hat.T @ x @ layer.theta[1] + layer.bias
+    >>> y = x @ layer.weight[0] + L_hat.T @ x @ layer.weight[1] + layer.bias
     >>> torch.allclose(layer(x, edge_index), y, atol=1e-6)
     True
     """

@@ -43,7 +43,7 @@ class GATConv(CompiledRuns, PyGState):
 
     Basis: a :class:`~structconv.SoftmaxEdgeBasis` of the edge scores, one member per head (K = ``heads``).
 
-    Θ: :math:`\Theta_h = W_h E_h^\top`, a :class:`~structconv.LowRank` ``(H, P, H·D or D)`` (:meth:`parameter`).
+    Θ: :math:`\Theta_h = W_h E_h^\top`, a :class:`~structconv.LowRank` ``(H, P, H·D or D)`` (:meth:`theta`).
 
     Head :math:`h` is the basis member
 
@@ -123,7 +123,7 @@ class GATConv(CompiledRuns, PyGState):
     >>> y = layer(x, edge_index)
     >>> y.shape
     torch.Size([5, 6])
-    >>> torch.allclose(y, conv(layer.basis(x, edge_index), x, layer.parameter()), atol=1e-6)
+    >>> torch.allclose(y, conv(layer.basis(x, edge_index), x, layer.theta()), atol=1e-6)
     True
     """
 
@@ -249,7 +249,7 @@ class GATConv(CompiledRuns, PyGState):
         self, x: Features, edge_index: Any, edge_attr: torch.Tensor | None = None, size: tuple[int, int] | None = None
     ) -> tuple[SoftmaxEdgeBasis, torch.Tensor]:
         """The attention basis (``H`` members, ``(N_src, N_dst)``) and the values :math:`xW` ``(N_src, H D)``."""
-        scored = self._attention(x, edge_index, edge_attr, size, self.parameter())
+        scored = self._attention(x, edge_index, edge_attr, size, self.theta())
         return self._basis(scored, reuse=False), scored.rows[0].flatten(1)
 
     def basis(
@@ -257,12 +257,12 @@ class GATConv(CompiledRuns, PyGState):
     ) -> SoftmaxEdgeBasis:
         """The attention basis (``H`` members, ``(N_src, N_dst)``) on ``x`` (arguments as :meth:`forward`).
 
-        The layer's output is ``conv(basis, x_src, parameter())``, plus ``x_dst @ res`` with ``residual`` and
+        The layer's output is ``conv(basis, x_src, theta())``, plus ``x_dst @ res`` with ``residual`` and
         the bias; attention dropout is drawn in training, as in :meth:`forward`.
         """
         return self.attention(x, edge_index, edge_attr, size)[0]
 
-    def parameter(self) -> LowRank:
+    def theta(self) -> LowRank:
         r""":math:`\Theta_h = W_h E_h^\top` as a :class:`~structconv.LowRank`: value :math:`W_h` ``(H, P, D)``.
 
         :math:`E_h` is :func:`~structconv.bases.softmax_edges.head_placement`: head :math:`h` in
@@ -380,14 +380,14 @@ class GATConv(CompiledRuns, PyGState):
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         r"""Apply the layer to ``x`` (``(N, P)`` or ``(x_src, x_dst)``) on ``edge_index``.
 
-        The output is ``conv(basis, x_src, parameter())`` (:meth:`basis`, :meth:`parameter`), plus
+        The output is ``conv(basis, x_src, theta())`` (:meth:`basis`, :meth:`theta`), plus
         ``x_dst @ res`` with ``residual`` and the bias.  The engine picks the basis' ``"segment"``
         order, one pass over the edges normalised per target.  The values :math:`x W_h` that the
         scores need are computed once: the basis is handed them with the very ``x`` and
         :math:`\Theta` passed to :func:`~structconv.conv`
         (:class:`~structconv.bases.softmax_edges.Projected`), and the order, recognising them,
         neither recomputes them nor multiplies by the placement :math:`E_h` (a reshape, or the
-        heads' mean).  ``conv(layer.basis(x, ...), x, layer.parameter())`` gives the same result,
+        heads' mean).  ``conv(layer.basis(x, ...), x, layer.theta())`` gives the same result,
         computing :math:`xW` again.
 
         With ``return_attention_weights=True`` it returns ``(out, (edge_index, alpha))`` as PyG
@@ -399,7 +399,7 @@ class GATConv(CompiledRuns, PyGState):
         A ``scipy.sparse`` or dense adjacency gives a coalesced COO tensor.
         """
         refuse_jit_trace(self)
-        scored = self._attention(x, edge_index, edge_attr, size, self.parameter())
+        scored = self._attention(x, edge_index, edge_attr, size, self.theta())
         x3, theta, N_src, N_dst = scored.x, scored.theta, int(scored.x.shape[1]), scored.N_dst
         basis = self._basis(scored, reuse=True)
         # With nothing to attend to the output is 0 (the engine refuses empty dimensions).

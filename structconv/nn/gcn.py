@@ -21,7 +21,7 @@ class GCNConv(_CachedGraphLayer):
 
     Basis: the GCN-normalised graph :math:`\hat A` of :func:`structconv.gcn_basis` (K = 1)
 
-    Θ: ``theta``, the one channel map every neighbour shares, a tensor as :meth:`parameter` returns it (K, P, Q)
+    Θ: ``weight``, the one channel map every neighbour shares, a tensor as :meth:`theta` returns it (K, P, Q)
 
     .. math::
 
@@ -77,7 +77,7 @@ class GCNConv(_CachedGraphLayer):
     >>> A[edge_index[0], edge_index[1]] = 1.0
     >>> d = A.sum(0).rsqrt()
     >>> A_hat = d[:, None] * A * d
-    >>> ref = A_hat.T @ x @ layer.theta[0] + layer.bias
+    >>> ref = A_hat.T @ x @ layer.weight[0] + layer.bias
     >>> torch.allclose(layer(x, edge_index), ref, atol=1e-6)
     True
     """
@@ -110,7 +110,7 @@ class GCNConv(_CachedGraphLayer):
 
     def pyg_keys(self) -> list[PyGKey]:
         """``theta[0]`` is PyG's ``lin.weight`` transposed; ``bias`` is PyG's."""
-        return [member_keys("theta", ["lin.weight"])]
+        return [member_keys("weight", ["lin.weight"])]
 
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         edges = _read(graph, x, edge_weight, "GCNConv")
@@ -127,7 +127,7 @@ class SGConv(_CachedGraphLayer):
     Basis: the power :math:`\hat A^K` of the GCN-normalised graph (:func:`structconv.gcn_basis`), a
     :class:`~structconv.PolynomialBasis` (K = 1)
 
-    Θ: ``theta``, one channel map, a tensor as :meth:`parameter` returns it (K, P, Q)
+    Θ: ``weight``, one channel map, a tensor as :meth:`theta` returns it (K, P, Q)
 
     .. math::
 
@@ -190,7 +190,7 @@ class SGConv(_CachedGraphLayer):
     >>> A[edge_index[0], edge_index[1]] = 1.0
     >>> d = A.sum(0).rsqrt()
     >>> A_hat = d[:, None] * A * d
-    >>> y = (A_hat @ A_hat).T @ x @ layer.theta[0] + layer.bias
+    >>> y = (A_hat @ A_hat).T @ x @ layer.weight[0] + layer.bias
     >>> torch.allclose(layer(x, edge_index), y, atol=1e-6)
     True
     """
@@ -213,7 +213,7 @@ class SGConv(_CachedGraphLayer):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.theta.data[0].T, a=math.sqrt(5))
+        nn.init.kaiming_uniform_(self.weight.data[0].T, a=math.sqrt(5))
         if self.bias is not None:
             bound = 1.0 / math.sqrt(self.in_channels)
             nn.init.uniform_(self.bias, -bound, bound)
@@ -221,7 +221,7 @@ class SGConv(_CachedGraphLayer):
 
     def pyg_keys(self) -> list[PyGKey]:
         """``theta[0]`` is PyG's ``lin.weight`` transposed, ``bias`` its ``lin.bias``."""
-        keys = [member_keys("theta", ["lin.weight"])]
+        keys = [member_keys("weight", ["lin.weight"])]
         return keys + ([same_key("bias", "lin.bias")] if self.bias is not None else [])
 
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:

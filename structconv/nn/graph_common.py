@@ -122,25 +122,25 @@ class _GraphLayer(CompiledRuns, PyGState):
         self.in_channels = positive_int(in_channels, "in_channels", where=name)
         self.out_channels = positive_int(out_channels, "out_channels", where=name)
         self.flow = _check_flow(flow, name)
-        self.theta = nn.Parameter(torch.empty(members, self.in_channels, self.out_channels))
+        self.weight = nn.Parameter(torch.empty(members, self.in_channels, self.out_channels))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
 
     def reset_parameters(self) -> None:
         """Glorot weights and a zero bias (PyG's default for these layers)."""
-        glorot_(self.theta)
+        glorot_(self.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
     def pyg_keys(self) -> list[PyGKey]:
-        """``theta``'s member :math:`k` is PyG's ``lins.k.weight`` transposed (TAG, Cheb); ``bias`` is PyG's."""
-        return [member_keys("theta", [f"lins.{k}.weight" for k in range(int(self.theta.shape[0]))])]
+        """``weight``'s member :math:`k` is PyG's ``lins.k.weight`` transposed (TAG, Cheb); ``bias`` is PyG's."""
+        return [member_keys("weight", [f"lins.{k}.weight" for k in range(int(self.weight.shape[0]))])]
 
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         raise NotImplementedError
 
-    def parameter(self) -> torch.Tensor:
-        r""":math:`\Theta`, the parameter ``theta`` of shape ``(K, P, Q)``."""
-        return self.theta
+    def theta(self) -> torch.Tensor:
+        r""":math:`\Theta`, the parameter ``weight`` of shape ``(K, P, Q)``."""
+        return self.weight
 
     def basis(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None = None) -> Basis:
         """The graph basis the layer contracts with ``x`` (``(N, P)`` or ``(B, N, P)``) on ``edge_index``.
@@ -167,24 +167,24 @@ class _GraphLayer(CompiledRuns, PyGState):
         refuse_jit_trace(self)
         name = type(self).__name__
         x = _features(x, self.in_channels, name)
-        _check_device(x, self.theta, name)
-        check_input_dtype(x, self.theta, name)
+        _check_device(x, self.weight, name)
+        check_input_dtype(x, self.weight, name)
         if not isinstance(edge_index, Basis) and int(x.shape[-2]) == 0:  # a graph without nodes: an empty output
             _check_empty(edge_index, name)
-            y0: torch.Tensor = x @ self.theta.sum(0)
+            y0: torch.Tensor = x @ self.weight.sum(0)
             return y0 if self.bias is None else y0 + self.bias
         basis = self.basis(x, edge_index, edge_weight, **extra)
         # On meta, orders that read the basis' entries (a materialised polynomial, A·Θ's pairs) cannot
         # run; A·x first reads none, and nothing is computed there anyway.
         order = "ax" if x.device.type == "meta" else "auto"
-        return self.contract(basis, x, self.parameter(), bias=self.bias, order=order)
+        return self.contract(basis, x, self.theta(), bias=self.bias, order=order)
 
     def forward(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         """Apply the layer to ``x`` (``(N, P)`` or ``(B, N, P)``) on ``edge_index`` (or a prebuilt basis)."""
         return self._run(x, edge_index, edge_weight)
 
     def extra_repr(self) -> str:
-        return f"{self.in_channels}, {self.out_channels}, K={self.theta.shape[0]}, bias={self.bias is not None}"
+        return f"{self.in_channels}, {self.out_channels}, K={self.weight.shape[0]}, bias={self.bias is not None}"
 
 
 def _pair(channels: int | tuple[int, int], layer: str) -> tuple[int, int]:

@@ -142,18 +142,11 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
             bound = 1.0 / math.sqrt(self.in_channels // self.groups * math.prod(self.kernel_size))
             nn.init.uniform_(self.bias, -bound, bound)
 
-    def theta(self) -> torch.Tensor:
-        r"""The full parameter :math:`\Theta` of shape ``(K, P, Q)``: block-diagonal when ``groups > 1``.
+    def theta(self) -> ConvWeight:
+        r""":math:`\Theta` as the layer stores it: :class:`~structconv.ConvWeight` of ``weight`` and ``groups``.
 
-        :math:`\Theta_{k,\,gP' + i,\,hQ' + o} = \delta_{gh}\,W_{gQ' + o,\,i,\,k}` for the weight
-        :math:`W` of shape ``(Q, P', *kernel)``, :math:`P' = P/G`, :math:`Q' = Q/G`
-        (:meth:`structconv.ConvWeight.full` of :meth:`parameter`).
+        Its ``full()`` is the ``(K, P, Q)`` tensor, block-diagonal for ``groups > 1``.
         """
-        full: torch.Tensor = self.parameter().full()
-        return full
-
-    def parameter(self) -> ConvWeight:
-        r""":math:`\Theta` as the layer stores it: :class:`~structconv.ConvWeight` of ``weight`` and ``groups``."""
         return ConvWeight(self.weight, self.groups)
 
     def basis(self, x: torch.Tensor | tuple[int, ...], like: torch.Tensor | None = None) -> GridBasis:
@@ -192,7 +185,7 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Convolve ``x`` of shape ``(B, C_in, *grid)`` (or unbatched) like ``torch.nn.Conv{d}d``.
 
-        ``conv(self.basis(x), x, self.parameter())`` plus the bias, through a
+        ``conv(self.basis(x), x, self.theta())`` plus the bias, through a
         :func:`structconv.contraction` compiled once per input shape, dtype and device in torch's
         ``"channels_first"`` layout: the planner's order for those shapes runs with no re-checking
         or re-planning.  For a plain box kernel on torch that order is ``"native"``, which takes
@@ -221,7 +214,7 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
         if int(xb.shape[0]) == 0:  # nothing to contract
             compiled = _EmptyBatch(entry.basis, self.groups)
         else:
-            compiled = contraction(entry.basis, xb, self.parameter(), order=self.order, layout="channels_first")
+            compiled = contraction(entry.basis, xb, self.theta(), order=self.order, layout="channels_first")
         return unbatched, entry.pads, compiled
 
     def extra_repr(self) -> str:

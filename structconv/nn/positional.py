@@ -55,10 +55,10 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         :math:`E`, the width of the input and the output.
     num_heads : int
         :math:`K`.
-    heads : PositionalHeads or {"quadratic", "gaussian", "learned"}
-        The relative-position encoding, bound to this layer (the encoding given is left unbound
-        and may configure other layers); a name stands for that encoding at its defaults.
-        The bound encoding is :attr:`heads`.
+    encoding : PositionalHeads or {"quadratic", "gaussian", "learned"}
+        The relative-position encoding of the heads, bound to this layer (the encoding given is
+        left unbound and may configure other layers); a name stands for that encoding at its
+        defaults.  The bound encoding is :attr:`encoding`.
     content : ContentHeads, optional
         Content-based scores added to the positional ones (with :class:`LearnedHeads`
         ``(relative_terms=True)``, the four terms of Eq. 5 instead); bound as :attr:`content`.
@@ -70,7 +70,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         position-only heads too; ``True``: the default's rule.
     head_dim : int, optional
         The rank of each :math:`\Theta_h` (``value`` and ``out``, ``(K, E, head_dim)`` each);
-        ``None``: the full ``theta``.
+        ``None``: the full ``weight``.
     bias : bool, default True
         Whether to add the output bias :math:`\beta`.
     boundary : {"zero", "periodic"}
@@ -87,29 +87,29 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
     ------
     - **input:** :math:`(B, *\mathrm{grid}, E)` or the flattened :math:`(B, M, E)`, :math:`M` the grid's positions
     - **output:** the input's shape
-    - **parameters:** ``theta`` :math:`(K, E, E)`, or ``value`` and ``out`` :math:`(K, E, D_h)` with
+    - **parameters:** ``weight`` :math:`(K, E, E)`, or ``value`` and ``out`` :math:`(K, E, D_h)` with
       ``head_dim`` :math:`D_h`; ``bias`` :math:`(E,)`; the encodings' own (see each encoding)
 
     Examples
     --------
     >>> import torch
     >>> from structconv.nn import PositionalAttention, QuadraticHeads
-    >>> layer = PositionalAttention((8, 8), 64, 9, heads=QuadraticHeads(alpha=1.0))
+    >>> layer = PositionalAttention((8, 8), 64, 9, encoding=QuadraticHeads(alpha=1.0))
     >>> layer  # doctest: +NORMALIZE_WHITESPACE
     PositionalAttention(grid=(8, 8), embed_dim=64, num_heads=9,
-                        heads=QuadraticHeads(alpha=1.0, width='exp'),
+                        encoding=QuadraticHeads(alpha=1.0, width='exp'),
                         content=None, head_dim=None)
     >>> x = torch.randn(2, 8, 8, 64)
     >>> layer(x).shape
     torch.Size([2, 8, 8, 64])
     >>> from structconv import conv
     >>> flat = x.reshape(2, 64, 64)
-    >>> y = conv(layer.basis(flat), flat, layer.parameter()) + layer.bias
+    >>> y = conv(layer.basis(flat), flat, layer.theta()) + layer.bias
     >>> torch.allclose(y, layer(flat), atol=1e-6)
     True
     """
 
-    heads: PositionalHeads
+    encoding: PositionalHeads
     content: ContentHeads | None
 
     def __init__(
@@ -118,7 +118,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         embed_dim: int,
         num_heads: int,
         *,
-        heads: PositionalHeads | str = "quadratic",
+        encoding: PositionalHeads | str = "quadratic",
         content: ContentHeads | None = None,
         attention_dropout: float = 0.0,
         dropout_shared: bool | None = None,
@@ -136,7 +136,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
             raise type(error)(f"{name}: {error}") from None
         E = self.embed_dim = positive_int(embed_dim, "embed_dim", where=name)
         H = self.num_heads = positive_int(num_heads, "num_heads", where=name)
-        encoding = heads_of(name, heads)
+        unbound = heads_of(name, encoding)
         if content is not None and not isinstance(content, ContentHeads):
             raise TypeError(
                 f"{name}: content must be None or a ContentHeads, got {type(content).__name__} {content!r:.60}"
@@ -161,7 +161,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         self.dropout_shared = None if dropout_shared is None else bool(dropout_shared)
         self.head_dim = optional_positive_int(name, "head_dim", head_dim)
         if self.head_dim is None:
-            self.theta = nn.Parameter(torch.empty(H, E, E))
+            self.weight = nn.Parameter(torch.empty(H, E, E))
         else:
             self.value = nn.Parameter(torch.empty(H, E, self.head_dim))
             self.out = nn.Parameter(torch.empty(H, E, self.head_dim))
@@ -169,7 +169,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         # The encodings draw their initial values in this order (positions, then content), then Θ
         # and the bias: the order of the layer's flat parameters before, so a seed gives the same layer.
         # With padding the heads score every token, the zero tokens too (the basis keeps the grid's own).
-        self.heads = encoding.bind(self.tokens, H, E, boundary, content=content)
+        self.encoding = unbound.bind(self.tokens, H, E, boundary, content=content)
         self.content = None if content is None else content.bind(H, E)
         self.reset_parameters()
 
@@ -177,7 +177,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         """Initialise the channel maps as ``torch.nn.Linear`` would (fan-in of the concatenated heads)."""
         if self.head_dim is None:
             bound = 1.0 / math.sqrt(self.num_heads * self.embed_dim)
-            nn.init.uniform_(self.theta, -bound, bound)
+            nn.init.uniform_(self.weight, -bound, bound)
         else:
             H, E, Dh = self.num_heads, self.embed_dim, self.head_dim
             nn.init.xavier_uniform_(self.value.view(H * E, Dh))
@@ -312,11 +312,11 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
             )  # fmt: skip
             width = ONE_HOT_ALPHA if alpha is None else float(alpha)
             layer = cls(
-                heads.grid, Q, len(heads.offsets), heads=QuadraticHeads(alpha=width), head_dim=head_dim,
+                heads.grid, Q, len(heads.offsets), encoding=QuadraticHeads(alpha=width), head_dim=head_dim,
                 bias=bias is not None, boundary=heads.boundary, padding=heads.margin,
             )  # fmt: skip
             layer.to(device=weight.device, dtype=weight.dtype)
-            quadratic = layer.heads
+            quadratic = layer.encoding
             assert isinstance(quadratic, QuadraticHeads)
             quadratic.centres.copy_(torch.as_tensor(heads.offsets))
             quadratic.set_alpha(width)  # in the layer's dtype, not rounded through float32
@@ -325,7 +325,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
                 layer.value.copy_(theta.value)
                 layer.out.copy_(theta.out)
             else:
-                layer.theta.copy_(theta)
+                layer.weight.copy_(theta)
             if layer.bias is not None and heads.bias is not None:
                 layer.bias.copy_(heads.bias)
         return layer
@@ -335,7 +335,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
             f"grid={self.grid}",
             f"embed_dim={self.embed_dim}",
             f"num_heads={self.num_heads}",
-            f"heads={self.heads!r}",
+            f"encoding={self.encoding!r}",
             f"content={self.content!r}",
             f"head_dim={self.head_dim}",
         ]
@@ -361,17 +361,17 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
 
     def positional_parameters(self) -> list[nn.Parameter]:
         """The centres and widths of Gaussian heads (kept out of weight decay in the CIFAR study)."""
-        return self.heads.positional_parameters()
+        return self.encoding.positional_parameters()
 
     def mechanism(self) -> Mechanism:
         """The heads' mechanism: position-only, or content and position (on :attr:`tokens`, padding included)."""
         if self.content is None:
-            return self.heads.mechanism()
-        return self.heads.with_content(self.content)
+            return self.encoding.mechanism()
+        return self.encoding.with_content(self.content)
 
-    def parameter(self) -> torch.Tensor | LowRank:
+    def theta(self) -> torch.Tensor | LowRank:
         r""":math:`\Theta`: ``(H, E, E)``, or ``LowRank(value, out)`` when ``head_dim`` is set."""
-        return self.theta if self.head_dim is None else LowRank(self.value, self.out)
+        return self.weight if self.head_dim is None else LowRank(self.value, self.out)
 
     def theta_device(self) -> torch.device:
         """The device of the layer's parameters."""
@@ -453,7 +453,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         refuse_jit_trace(self)
         self.prepare_outside_graph(x)
         flat = self._flat(x)
-        check_input_dtype(flat, self.theta if self.head_dim is None else self.value, type(self).__name__)
+        check_input_dtype(flat, self.weight if self.head_dim is None else self.value, type(self).__name__)
         built = self.basis(flat)
         basis = self.dropped(built, int(flat.shape[0]))
         # Heads dropped out per image are stored for the x-Theta-first order's batched GEMM, which
@@ -462,4 +462,4 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         per_image = per_image and self.head_dim is None
         order = "xtheta" if per_image else "auto"
         # Under autocast the bias joins y's dtype, as torch.nn.Linear's does: no float32 copy.
-        return self.contract(basis, flat, self.parameter(), bias=self.bias, order=order).reshape(x.shape)
+        return self.contract(basis, flat, self.theta(), bias=self.bias, order=order).reshape(x.shape)

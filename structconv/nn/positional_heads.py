@@ -45,12 +45,12 @@ class PositionalHeads(Encoding):
 
     Unbound, it is a template of options; :meth:`bind` gives the module a layer holds, with
     :attr:`grid`, :attr:`num_heads`, :attr:`embed_dim` and :attr:`boundary` set and its
-    parameters created.  A subclass sets :attr:`name` (its ``heads=`` shorthand), creates its
+    parameters created.  A subclass sets :attr:`name` (its ``encoding=`` shorthand), creates its
     parameters (resolving size-dependent defaults) in :meth:`_build` and returns its scores from
     :meth:`mechanism`.
     """
 
-    #: The string that stands for this encoding at its defaults (``PositionalAttention(heads=...)``).
+    #: The string that stands for this encoding at its defaults (``PositionalAttention(encoding=...)``).
     name: ClassVar[str] = ""
 
     def __init__(self) -> None:
@@ -100,7 +100,8 @@ class PositionalHeads(Encoding):
     def _check_bound(self) -> None:
         if not self.grid:
             raise ValueError(
-                f"{type(self).__name__} is not bound to a layer; give it to PositionalAttention(heads=...) or bind it"
+                f"{type(self).__name__} is not bound to a layer; "
+                "give it to PositionalAttention(encoding=...) or bind it"
             )
 
     def mechanism(self) -> PositionScores:
@@ -147,10 +148,10 @@ class QuadraticHeads(PositionalHeads):
     --------
     >>> import torch
     >>> from structconv.nn import PositionalAttention, QuadraticHeads
-    >>> layer = PositionalAttention((8, 8), 64, 9, heads=QuadraticHeads(alpha=1.0))
-    >>> layer.heads
+    >>> layer = PositionalAttention((8, 8), 64, 9, encoding=QuadraticHeads(alpha=1.0))
+    >>> layer.encoding
     QuadraticHeads(alpha=1.0, width='exp')
-    >>> layer.heads.centres.shape, layer.heads.alpha().shape
+    >>> layer.encoding.centres.shape, layer.encoding.alpha().shape
     (torch.Size([9, 2]), torch.Size([9]))
     >>> layer(torch.randn(2, 8, 8, 64)).shape
     torch.Size([2, 8, 8, 64])
@@ -249,10 +250,10 @@ class GaussianHeads(PositionalHeads):
     >>> import torch
     >>> from structconv.nn import GaussianHeads, PositionalAttention
     >>> heads = GaussianHeads(alpha=0.5, width_noise=0.01)
-    >>> layer = PositionalAttention((6, 6), 16, 4, heads=heads)
-    >>> layer.heads
+    >>> layer = PositionalAttention((6, 6), 16, 4, encoding=heads)
+    >>> layer.encoding
     GaussianHeads(alpha=0.5, width_noise=0.01)
-    >>> layer.heads.inv_sqrt_cov.shape
+    >>> layer.encoding.inv_sqrt_cov.shape
     torch.Size([4, 2, 2])
     >>> layer(torch.randn(3, 36, 16)).shape
     torch.Size([3, 36, 16])
@@ -322,12 +323,12 @@ class LearnedHeads(PositionalHeads):
     --------
     >>> import torch
     >>> from structconv.nn import ContentHeads, LearnedHeads, PositionalAttention
-    >>> layer = PositionalAttention((5, 5), 8, 2, heads=LearnedHeads(positional_dim=6))
-    >>> [tuple(t.shape) for t in layer.heads.tables], tuple(layer.heads.weight.shape)
+    >>> layer = PositionalAttention((5, 5), 8, 2, encoding=LearnedHeads(positional_dim=6))
+    >>> [tuple(t.shape) for t in layer.encoding.tables], tuple(layer.encoding.weight.shape)
     ([(9, 3), (9, 3)], (2, 6))
     >>> heads, content = LearnedHeads(relative_terms=True), ContentHeads()
-    >>> eq5 = PositionalAttention((5, 5), 8, 2, heads=heads, content=content)
-    >>> eq5.heads
+    >>> eq5 = PositionalAttention((5, 5), 8, 2, encoding=heads, content=content)
+    >>> eq5.encoding
     LearnedHeads(positional_dim=8, relative_terms=True)
     >>> eq5(torch.randn(3, 25, 8)).shape
     torch.Size([3, 25, 8])
@@ -402,5 +403,5 @@ def heads_of(owner: str, heads: Any) -> PositionalHeads:
         return _BY_NAME[heads]()
     wanted = f"one of {tuple(_BY_NAME)} or a PositionalHeads (e.g. QuadraticHeads(alpha=1.0))"
     raise (ValueError if isinstance(heads, str) else TypeError)(
-        f"{owner}: heads must be {wanted}, got {type(heads).__name__} {heads!r:.60}"
+        f"{owner}: encoding must be {wanted}, got {type(heads).__name__} {heads!r:.60}"
     )

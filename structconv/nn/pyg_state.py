@@ -1,6 +1,6 @@
 r"""PyTorch Geometric's checkpoints: the graph layers load a PyG ``state_dict`` and give one back.
 
-structconv keeps each layer's :math:`\Theta` as the framework has it (``theta`` of shape
+structconv keeps each layer's :math:`\Theta` as the framework has it (``weight`` of shape
 ``(K, P, Q)``, GAT's ``weight`` of shape ``(P, H\cdot D)``), where PyG keeps ``torch.nn.Linear``
 weights ``(Q, P)`` (``lin.weight``, ``lins.0.weight``, ...) and GAT's attention vectors as
 ``(1, H, D)``.  Every entry is a transpose, a stack or a reshape of the other, so nothing is

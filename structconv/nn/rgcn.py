@@ -30,7 +30,7 @@ class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
     :func:`structconv.structures.graph.relational_basis` (K = ``num_relations + 1``)
 
     Θ: :math:`\Theta_r` per relation, then ``root``: a tensor, or a :class:`~structconv.Separable` with ``num_bases``,
-    as :meth:`parameter` returns it (K, P, Q)
+    as :meth:`theta` returns it (K, P, Q)
 
     .. math::
 
@@ -157,7 +157,7 @@ class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def parameter(self, *, root: bool = True) -> torch.Tensor | Separable:
+    def theta(self, *, root: bool = True) -> torch.Tensor | Separable:
         """:math:`\\Theta` over the members (relations, then the root if ``root``), full or separable."""
         R = self.num_relations
         with_root = root and self.root is not None
@@ -235,9 +235,9 @@ class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
         """The relational basis (one member per relation, then the root's identity) on ``edge_index``.
 
         Arguments as :meth:`forward`.  For a square graph the layer's output is
-        ``conv(basis, h, parameter())`` plus the bias, with ``h`` the node features (one-hot for a
+        ``conv(basis, h, theta())`` plus the bias, with ``h`` the node features (one-hot for a
         featureless ``x``); for a bipartite ``x`` the basis has no root member, and the output is
-        ``conv(basis, h_src, parameter(root=False)) + x_dst @ root`` plus the bias.  ``aggr="max"``
+        ``conv(basis, h_src, theta(root=False)) + x_dst @ root`` plus the bias.  ``aggr="max"``
         is not linear in ``x`` and has no basis.
         """
         if self.aggr == "max":
@@ -274,7 +274,7 @@ class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
             if self.root is not None:
                 y = y + h_dst @ self.root
         else:
-            y = self.contract(self._relational(edges, edge_type, square), h_src, self.parameter(root=square))
+            y = self.contract(self._relational(edges, edge_type, square), h_src, self.theta(root=square))
             if not square and self.root is not None:
                 y = y + h_dst @ self.root
         return y if self.bias is None else y + self.bias

@@ -21,13 +21,13 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
     Basis: the one given, any torch :class:`~structconv.Basis` or dense tensor, as :meth:`basis` returns it
     (K = its members)
 
-    Θ: ``theta``, a tensor as :meth:`parameter` returns it (K, P, Q)
+    Θ: ``weight``, a tensor as :meth:`theta` returns it (K, P, Q)
 
     .. math::
 
         y_b = \sum_k A_k^\top x_b\,\Theta_k + \beta.
 
-    Equals :func:`structconv.conv` of the basis, ``x`` and ``theta``, plus ``bias``, and
+    Equals :func:`structconv.conv` of the basis, ``x`` and ``weight``, plus ``bias``, and
     ``torch.nn.Linear(P, Q)`` when the basis is one identity, ``(1, M, M)``, and ``theta[0]`` is
     the linear layer's ``weight`` transposed (the initialisation is ``Linear``'s too, see below).
     Options past ``basis, in_channels, out_channels`` are keyword-only (``bias=False``; a
@@ -77,7 +77,7 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
     >>> linear = torch.nn.Linear(3, 4)
     >>> layer = StructConv(torch.eye(5)[None], 3, 4)
     >>> with torch.no_grad():
-    ...     layer.theta[0] = linear.weight.T
+    ...     layer.weight[0] = linear.weight.T
     ...     layer.bias[:] = linear.bias
     >>> x = torch.randn(5, 3)
     >>> torch.allclose(layer(x), linear(x), atol=1e-6)
@@ -109,7 +109,7 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.order = order
-        self.theta = nn.Parameter(torch.empty(basis.K, in_channels, out_channels, **factory))
+        self.weight = nn.Parameter(torch.empty(basis.K, in_channels, out_channels, **factory))
         self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
         self.reset_parameters()
 
@@ -117,9 +117,9 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
         """The fixed basis ``(K, M, N)`` (the same for every ``x``; ``x`` is accepted for the layer contract)."""
         return self._fixed_basis
 
-    def parameter(self) -> torch.Tensor:
-        r""":math:`\Theta`, the parameter ``theta`` of shape ``(K, P, Q)``."""
-        return self.theta
+    def theta(self) -> torch.Tensor:
+        r""":math:`\Theta`, the parameter ``weight`` of shape ``(K, P, Q)``."""
+        return self.weight
 
     def fan_in(self) -> float:
         """The effective fan-in :math:`P\\,e` used by :meth:`reset_parameters`."""
@@ -128,18 +128,18 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
     def reset_parameters(self) -> None:
         """Draw :math:`\\Theta` and the bias from :math:`\\mathcal U(\\pm 1/\\sqrt{F})`."""
         bound = 1.0 / math.sqrt(self.fan_in())
-        nn.init.uniform_(self.theta, -bound, bound)
+        nn.init.uniform_(self.weight, -bound, bound)
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer to ``x`` of shape ``(B, M, P)`` or ``(M, P)``."""
         refuse_jit_trace(self)
-        return self.contract(self.basis(x), x, self.parameter(), bias=self.bias, order=self.order)
+        return self.contract(self.basis(x), x, self.theta(), bias=self.bias, order=self.order)
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> StructConv:
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
-        self._fixed_basis = self._fixed_basis.to(device=self.theta.device, dtype=self.theta.dtype)
+        self._fixed_basis = self._fixed_basis.to(device=self.weight.device, dtype=self.weight.dtype)
         return self
 
     def extra_repr(self) -> str:

@@ -20,7 +20,7 @@ class TAGConv(_GraphLayer):
     Basis: the powers :math:`S^0 = I, S^1, \dots, S^K` of :math:`S = D^{-1/2}AD^{-1/2}`, a
     :class:`~structconv.PolynomialBasis` (K = ``K + 1``)
 
-    Θ: ``theta``, one channel map per power, a tensor as :meth:`parameter` returns it (K, P, Q)
+    Θ: ``weight``, one channel map per power, a tensor as :meth:`theta` returns it (K, P, Q)
 
     .. math::
 
@@ -74,7 +74,7 @@ class TAGConv(_GraphLayer):
     >>> A[edge_index[0], edge_index[1]] = 1.0
     >>> d = A.sum(0).rsqrt()
     >>> S = d[:, None] * A * d
-    >>> t = layer.theta
+    >>> t = layer.weight
     >>> y = x @ t[0] + S.T @ x @ t[1] + (S @ S).T @ x @ t[2] + layer.bias
     >>> torch.allclose(layer(x, edge_index), y, atol=1e-6)
     True
@@ -96,8 +96,8 @@ class TAGConv(_GraphLayer):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for k in range(self.theta.shape[0]):  # each member like an nn.Linear(in, out) weight
-            nn.init.kaiming_uniform_(self.theta.data[k].T, a=math.sqrt(5))
+        for k in range(self.weight.shape[0]):  # each member like an nn.Linear(in, out) weight
+            nn.init.kaiming_uniform_(self.weight.data[k].T, a=math.sqrt(5))
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 

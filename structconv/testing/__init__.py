@@ -11,7 +11,7 @@ The checks here hold a basis or a layer to it:
     the basis is unchanged afterwards.
 :func:`check_layer`
     A layer's output and gradients equal :func:`structconv.conv` of its own ``basis(...)`` and
-    ``parameter()`` plus its bias, in its layout (a contract per layer of :mod:`structconv.nn`).
+    ``theta()`` plus its bias, in its layout (a contract per layer of :mod:`structconv.nn`).
 :func:`compare_to_peer`
     A layer equals the same layer of another library, loaded with its parameters: outputs and
     the gradients of inputs and parameters.

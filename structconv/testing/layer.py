@@ -1,6 +1,6 @@
 r"""The layer contract: a layer of :mod:`structconv.nn` is :math:`y = \sum_k A_k^\top x \Theta_k` plus its bias.
 
-Every layer exposes its basis (``layer.basis(*inputs)``) and its parameter (``layer.parameter()``);
+Every layer exposes its basis (``layer.basis(*inputs)``) and its parameter (``layer.theta()``);
 :func:`check_layer` calls the layer and the *contract*, :func:`structconv.conv` on that basis and
 parameter with the bias added and the result put in the layer's layout, and compares the outputs
 and the gradients with respect to the inputs and every parameter.  Where ``forward`` reaches its
@@ -9,7 +9,7 @@ computations; where it already calls ``conv``, it pins the layout and what is ad
 
 A contract is a function ``contract(layer, *inputs) -> Tensor``; :func:`contract_for` picks the
 one for a layer of the package by its type (:data:`CONTRACTS`), and a user's own layer passes its
-own, or gets :func:`node_contract` when it has ``basis`` and ``parameter``.
+own, or gets :func:`node_contract` when it has ``basis`` and ``theta``.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ def _plus_bias(layer: nn.Module, y: torch.Tensor) -> torch.Tensor:
 
 
 def node_contract(layer: Any, *inputs: Any) -> torch.Tensor:
-    """Graph layers and :class:`~structconv.nn.StructConv`: ``conv(layer.basis(*inputs), x, layer.parameter())`` + bias.
+    """Graph layers and :class:`~structconv.nn.StructConv`: ``conv(layer.basis(*inputs), x, layer.theta())`` + bias.
 
     ``x = inputs[0]`` is already in the engine's layout, ``(N, P)`` or ``(B, N, P)``.
 
     Parameters
     ----------
     layer
-        A layer with methods ``basis(*inputs)`` and ``parameter()``; its ``bias`` attribute, when
+        A layer with methods ``basis(*inputs)`` and ``theta()``; its ``bias`` attribute, when
         it has one that is not ``None``, is added to the result (broadcast along its last axis).
     *inputs
         The layer's positional inputs, all passed to ``layer.basis``; the first, ``x``, is the
@@ -55,7 +55,7 @@ def node_contract(layer: Any, *inputs: Any) -> torch.Tensor:
     torch.Tensor
         ``(N, Q)``, or ``(B, N, Q)`` for a batched ``x``.
     """
-    return _plus_bias(layer, conv(layer.basis(*inputs), inputs[0], layer.parameter()))
+    return _plus_bias(layer, conv(layer.basis(*inputs), inputs[0], layer.theta()))
 
 
 def _batched(x: torch.Tensor, dims: int) -> tuple[torch.Tensor, bool]:
@@ -105,7 +105,7 @@ def grid_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
     layer
         A grid convolution (:class:`~structconv.nn.GridConv2d` and its 1-D and 3-D kin, or one
         alike): ``basis(x)`` a grid basis (its ``grid`` and ``out_grid`` are read),
-        ``parameter()``, and ``bias``, ``None`` or ``(Q,)``.  Where the basis' grid is not the
+        ``theta()``, and ``bias``, ``None`` or ``(Q,)``.  Where the basis' grid is not the
         input's, ``x`` is framed by ``F.pad`` with mode ``padding_mode``, the sides taken from
         ``padding`` by torch's rules (an int, one per dimension, ``(before, after)`` pairs,
         ``"valid"``, or ``"same"`` from ``kernel_size`` and ``dilation``, any odd entry after).
@@ -121,7 +121,7 @@ def grid_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
     xb, unbatched = _batched(x, len(basis.grid))
     if tuple(xb.shape[2:]) != tuple(basis.grid):
         xb = F.pad(xb, _framing(layer, tuple(xb.shape[2:])), mode=layer.padding_mode)
-    y = _grid_back(conv(basis, _grid_flat(xb), layer.parameter()), basis)
+    y = _grid_back(conv(basis, _grid_flat(xb), layer.theta()), basis)
     if layer.bias is not None:
         y = y + layer.bias.reshape(-1, *([1] * len(basis.grid)))
     return y[0] if unbatched else y
@@ -165,7 +165,7 @@ def _with_tokens(v: torch.Tensor, extra: int) -> torch.Tensor:
 
 
 def attention_contract(layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    r""":class:`~structconv.nn.MultiHeadSelfAttention`: ``conv(heads, value, parameter())`` + ``output_bias()``.
+    r""":class:`~structconv.nn.MultiHeadSelfAttention`: ``conv(heads, value, theta())`` + ``output_bias()``.
 
     The value is taken batch first (``batch_first=False`` and unbatched inputs are moved there
     and the output back) and widened by an identity row per token that ``add_bias_kv`` or
@@ -176,7 +176,7 @@ def attention_contract(layer: Any, query: torch.Tensor, key: torch.Tensor, value
     ----------
     layer
         A :class:`~structconv.nn.MultiHeadSelfAttention`: its ``basis(query, key, value)`` (the
-        heads, without masks), ``parameter()``, ``output_bias()`` (added when not ``None``) and
+        heads, without masks), ``theta()``, ``output_bias()`` (added when not ``None``) and
         ``batch_first`` are used.
     query
         ``(L, N, E)``, ``(N, L, E)`` with ``batch_first``, or unbatched ``(L, E)``: whether the
@@ -197,7 +197,7 @@ def attention_contract(layer: Any, query: torch.Tensor, key: torch.Tensor, value
     basis = layer.basis(query, key, value)
     batched = query.ndim == 3
     v = (value if layer.batch_first else value.transpose(0, 1)) if batched else value[None]
-    y = conv(basis, _with_tokens(v, basis.M - int(v.shape[1])), layer.parameter())
+    y = conv(basis, _with_tokens(v, basis.M - int(v.shape[1])), layer.theta())
     bias = layer.output_bias()
     y = y if bias is None else y + bias
     out: torch.Tensor = (y if layer.batch_first else y.transpose(0, 1)) if batched else y[0]
@@ -211,7 +211,7 @@ def positional_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
     ----------
     layer
         A :class:`~structconv.nn.PositionalAttention`: its ``embed_dim`` (``E``),
-        ``basis(flat)`` on the flattened input, ``parameter()`` and ``bias`` (added when it has
+        ``basis(flat)`` on the flattened input, ``theta()`` and ``bias`` (added when it has
         one that is not ``None``).
     x
         ``(B, *grid, E)``, or already flattened ``(B, M, E)``, :math:`M` the grid's positions.
@@ -222,7 +222,7 @@ def positional_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
         The shape of ``x``.
     """
     flat = x.reshape(int(x.shape[0]), -1, layer.embed_dim)
-    return _plus_bias(layer, conv(layer.basis(flat), flat, layer.parameter())).reshape(x.shape)
+    return _plus_bias(layer, conv(layer.basis(flat), flat, layer.theta())).reshape(x.shape)
 
 
 #: The contract of each layer class of :mod:`structconv.nn` (a subclass gets its base's).
@@ -246,7 +246,7 @@ def contract_for(layer: nn.Module) -> Contract:
     layer
         The layer.  Its class and then its base classes, in method resolution order, are looked
         up in :data:`CONTRACTS`; a layer of a class not there gets :func:`node_contract` when it
-        has callable ``basis`` and ``parameter`` attributes.
+        has callable ``basis`` and ``theta`` attributes.
 
     Returns
     -------
@@ -256,15 +256,15 @@ def contract_for(layer: nn.Module) -> Contract:
     Raises
     ------
     TypeError
-        For a layer of another class without ``basis`` and ``parameter`` methods.
+        For a layer of another class without ``basis`` and ``theta`` methods.
     """
     for klass in type(layer).__mro__:
         if klass in CONTRACTS:
             return CONTRACTS[klass]
-    if callable(getattr(layer, "basis", None)) and callable(getattr(layer, "parameter", None)):
+    if callable(getattr(layer, "basis", None)) and callable(getattr(layer, "theta", None)):
         return node_contract
     raise TypeError(
-        f"{type(layer).__name__} has no basis() and parameter(): pass contract=, a function "
+        f"{type(layer).__name__} has no basis() and theta(): pass contract=, a function "
         "(layer, *inputs) -> the output computed through structconv.conv"
     )
 
@@ -311,7 +311,7 @@ def check_layer(
     r"""Check that ``layer(*inputs)`` is :math:`\sum_k A_k^\top x \Theta_k` of its own basis and parameter.
 
     The layer's output must equal ``contract(layer, *inputs)`` (:func:`contract_for` by default):
-    :func:`structconv.conv` on ``layer.basis(...)`` and ``layer.parameter()``, plus the bias, in
+    :func:`structconv.conv` on ``layer.basis(...)`` and ``layer.theta()``, plus the bias, in
     the layer's layout; and with ``gradients``, so must the gradients of
     :math:`\langle y, w \rangle` (:math:`w` drawn with ``seed``) with respect to every floating
     input and every parameter.  Each floating input is replaced by a fresh leaf (the same tensor

@@ -414,7 +414,7 @@ def _reference(c: _Case, layer: Any, x: Any, masks: dict[str, Any]) -> tuple[np.
                 absolute = _abs_peer(c, peer, xd) if c.kind == "grid" else out.abs()
                 terms = c.p["cin"] * c.p["kernel"] ** (int(c.name[-2]) + 1) + 4
         return out.numpy(), absolute.numpy(), terms
-    theta = read(layer.theta)
+    theta = read(layer.weight)
     bias = read(layer.bias) if getattr(layer, "bias", None) is not None else 0.0
     dense = _graph_dense(c) if c.kind == "graph" else read(c.basis)
     ref, bound, terms = conv_reference(dense, read(x), theta)
@@ -481,7 +481,7 @@ def _check_grad(c: _Case, layer: Any, x: Any, y: Any, masks: dict[str, Any]) -> 
     else:
         dense = _graph_dense(c) if c.kind == "graph" else read(c.basis)
         gn = g.numpy()
-        want = np.einsum("kmn,bnq,kpq->bmp" if x.ndim == 3 else "kmn,nq,kpq->mp", dense, gn, read(layer.theta))
+        want = np.einsum("kmn,bnq,kpq->bmp" if x.ndim == 3 else "kmn,nq,kpq->mp", dense, gn, read(layer.weight))
     if got is None:
         return "input requires grad but got no gradient"
     err = float(np.max(np.abs(got.numpy() - want), initial=0.0))

@@ -99,11 +99,11 @@ def links(kind: str, ours: Any, ref: Any) -> list[Link]:
     stack: Callable[..., torch.Tensor] = lambda *ws: torch.stack([w.T for w in ws])  # noqa: E731
     out: list[tuple[Any, ...]] = []
     if kind == "gcn":
-        out = [(ours.theta, [ref.lin.weight], T0)]
+        out = [(ours.weight, [ref.lin.weight], T0)]
     elif kind == "sg":
-        out = [(ours.theta, [ref.lin.weight], T0), (ours.bias, [ref.lin.bias], same)]
+        out = [(ours.weight, [ref.lin.weight], T0), (ours.bias, [ref.lin.bias], same)]
     elif kind in ("tag", "cheb"):
-        out = [(ours.theta, [lin.weight for lin in ref.lins], stack)]
+        out = [(ours.weight, [lin.weight for lin in ref.lins], stack)]
     elif kind == "rgcn":
         out = [(ours.weight, [ref.weight], same)]
         out += [(getattr(ours, n), [getattr(ref, n)], same) for n in ("comp", "root") if getattr(ref, n) is not None]

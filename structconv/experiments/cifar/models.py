@@ -291,7 +291,7 @@ class SelfAttentionNet(nn.Module):
         self.blocks = nn.ModuleList(
             AttentionBlock(
                 PositionalAttention(
-                    self.grid, width, heads, heads=positions, content=terms, head_dim=head_dim,
+                    self.grid, width, heads, encoding=positions, content=terms, head_dim=head_dim,
                     threshold=threshold, attention_dropout=attention_dropout, **options,
                 ),
                 ffn,

@@ -42,7 +42,7 @@ def position_probabilities(layer: PositionalAttention) -> torch.Tensor:
     Computed in the parameters' precision, with autocast off, like the layer's own heads: the
     scores of a 16x16 grid reach 450, which bf16 would round.
     """
-    heads = layer.heads
+    heads = layer.encoding
     if not isinstance(heads, QuadraticHeads) or layer.content is not None or len(layer.grid) != 2:
         raise ValueError("paper_dense implements the 2-D quadratic encoding without content only")
     centres = heads.centres
@@ -85,7 +85,7 @@ def paper_dense(layer: PositionalAttention, x: torch.Tensor) -> torch.Tensor:
     if layer.head_dim is None:  # D_h = D_out: each head averages the raw input, then one linear map
         spec = "bmhn,bme->bnhe" if per_image else "hmn,bme->bnhe"
         per_head = torch.einsum(spec, probs, x).reshape(B, M, H * E)
-        y = per_head @ layer.theta.reshape(H * E, E)
+        y = per_head @ layer.weight.reshape(H * E, E)
     else:
         values = torch.einsum("bme,hed->bhmd", x, layer.value)
         spec = "bmhn,bhmd->bnhd" if per_image else "hmn,bhmd->bnhd"

@@ -103,7 +103,7 @@ def make_figures(root: Path, out: Path | None = None, images: torch.Tensor | Non
         if not isinstance(model, SelfAttentionNet) or not model.attention_layers():
             continue
         layers = model.attention_layers()
-        if all(isinstance(layer.heads, QuadraticHeads | GaussianHeads) for layer in layers):
+        if all(isinstance(layer.encoding, QuadraticHeads | GaussianHeads) for layer in layers):
             paths.append(plot_centres(model, out / f"{run.name}_centres.png"))
         if any(layer.content is not None for layer in layers) and images is None:
             warnings.warn(

@@ -51,7 +51,7 @@ def head_gaussians(layer: PositionalAttention) -> tuple[np.ndarray, np.ndarray]:
     ValueError
         For :class:`~structconv.nn.LearnedHeads`, which have no centre.
     """
-    heads = layer.heads
+    heads = layer.encoding
     if not isinstance(heads, QuadraticHeads | GaussianHeads):
         raise ValueError(
             f"head centres exist for the quadratic and gaussian encodings only, not {heads.name!r} "
@@ -168,7 +168,7 @@ def _centres_figure(model: SelfAttentionNet) -> Figure:
         Line2D([], [], linestyle=":", color="gray", label="90 % contour"),
     ]
     fig.legend(handles=handles, loc="outside right upper", fontsize=10)
-    fig.suptitle(f"{layers[0].heads.name} encoding: attention centres of each head", fontsize=13)
+    fig.suptitle(f"{layers[0].encoding.name} encoding: attention centres of each head", fontsize=13)
     return fig
 
 

@@ -139,7 +139,7 @@ def plot_attention_maps(
                 ax.set_ylabel(f"layer {layer + 1}", fontsize=10)
     layers = model.attention_layers()
     content = any(a.content is not None for a in layers)
-    encoding = layers[0].heads.name + (" + content" if content else "")
+    encoding = layers[0].encoding.name + (" + content" if content else "")
     kind = "averaged over images" if content else "position only"
     fig.suptitle(f"{encoding} encoding ({kind})\nattention of each head at query pixel {q}", fontsize=12)
     return save(fig, path)

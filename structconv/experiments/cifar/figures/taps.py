@@ -106,7 +106,7 @@ def plot_convolutionality(model: SelfAttentionNet, path: Path, images: torch.Ten
     ax.set_title("cells: the tap's (row, column) offset, then the distance", fontsize=10)
     layers = model.attention_layers()
     content = any(a.content is not None for a in layers)
-    encoding = layers[0].heads.name + (" + content" if content else "")
+    encoding = layers[0].encoding.name + (" + content" if content else "")
     fig.suptitle(f"{encoding} encoding\ndistance of each head to its nearest convolution tap", fontsize=12)
     fig.colorbar(image, ax=ax, label="total variation")
     return save(fig, path)

@@ -368,9 +368,9 @@ def test_multi_head_self_attention_names_an_input_of_another_dtype(need_weights:
     [
         {},
         {"content": True},
-        {"heads": "learned"},
-        {"heads": "gaussian", "head_dim": 2},
-        {"content": True, "heads": "learned"},
+        {"encoding": "learned"},
+        {"encoding": "gaussian", "head_dim": 2},
+        {"content": True, "encoding": "learned"},
     ],
 )
 def test_positional_attention_names_an_input_of_another_dtype(options: dict[str, Any]) -> None:

@@ -278,7 +278,7 @@ def test_a_layer_refuses_a_bias_or_weight_changed_after_its_first_call(make: str
     if make == "gcn":
         layer: torch.nn.Module = GCNConv(3, 4)
         args: tuple[Any, ...] = (torch.randn(5, 3), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]]))
-        weight = "theta"
+        weight = "weight"
     else:
         layer = GridConv2d(3, 4, 3, padding=1, order=make.removeprefix("grid-"))
         args, weight = (torch.randn(2, 3, 6, 6),), "weight"

@@ -152,11 +152,11 @@ def test_a_convolution_no_heads_express_is_refused_naming_the_argument(
 
 # --- padding: zero tokens around the grid ---------------------------------------------------------------
 LAYERS = {
-    "quadratic": {"heads": QuadraticHeads(alpha=0.7)},
-    "gaussian": {"heads": GaussianHeads(alpha=0.4, width_noise=0.1), "threshold": None},
-    "gaussian-shifts": {"heads": GaussianHeads(alpha=2.0)},
-    "learned+content": {"heads": LearnedHeads(positional_dim=4), "content": ContentHeads(bias=True)},
-    "eq5": {"heads": LearnedHeads(relative_terms=True), "content": ContentHeads()},
+    "quadratic": {"encoding": QuadraticHeads(alpha=0.7)},
+    "gaussian": {"encoding": GaussianHeads(alpha=0.4, width_noise=0.1), "threshold": None},
+    "gaussian-shifts": {"encoding": GaussianHeads(alpha=2.0)},
+    "learned+content": {"encoding": LearnedHeads(positional_dim=4), "content": ContentHeads(bias=True)},
+    "eq5": {"encoding": LearnedHeads(relative_terms=True), "content": ContentHeads()},
 }
 
 

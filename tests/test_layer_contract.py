@@ -20,7 +20,7 @@ import torch
 from layer_cases import CASES
 
 from structconv import nn as snn
-from structconv.nn.positional_base import Encoding
+from structconv.nn.positional_heads import Encoding
 from structconv.testing import check_layer, contract_for
 
 #: The layers of ``structconv.nn``: its other names are PositionalAttention's encodings (configuration).
@@ -37,7 +37,7 @@ def test_every_encoding_configures_a_case() -> None:
     used = set()
     for build, _ in CASES.values():
         layer = build()
-        parts = (getattr(layer, "heads", None), getattr(layer, "content", None))
+        parts = (getattr(layer, "encoding", None), getattr(layer, "content", None))
         used |= {n for n, klass in encodings.items() if any(isinstance(part, klass) for part in parts)}
     assert used == set(encodings)
 

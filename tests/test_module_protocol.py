@@ -24,7 +24,7 @@ from torch import nn
 import structconv as sc
 from structconv import nn as snn
 from structconv.nn._module import script_refusal, trace_refusal
-from structconv.nn.positional_base import Encoding
+from structconv.nn.positional_heads import Encoding
 
 Inputs = tuple[Any, ...]
 

@@ -7,8 +7,7 @@ from .gcn import GCNConv, SGConv
 from .grid import GridConv1d, GridConv2d, GridConv3d
 from .pool import AvgPool1d, AvgPool2d, AvgPool3d
 from .positional import PositionalAttention
-from .positional_content import ContentHeads
-from .positional_heads import GaussianHeads, LearnedHeads, PositionalHeads, QuadraticHeads
+from .positional_heads import ContentHeads, GaussianHeads, LearnedHeads, PositionalHeads, QuadraticHeads
 from .rgcn import RGCNConv
 from .structconv import StructConv
 from .tag import TAGConv

@@ -20,9 +20,7 @@ from ..structures.grid import BOUNDARIES
 from ..structures.positional import PositionScores, inner_positions
 from ..structures.relative import check_host_memory
 from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, refuse_jit_trace
-from .positional_base import optional_positive_int
-from .positional_content import ContentHeads
-from .positional_heads import PositionalHeads, QuadraticHeads, heads_of
+from .positional_heads import ContentHeads, PositionalHeads, QuadraticHeads, heads_of, optional_positive_int
 
 __all__ = ["PositionalAttention"]
 
@@ -40,8 +38,8 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         y = \sum_h A_h^\top x\,\Theta_h + \beta, \qquad
         (A_h)_{mn} = \operatorname{softmax}_m\bigl(a_{hmn}\bigr),
 
-    where the score :math:`a_{hmn}` of key :math:`m` for query :math:`n` is given by the encoding
-    ``heads`` as a function of their offset :math:`\delta_{mn}` (:class:`QuadraticHeads`,
+    where the score :math:`a_{hmn}` of key :math:`m` for query :math:`n` is given by the
+    ``encoding`` as a function of their offset :math:`\delta_{mn}` (:class:`QuadraticHeads`,
     :class:`GaussianHeads`, :class:`LearnedHeads`), plus, with ``content``, a score of their
     features (:class:`ContentHeads`).  How the heads are represented and which order runs them
     (a Kronecker product of per-axis softmaxes, shift bases, the fused ``"sdpa"`` kernel) is

@@ -35,7 +35,7 @@ CTOR_ARGS = {
     "struct": ("basis", "in_channels", "out_channels", "order"),
     "graph": ("in_channels", "out_channels", "K", "heads", "num_relations"),
     "mha": ("embed_dim", "num_heads", "dropout", "kdim"),
-    "positional": ("grid", "embed_dim", "num_heads", "heads"),
+    "positional": ("grid", "embed_dim", "num_heads", "encoding"),
 }
 BAD = [0, -1, 2.5, "3", None, True, 10**10, "bogus", (2, 2, 2, 2)]
 
@@ -175,7 +175,7 @@ def build(c: _Case) -> None:
         grid = (p["sizes"][0] % 3 + 2, p["sizes"][1] % 3 + 2)
         heads = p["K"]
         enc = ("quadratic", "gaussian", "learned")[p["seed"] % 3]
-        c.args, c.kwargs = [grid, heads * 2, heads], {"heads": enc}
+        c.args, c.kwargs = [grid, heads * 2, heads], {"encoding": enc}
         c.shape = (p["B"], grid[0] * grid[1], heads * 2)
 
 
@@ -203,7 +203,8 @@ def _ctor_defect(c: _Case) -> None:
         c.args[2] = bad
     elif (
         (arg == "K" and c.name not in ("SGConv", "TAGConv"))
-        or (arg == "heads" and c.name not in ("GATConv", "PositionalAttention"))
+        or (arg == "heads" and c.name != "GATConv")
+        or (arg == "encoding" and c.name != "PositionalAttention")
         or (arg == "num_relations" and c.name != "RGCNConv")
     ):
         return  # the drawn argument is not this layer's

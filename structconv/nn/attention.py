@@ -50,30 +50,11 @@ class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
         (A_h)_{sl} = \operatorname{softmax}_s\Bigl(\frac{(x_s W^k_h + b^k_h)\cdot(z_l W^q_h + b^q_h)}{\sqrt D}\Bigr),
 
     with :math:`x` the keys, :math:`z` the queries, :math:`v` the values and :math:`D` the head
-    width.  Equals ``torch.nn.MultiheadAttention`` built with the same arguments and loaded with
-    its ``state_dict`` (the parameters have torch's names and shapes): the same outputs and
-    attention weights for every option and mask, except that a query allowed no key gets
-    weights 0 and output ``out_proj.bias`` where torch's ``need_weights=True`` path gives
-    ``NaN`` (``tests/peers/test_torch_mha.py``, ``docs/peers/torch_mha.rst``).  The constructor
-    takes torch's positional arguments in torch's order with torch's defaults:
-    ``MultiHeadSelfAttention(16, 4, 0.1)`` is ``dropout=0.1`` in both.
-
-    Head :math:`h` is the bi-affine mechanism (Def. 6) between the key input :math:`x` (main,
-    ``(S, kdim)``) and the query input :math:`z` (auxiliary, ``(L, E)``) with the low-rank
-    bilinear term :math:`\Lambda_h = W^{k}_h W^{q\top}_h/\sqrt D` (Eq. 12) and the biases of
-    the key and query projections; torch's ``attn_mask`` and ``key_padding_mask`` become the
-    basis's boolean mask (their :math:`-\infty`/``True`` entries) plus a
-    :class:`~structconv.structures.attention.ScoreBias` (their finite float entries).  The parameter is
-    low-rank, :math:`\Theta_h = W^{v}_h W^{o\top}_h` (Eq. 13), applied to the value input
-    :math:`v`.  A column of :math:`A_h` sums to one, so the value bias becomes the constant
-    :math:`\beta = b^o + \sum_h W^o_h b^v_h`.  On torch the engine runs plain scaled
-    dot products through ``scaled_dot_product_attention`` (order ``"sdpa"``).
-
-    ``add_bias_kv`` and ``add_zero_attn`` append one key/value token each after the inputs: a
-    row :math:`e_j` of an identity block appended to :math:`x` and :math:`v`, whose projection
-    rows are :math:`b^{k}_{\mathrm{extra}} - b^k` and :math:`b^{v}_{\mathrm{extra}} - b^v`
-    (``bias_k`` / ``bias_v``, or zero for ``add_zero_attn``), so that after the projection
-    biases the token's key and value are exactly torch's.
+    width (the mechanism and :math:`\beta` are derived in ``docs/attention.rst``).  Equals
+    ``torch.nn.MultiheadAttention`` built with the same arguments and loaded with its
+    ``state_dict``, but for the one difference in the notes (``tests/peers/test_torch_mha.py``,
+    ``docs/peers/torch_mha.rst``).  The constructor takes torch's positional arguments in torch's
+    order with torch's defaults: ``MultiHeadSelfAttention(16, 4, 0.1)`` is ``dropout=0.1`` in both.
 
     Parameters
     ----------

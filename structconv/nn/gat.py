@@ -50,23 +50,11 @@ class GATConv(CompiledRuns, PyGState):
     .. math:: A_{h,mn} = \mathrm{softmax}_{m \in \mathcal N(n)}
        \mathrm{LeakyReLU}(a_h^{s}\cdot W_h x_m + a_h^{d}\cdot W'_h x_n + a_h^{e}\cdot W^e_h e_{mn}),
 
-    a bi-affine mechanism without its bilinear term, masked by the graph (plus self-loops) and
-    normalised column-wise: a :class:`~structconv.bases.softmax_edges.SoftmaxEdgeBasis` of the
-    scores.  The parameter is :math:`\Theta_h = W_h E_h^\top` (a :class:`~structconv.LowRank`), with
-    :math:`E_h` placing head :math:`h`'s :math:`D` channels in the output (``concat``) or averaging
-    the heads (:math:`E_h = I/H`): :func:`~structconv.bases.softmax_edges.head_placement`.  The
-    output is :func:`structconv.conv` of the two, plus :math:`x_{dst} W^{res}` and the bias.
-
-    Arguments as PyG's ``GATConv``: ``in_channels`` an int or a bipartite pair ``(P_src, P_dst)``
-    (then :math:`W' \ne W`, parameter ``weight_dst``, which transforms the targets even when one
-    tensor is both, ``x`` or ``(x, x)`` as PyG's ``to_hetero`` passes it), ``heads``, ``concat``,
-    ``negative_slope``, ``dropout`` on the attention weights, ``add_self_loops`` (loops on the first
-    :math:`\min(N_{src}, N_{dst})` nodes, existing loops dropped), ``edge_dim`` (edge features
-    :math:`e_{mn}` enter the scores through ``weight_edge`` and ``att_edge``), ``fill_value``
-    (the added loops' edge features: a number, a tensor, or a reduction of the target's incoming
-    features, ``"mean"``, ``"add"``, ``"sum"``, ``"max"`` or ``"min"``), ``bias`` and ``residual``
-    (:math:`+\,x_{dst} W^{res}`).  The third argument of :meth:`forward` is PyG's ``edge_attr``;
-    it needs ``edge_dim`` (PyG would silently ignore it).
+    masked by the graph (plus self-loops) and normalised column-wise, with :math:`E_h` placing
+    head :math:`h`'s :math:`D` channels in the output (``concat``) or averaging the heads
+    (:math:`E_h = I/H`); the output adds :math:`x_{dst} W^{res}` (``residual``) and the bias.
+    The derivation is in ``docs/graph.rst``.  The third argument of :meth:`forward` is PyG's
+    ``edge_attr``; it needs ``edge_dim`` (PyG would silently ignore it).
 
     **PyG checkpoints.**  ``load_state_dict`` also reads PyG's ``GATConv`` entries: ``lin.weight``
     (``lin_src.weight`` and ``lin_dst.weight`` for a pair ``in_channels``), ``lin_edge.weight`` and
@@ -82,7 +70,7 @@ class GATConv(CompiledRuns, PyGState):
     ----------
     in_channels
         :math:`P`, or a pair ``(P_src, P_dst)`` for bipartite graphs (then targets have their own
-        :math:`W'`).
+        :math:`W'`, ``weight_dst``, also when one tensor is both, ``x`` or ``(x, x)``).
     out_channels
         :math:`D`, the channels of each head.
     heads

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from structconv import (
     BiAffine,
     LowRank,
+    PositionScores,
     RelativeAttention,
     attention_basis,
     conv,
@@ -187,7 +188,7 @@ def test_relative_attention_has_the_four_terms_of_eq5(seed: int, boundary: str) 
         + torch.einsum("hd,hmnd->hmn", v, r_hat)[None]
     )
     torch.testing.assert_close(mech.scores(x, x), 0.5 * ref)
-    # Only the position term: the same scores as LearnedPosition with t_h = W_hat_h v_h.
+    # Only the position term: the same scores as learned_scores with t_h = W_hat_h v_h.
     only = RelativeAttention(grid, tables, rel_key=rel_key, v=v, boundary=boundary)
     learned = learned_scores(grid, tables, torch.einsum("hcd,hd->hc", rel_key, v), boundary)
     torch.testing.assert_close(only.scores(x, x)[0], learned.dense_scores())
@@ -344,6 +345,10 @@ def test_positional_errors() -> None:
         gaussian_scores((3, 3), c, torch.ones(2, 2, 2, dtype=D64)).basis(representation="kronecker")
     with pytest.raises(ValueError, match=r"needs 9 positions, got x with 8"):
         quadratic_scores((3, 3), c, torch.ones(2, dtype=D64)).scores(torch.ones(1, 8, 2), torch.ones(1, 8, 2))
+    with pytest.raises(ValueError, match=r"per_axis must hold one \(K, L_i\) array per axis of the grid \(3, 3\)"):
+        PositionScores((3, 3), per_axis=())
+    with pytest.raises(ValueError, match=r"give exactly one of per_axis and per_offset"):
+        PositionScores((3, 3))
     with pytest.raises(ValueError, match=r"RelativeAttention needs one of"):
         RelativeAttention((3, 3), (torch.ones(5, 2), torch.ones(5, 2)), key=torch.ones(2, 3, 2))
 

@@ -39,7 +39,7 @@ def _lines(path: Path, record: dict[str, Any]) -> list[str]:
         + (f" (failing: {', '.join('``' + f + '``' for f in tests['failures'])})" if tests.get("failures") else "")
         + (
             f" before the step {tests['status']} after {tests.get('seconds', 0):.0f} s"
-            if tests.get("status", "ok") != "ok"
+            if tests.get("status") == "timed out"
             else ""
         )
         + "."

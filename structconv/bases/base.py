@@ -118,8 +118,6 @@ class Basis(ABC):
     ``placed_like``                      ``engine.operands.placed``: a basis          itself
                                          without arrays takes ``x``'s placement
     ``plan_key``                         ``engine.contract``: the plan cache key      ``(type, shape)``
-    ``plan_notes``                       ``engine.contract.explain``: lines under     none
-                                         the plan
     ``energy``                           ``nn.StructConv`` (fan-in)                   from ``to_dense``
     ``apply_each``                       ``engine.orders``: ``"ax"`` (every kind)     abstract
     ``cost_each``                        its cost                                     abstract
@@ -255,10 +253,6 @@ class Basis(ABC):
     def plan_key(self) -> tuple[Any, ...]:
         """What, besides shapes, the engine's cost model depends on (a hashable tuple)."""
         return (type(self).__name__, self.shape)
-
-    def plan_notes(self) -> tuple[str, ...]:
-        """Lines :func:`structconv.explain` prints under the plan (e.g. a window's radius and bound); none here."""
-        return ()
 
     def __repr__(self) -> str:
         return (

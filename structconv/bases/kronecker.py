@@ -6,7 +6,7 @@ costs :math:`\sum_i m_i\prod_{j\ne i}(\cdot)` per channel instead of :math:`MN`:
 :math:`16\times16` grid, 32 instead of 256 per output.  Position-only attention heads whose
 scores are a sum of per-axis terms (the quadratic encoding, learned row and column tables) have
 exactly this form after the softmax, because the exponential of a sum is a product and the set of
-grid positions is a product set (:meth:`structconv.structures.positional.PositionalMechanism.basis`).
+grid positions is a product set (:meth:`structconv.PositionScores.basis`).
 """
 
 from __future__ import annotations

@@ -25,8 +25,6 @@ and the basis' plan key, so repeated calls do not re-plan.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..backend import Array, load
 from ..backend.cache import BoundedCache
 from ..backend.checks import check_memory
@@ -121,9 +119,7 @@ def explain(a: Basis | Array, x: Array, theta: Theta, order: str = "auto") -> Pl
     True
     """
     basis, x3, prm, _ = prepare(a, x, theta)
-    # The notes describe this basis' values (a window's radii), which a cached plan may not share.
-    plan, notes = _plan(basis, x3, prm, order)[0], basis.plan_notes()
-    return replace(plan, notes=notes) if notes else plan
+    return _plan(basis, x3, prm, order)[0]
 
 
 def conv(a: Basis | Array, x: Array, theta: Theta, order: str = "auto") -> Array:

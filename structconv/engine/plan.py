@@ -67,9 +67,6 @@ class Plan:
         The ``order`` argument (``"auto"`` or a name).
     equation
         The einsum equation of a dense basis (empty otherwise).
-    notes
-        What the basis says of its orders (:meth:`~structconv.Basis.plan_notes`), e.g. the
-        radius and error bound of a windowed order; filled in by :func:`structconv.explain`.
     """
 
     representation: str
@@ -79,7 +76,6 @@ class Plan:
     chosen: str
     requested: str = "auto"
     equation: str = field(default="")
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def orders(self) -> tuple[str, ...]:
@@ -107,7 +103,6 @@ class Plan:
             mark = " <- chosen" if c.order == self.chosen else ""
             row = f"  {c.order:<12} {c.flops:12.3e} {c.irregular:12.3e} {c.memory:12.3e} {c.score / best:11.2f}x"
             lines.append(row + mark)
-        lines += [f"  {note}" for note in self.notes]
         lines.append(f"  requested: {self.requested}")
         return "\n".join(lines)
 

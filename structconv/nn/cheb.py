@@ -27,7 +27,7 @@ class ChebConv(_GraphLayer):
         y = \sum_{k<K} T_k(\hat L)^\top x\,\Theta_k + \beta,
         \qquad T_0 = I,\ T_1 = \hat L,\ T_k = 2\hat L\,T_{k-1} - T_{k-2}.
 
-    Equals PyG's ``ChebConv`` built with the same arguments when ``theta[k]`` is its
+    Equals PyG's ``ChebConv`` built with the same arguments when ``weight[k]`` is its
     ``lins.k.weight`` transposed and ``bias`` its ``bias`` (``load_state_dict`` does both), for
     every ``normalization``, ``lambda_max`` (a number, or one per graph with ``batch``) and edge
     weights (``tests/peers/test_pyg_graph.py``).  The constructor takes PyG's positional
@@ -40,7 +40,7 @@ class ChebConv(_GraphLayer):
     constructor's ``lambda_max`` (a number or ``"auto"``, computed), or PyG's default, twice the
     largest entry of :math:`L` (2 for ``sym`` and ``rw``).  Glorot weights, zero bias, as PyG's
     ``ChebConv``.  ``load_state_dict`` also reads PyG's ``lins.k.weight`` (transposed into
-    ``theta[k]``) and ``bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
+    ``weight[k]``) and ``bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
 
     Parameters
     ----------

@@ -31,7 +31,7 @@ class GCNConv(_CachedGraphLayer):
 
     with :math:`\tilde a_{mn}` the weight of the edge :math:`m \to n` in :math:`A + I` (self-loops
     and ``improved`` as PyG's ``gcn_norm``).  A drop-in for PyG's ``GCNConv``: its
-    arguments in its order, ``cached``, its checkpoints (``lin.weight`` is ``theta[0]``
+    arguments in its order, ``cached``, its checkpoints (``lin.weight`` is ``weight[0]``
     transposed); what differs is listed in ``docs/peers/graph.rst``, the derivation is in
     ``docs/graph.rst``.  Glorot weights, zero bias.
 
@@ -109,7 +109,7 @@ class GCNConv(_CachedGraphLayer):
         self.reset_cache()
 
     def pyg_keys(self) -> list[PyGKey]:
-        """``theta[0]`` is PyG's ``lin.weight`` transposed; ``bias`` is PyG's."""
+        """``weight[0]`` is PyG's ``lin.weight`` transposed; ``bias`` is PyG's."""
         return [member_keys("weight", ["lin.weight"])]
 
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
@@ -135,7 +135,7 @@ class SGConv(_CachedGraphLayer):
         \qquad \hat A = \tilde D^{-1/2}(A + I)\tilde D^{-1/2}.
 
     (The exponent :math:`K` is the constructor's ``K``; the basis has one member whatever it is.)
-    Equals PyG's ``SGConv`` built with the same arguments when ``theta[0]`` is its ``lin.weight``
+    Equals PyG's ``SGConv`` built with the same arguments when ``weight[0]`` is its ``lin.weight``
     transposed and ``bias`` its ``lin.bias`` (``load_state_dict`` does both), for every ``K``,
     ``add_self_loops``, ``flow``, edge weights and sparse ``adj_t``
     (``tests/peers/test_pyg_graph.py``).  The constructor takes PyG's positional arguments in
@@ -149,7 +149,7 @@ class SGConv(_CachedGraphLayer):
 
     The powers are applied by repeated sparse products, never formed.  Self-loops as
     :class:`GCNConv`'s.  Weights and bias as ``torch.nn.Linear`` (as PyG's ``SGConv``).
-    ``load_state_dict`` also reads PyG's ``lin.weight`` (transposed into ``theta[0]``) and
+    ``load_state_dict`` also reads PyG's ``lin.weight`` (transposed into ``weight[0]``) and
     ``lin.bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
 
     Parameters
@@ -220,7 +220,7 @@ class SGConv(_CachedGraphLayer):
         self.reset_cache()
 
     def pyg_keys(self) -> list[PyGKey]:
-        """``theta[0]`` is PyG's ``lin.weight`` transposed, ``bias`` its ``lin.bias``."""
+        """``weight[0]`` is PyG's ``lin.weight`` transposed, ``bias`` its ``lin.bias``."""
         keys = [member_keys("weight", ["lin.weight"])]
         return keys + ([same_key("bias", "lin.bias")] if self.bias is not None else [])
 

@@ -152,7 +152,7 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
     def basis(self, x: torch.Tensor | tuple[int, ...], like: torch.Tensor | None = None) -> GridBasis:
         """The shift basis this layer uses on the input ``x`` (or on a grid of sizes ``x``, placed like ``like``).
 
-        The layer's output is ``conv(basis, x.flatten(2).transpose(1, 2), parameter())`` in ``(B, M, Q)`` layout,
+        The layer's output is ``conv(basis, x.flatten(2).transpose(1, 2), theta())`` in ``(B, M, Q)`` layout,
         plus the bias; for ``padding_mode`` ``"reflect"``/``"replicate"`` the basis is on the grid of ``x``
         framed by ``F.pad`` (see the module notes), and ``x`` is framed first.
         """

@@ -28,7 +28,7 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
         y_b = \sum_k A_k^\top x_b\,\Theta_k + \beta.
 
     Equals :func:`structconv.conv` of the basis, ``x`` and ``weight``, plus ``bias``, and
-    ``torch.nn.Linear(P, Q)`` when the basis is one identity, ``(1, M, M)``, and ``theta[0]`` is
+    ``torch.nn.Linear(P, Q)`` when the basis is one identity, ``(1, M, M)``, and ``weight[0]`` is
     the linear layer's ``weight`` transposed (the initialisation is ``Linear``'s too, see below).
     Options past ``basis, in_channels, out_channels`` are keyword-only (``bias=False``; a
     positional ``StructConv(basis, 3, 4, False)`` raises a ``TypeError``).

@@ -27,7 +27,7 @@ class TAGConv(_GraphLayer):
         y = \sum_{k=0}^{K} (S^k)^\top x\,\Theta_k + \beta,
         \qquad S = D^{-1/2} A D^{-1/2} \ \text{(no added loops)}.
 
-    Equals PyG's ``TAGConv`` built with the same arguments when ``theta[k]`` is its
+    Equals PyG's ``TAGConv`` built with the same arguments when ``weight[k]`` is its
     ``lins.k.weight`` transposed and ``bias`` its ``bias`` (``load_state_dict`` does both), for
     every ``K``, ``normalize``, ``flow``, edge weights and sparse ``adj_t``
     (``tests/peers/test_pyg_graph.py``).  The constructor takes PyG's positional arguments in
@@ -36,7 +36,7 @@ class TAGConv(_GraphLayer):
 
     The basis is applied by repeated sparse products, never formed.  Weights as
     ``torch.nn.Linear`` (as PyG's ``TAGConv``), zero bias; ``x`` may be ``(B, N, P)``.
-    ``load_state_dict`` also reads PyG's ``lins.k.weight`` (transposed into ``theta[k]``) and
+    ``load_state_dict`` also reads PyG's ``lins.k.weight`` (transposed into ``weight[k]``) and
     ``bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
 
     Parameters

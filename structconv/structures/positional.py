@@ -106,6 +106,10 @@ class PositionScores(Mechanism):
         if self.per_axis is not None:
             object.__setattr__(self, "per_axis", tuple(self.per_axis))
             assert self.per_axis is not None
+            if len(self.per_axis) != len(self.grid):
+                raise ValueError(
+                    f"per_axis must hold one (K, L_i) array per axis of the grid {self.grid}, got {len(self.per_axis)}"
+                )
             wanted = [(self.heads, n) for n in rel.lengths]
             got = [tuple(int(v) for v in a.shape) for a in self.per_axis]
             if got != wanted:

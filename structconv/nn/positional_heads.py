@@ -79,6 +79,10 @@ class Encoding(NotScriptable, nn.Module):
         """The constructor's keyword arguments that give this encoding (after binding: with defaults resolved)."""
         raise NotImplementedError
 
+    def with_options(self, **changes: Any) -> Any:
+        """A new, unbound encoding of this class: this one's options, ``changes`` replacing some."""
+        return type(self)(**{**self.options(), **changes})
+
     def extra_repr(self) -> str:
         defaults = {
             name: p.default
@@ -162,7 +166,7 @@ class ContentHeads(Encoding):
         name = type(self).__name__
         H = positive_int(num_heads, "num_heads", where=name)
         E = positive_int(embed_dim, "embed_dim", where=name)
-        bound: Self = type(self)(key_dim=self.key_width(H, E), bias=self.bias)
+        bound: Self = self.with_options(key_dim=self.key_width(H, E))
         bound.num_heads = H
         D = bound.key_width(H, E)
         bound.key = nn.Parameter(torch.empty(H, E, D))
@@ -237,7 +241,7 @@ class PositionalHeads(Encoding):
         E = positive_int(embed_dim, "embed_dim", where=name)
         if boundary not in BOUNDARIES:
             raise ValueError(f"{name}: boundary must be one of {BOUNDARIES}, got {boundary!r}")
-        bound: Self = type(self)(**self.options())
+        bound: Self = self.with_options()
         bound.grid, bound.num_heads, bound.embed_dim, bound.boundary = sizes, H, E, boundary
         bound._build(content)
         return bound

@@ -64,6 +64,12 @@ _LOG_RANGE = 60.0
 _SHIFT_COST = 16
 
 
+def _detached(a: Array) -> np.ndarray:
+    """``a`` as float64 on the host, a copy outside autograd (cast on its backend: bf16 has no NumPy dtype)."""
+    xp = namespace(a)
+    return to_numpy(xp.astype(a, xp.float64))
+
+
 @dataclass(frozen=True, eq=False)
 class PositionScores(Mechanism):
     r"""Scores of ``K`` heads that depend on the offset :math:`\delta_{mn}` between key and query alone.
@@ -111,7 +117,7 @@ class PositionScores(Mechanism):
                     f"per_axis must hold one (K, L_i) array per axis of the grid {self.grid}, got {len(self.per_axis)}"
                 )
             wanted = [(self.heads, n) for n in rel.lengths]
-            got = [tuple(int(v) for v in a.shape) for a in self.per_axis]
+            got = [tuple([int(v) for v in a.shape]) for a in self.per_axis]  # lists: traced by torch.compile
             if got != wanted:
                 raise ValueError(f"per_axis must be (K, L_i) per axis of the grid {self.grid}: {wanted}, got {got}")
         else:
@@ -225,7 +231,7 @@ class PositionScores(Mechanism):
             raise ValueError("the shift form needs a threshold in (0, 1)")
         if threshold is None or form == "dense":
             return DenseBasis.of_weights(masked_softmax(rel.gather(scores)))
-        flat = to_numpy(namespace(scores).astype(scores, namespace(scores).float64))
+        flat = _detached(scores)
         floor = self._weakest_best(flat)
         keep = flat >= (floor + math.log(threshold))[:, None]
         K, M = int(scores.shape[0]), rel.positions
@@ -378,7 +384,7 @@ def positional_basis(grid: Any, centres: Array, alpha: Array | None = None, boun
         return basis
     g = _grid(grid)
     _check_centres(centres, len(g))
-    offsets = to_numpy(namespace(centres).astype(centres, namespace(centres).float64))
+    offsets = _detached(centres)
     if not np.allclose(offsets, np.round(offsets)):
         raise ValueError("hard attention (alpha=None) needs integer centres (the offsets it attends to)")
     like = centres if is_floating(centres) else None

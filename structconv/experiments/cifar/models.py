@@ -230,8 +230,7 @@ def attention_encodings(
             settings["positional_dim"] = positional_dim or dims * width
             if not content:
                 settings.pop("relative_terms", None)
-        paper = PAPER_HEADS[encoding]
-        heads = type(paper)(**{**paper.options(), **settings})
+        heads = PAPER_HEADS[encoding].with_options(**settings)
     else:
         raise ValueError(f"encoding must be one of {sorted(PAPER_HEADS)} or a PositionalHeads, got {encoding!r}")
     relative = isinstance(heads, LearnedHeads) and heads.relative_terms
@@ -242,7 +241,7 @@ def attention_encodings(
     if not content:
         return heads, None, layer
     bias = bool(flat.get("content_bias", PAPER_CONTENT.bias)) and not relative
-    return heads, ContentHeads(key_dim=key_dim or width, bias=bias), layer
+    return heads, PAPER_CONTENT.with_options(key_dim=key_dim or width, bias=bias), layer
 
 
 class SelfAttentionNet(nn.Module):

@@ -31,9 +31,10 @@ The GEMM yardstick says how fast this machine multiplies matrices of the size th
 multiplies, so that a variant's achieved FLOP/s can be judged against what the hardware delivers
 on its own largest product rather than against a datasheet.  The step that counts the FLOPs
 also runs under a dispatch mode that records every ``aten.mm``, ``addmm``, ``bmm`` and
-``baddbmm``, and every forward convolution as the product it is (its unfolded input, one row per
-output position, times its weight); the product with the most FLOPs of ``sa-quadratic``'s step (of the largest among
-the variants measured when it is not one of them) gives the shape and dtype (the autocast
+``baddbmm``, and every forward convolution as the product it is (its unfolded input, one row
+per output position, times its weight); the product with the most FLOPs of ``sa-quadratic``'s
+step (of the largest among the variants measured when it is not one of them) gives the shape
+and dtype (the autocast
 dtype under bf16 autocast, float32 otherwise).  Every round then times, after the variants,
 ``torch.mm`` (``torch.bmm`` for a batched product) of contiguous random operands of that shape
 into a preallocated output, on the same device and threads; its median is ``gemm_tflops`` and

@@ -223,7 +223,7 @@ def test_hard_quadratic_attention_is_the_grid_convolution(boundary: str, data: A
     from torch.nn import functional as F  # noqa: N812
 
     from structconv import conv, grid_basis
-    from structconv.structures.positional import positional_basis
+    from structconv.theory.conv_attention import positional_basis
 
     k = data.draw(st.sampled_from([1, 3, 5]))
     grid = (data.draw(st.integers(k, k + 4)), data.draw(st.integers(k, k + 4)))
@@ -244,7 +244,7 @@ def test_hard_quadratic_attention_is_the_grid_convolution(boundary: str, data: A
 
 
 def test_soft_quadratic_attention_tends_to_the_hard_one() -> None:
-    from structconv.structures.positional import positional_basis
+    from structconv.theory.conv_attention import positional_basis
 
     centres = torch.tensor([[-1.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
     hard = positional_basis((6, 6), centres, boundary="periodic").to_dense()
@@ -308,7 +308,8 @@ def test_alpha_bound_values_and_errors() -> None:
 @given(data=st.data())
 def test_truncated_shift_heads_equal_the_dense_softmax(boundary: str, data: Any) -> None:
     from structconv import conv
-    from structconv.structures.positional import positional_basis, quadratic_scores
+    from structconv.structures.positional import quadratic_scores
+    from structconv.theory.conv_attention import positional_basis
 
     grid = (data.draw(st.integers(2, 7)), data.draw(st.integers(2, 7)))
     H = data.draw(st.integers(1, 3))

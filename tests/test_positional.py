@@ -27,7 +27,8 @@ from structconv import (
     quadratic_scores,
 )
 from structconv import nn as snn
-from structconv.structures.positional import positional_basis, relative_offsets
+from structconv.structures.positional import relative_offsets
+from structconv.theory.conv_attention import positional_basis
 
 D64 = torch.float64
 

@@ -5,6 +5,7 @@ Every failure names the argument, what it got and what was expected.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,24 @@ def positive_int(value: object, name: str, *, where: str | None = None) -> int:
         prefix = "" if where is None else f"{where}: "
         raise ValueError(f"{prefix}{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def real_number(value: object, name: str, *, positive: bool, where: str) -> float:
+    """``value`` as a finite ``float``, positive (or at least zero); else an error naming ``name`` after ``where``."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{where}: {name} must be a real number, got {type(value).__name__} {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise ValueError(f"{where}: {name} must be finite and {'positive' if positive else '>= 0'}, got {value!r}")
+    return number
+
+
+def flag(value: object, name: str, *, where: str | None = None) -> bool:
+    """``value`` if it is a ``bool`` (an option that is on or off, never a number or a string)."""
+    if not isinstance(value, bool):
+        prefix = "" if where is None else f"{where}: "
+        raise TypeError(f"{prefix}{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
 
 
 def check_readable(a: Array, arg: str, what: str) -> None:

@@ -20,7 +20,7 @@ from ..structures.grid import BOUNDARIES
 from ..structures.positional import PositionScores, inner_positions
 from ..structures.relative import check_host_memory
 from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, refuse_jit_trace
-from .positional_heads import ContentHeads, PositionalHeads, QuadraticHeads, heads_of, optional_positive_int
+from .positional_heads import ContentHeads, PositionalHeads, QuadraticHeads, heads_of
 
 __all__ = ["PositionalAttention"]
 
@@ -28,65 +28,52 @@ __all__ = ["PositionalAttention"]
 class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module):
     r"""Multi-head self-attention over the positions of a grid, its heads given by relative-position encodings.
 
-    Basis: the heads' attention matrices :math:`A_h` over the :math:`M` grid positions, ``(K, M, M)``
-    shared by the batch, or ``(B, K, M, M)`` with content (:math:`K` = ``num_heads``).
-
-    Θ: :math:`\Theta_h`, ``(K, P, Q)`` = ``(num_heads, embed_dim, embed_dim)``; of rank ``head_dim`` when set.
-
     .. math::
 
         y = \sum_h A_h^\top x\,\Theta_h + \beta, \qquad
         (A_h)_{mn} = \operatorname{softmax}_m\bigl(a_{hmn}\bigr),
 
-    where the score :math:`a_{hmn}` of key :math:`m` for query :math:`n` is given by the
-    ``encoding`` as a function of their offset :math:`\delta_{mn}` (:class:`QuadraticHeads`,
-    :class:`GaussianHeads`, :class:`LearnedHeads`), plus, with ``content``, a score of their
-    features (:class:`ContentHeads`).  How the heads are represented and which order runs them
-    (a Kronecker product of per-axis softmaxes, shift bases, the fused ``"sdpa"`` kernel) is
-    derived and measured in ``docs/attention.rst``.
+    the score :math:`a_{hmn}` of key :math:`m` for query :math:`n` given by the ``encoding`` as a
+    function of their offset :math:`\delta_{mn}`, plus, with ``content``, a score of their
+    features.  The basis is the heads, ``(K, M, M)`` shared by the batch or ``(B, K, M, M)``
+    with content; Θ is ``(K, E, E)``, of rank ``head_dim`` when set.  ``docs/attention.rst``
+    derives the representations of the heads and the orders that run them.
 
     Parameters
     ----------
     grid : tuple of int
-        The grid sizes; fixed at construction.
+        The grid sizes.
     embed_dim : int
         :math:`E`, the width of the input and the output.
     num_heads : int
         :math:`K`.
     encoding : PositionalHeads or {"quadratic", "gaussian", "learned"}
-        The relative-position encoding of the heads, bound to this layer (the encoding given is
-        left unbound and may configure other layers); a name stands for that encoding at its
-        defaults.  The bound encoding is :attr:`encoding`.
+        The heads' relative-position encoding (a name: that encoding at its defaults); the layer
+        binds a copy, :attr:`encoding`.
     content : ContentHeads, optional
-        Content-based scores added to the positional ones (with :class:`LearnedHeads`
-        ``(relative_terms=True)``, the four terms of Eq. 5 instead); bound as :attr:`content`.
+        Content scores added to the positional ones (with ``LearnedHeads(relative_terms=True)``,
+        the four terms of Eq. 5); bound as :attr:`content`.
     attention_dropout : float, default 0.0
-        Drops attention weights in training, after the softmax (scaled by :math:`1/(1-p)`).
+        Dropout of the attention weights in training.
     dropout_shared : bool, optional
-        ``None`` (the default), as Cordonnier et al.'s code: one mask per step shared by the batch
-        for position-only heads, one per image for content heads.  ``False``: one per image for
-        position-only heads too; ``True``: the default's rule.
+        ``None`` or ``True``: as Cordonnier et al.'s code, one mask per step shared by the batch
+        for position-only heads, one per image with content; ``False``: one per image always.
     head_dim : int, optional
-        The rank of each :math:`\Theta_h` (``value`` and ``out``, ``(K, E, head_dim)`` each);
-        ``None``: the full ``weight``.
+        The rank of each :math:`\Theta_h` (``value`` and ``out``); ``None``: the full ``weight``.
     bias : bool, default True
         Whether to add the output bias :math:`\beta`.
     boundary : {"zero", "periodic"}
         The grid's offsets: within its box, or wrapped around it.
     threshold : float or None, default 1e-7
-        The truncation of position-only :class:`GaussianHeads` to shift bases (``None``: exact;
-        under ``torch.compile`` the heads are exact); separable heads are always exact.
+        The truncation of position-only :class:`GaussianHeads` to shift bases (``None``, and
+        under ``torch.compile``: exact).
     padding : int or tuple of int, default 0
-        Zero tokens around the grid, on each side of each axis (``boundary="zero"`` only): keys
-        with zero features that are not outputs, over which the softmax still normalises (a
-        convolution's zero padding, :meth:`from_conv`).
+        Zero tokens around the grid per side and axis: keys that are no outputs (:meth:`from_conv`).
 
     Shapes
     ------
-    - **input:** :math:`(B, *\mathrm{grid}, E)` or the flattened :math:`(B, M, E)`, :math:`M` the grid's positions
-    - **output:** the input's shape
-    - **parameters:** ``weight`` :math:`(K, E, E)`, or ``value`` and ``out`` :math:`(K, E, D_h)` with
-      ``head_dim`` :math:`D_h`; ``bias`` :math:`(E,)`; the encodings' own (see each encoding)
+    - **input:** :math:`(B, *\mathrm{grid}, E)` or :math:`(B, M, E)`; **output:** the input's shape
+    - **weight:** :math:`(K, E, E)`, or **value**, **out:** :math:`(K, E, D_h)`; **bias:** :math:`(E,)`
 
     Examples
     --------
@@ -157,7 +144,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         self.boundary, self.threshold = boundary, threshold
         self.attention_dropout = float(attention_dropout)
         self.dropout_shared = None if dropout_shared is None else bool(dropout_shared)
-        self.head_dim = optional_positive_int(name, "head_dim", head_dim)
+        self.head_dim = None if head_dim is None else positive_int(head_dim, "head_dim", where=name)
         if self.head_dim is None:
             self.weight = nn.Parameter(torch.empty(H, E, E))
         else:
@@ -190,59 +177,29 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
     ) -> PositionalAttention:
         r"""The layer that computes what the convolution ``conv`` computes, one quadratic head per kernel position.
 
-        Cordonnier et al.'s construction (Lemmas 1 and 2, :func:`structconv.theory.conv_heads`):
-        head :math:`h` sits at the offset :math:`\Delta_h` of the :math:`h`-th kernel position
-        (row-major, dilated) and carries that position's weight, :math:`\Theta_h = W_{:,:,h}^\top`
-        (block-diagonal for ``groups > 1``), so that
-
-        .. math::
-
-            \sum_h \bigl(A_h^\top x\,\Theta_h\bigr)_n + b
-            = \sum_h W_{:,:,h}\, x_{n + \Delta_h} + b = \operatorname{conv}(x)_n,
-            \qquad (A_h)_{mn} = \operatorname{softmax}_m\bigl(-\alpha\lVert \delta_{mn} - \Delta_h\rVert^2\bigr)
-            \xrightarrow[\alpha\to\infty]{} [\,\delta_{mn} = \Delta_h\,].
-
-        ``alpha=None`` takes the limit to the last bit: :math:`\alpha` =
-        :data:`~structconv.theory.conv_attention.ONE_HOT_ALPHA`, at which every weight off the
-        target underflows to an exact zero, so the layer equals the convolution up to the
-        rounding of its sums.  The border is the convolution's ``padding_mode``: ``"zeros"``
-        gives the layer as many zero tokens around the grid as the farthest offset
-        (:attr:`padding`), ``"circular"`` a periodic grid, ``"replicate"`` the image alone (a
-        head whose offset leaves it reads the nearest pixel).
-
+        Cordonnier et al.'s construction: :func:`~structconv.theory.conv_module_heads` gives the
+        heads and states what ``conv`` may be (stride 1, size-keeping padding, any dilation and
+        groups, as many input as output channels, ``padding_mode`` other than ``"reflect"``).
         The layer is channels-last: ``layer(x.movedim(1, -1)).movedim(-1, 1)`` equals ``conv(x)``.
 
         Parameters
         ----------
         conv : torch.nn.Conv1d, Conv2d, Conv3d or structconv.nn.GridConv1d, GridConv2d, GridConv3d
-            The convolution: stride 1, padding that keeps the size (``"same"``, or
-            :math:`\mathrm{dilation}(k - 1)/2` per side), any dilation and groups, as many input
-            as output channels (the layer's ``embed_dim``), with or without bias.
+            The convolution.
         grid : tuple of int
-            The grid the layer runs on, :math:`(H, W)` for a 2-D convolution.
+            The grid the layer runs on.
         alpha : float, optional
-            The heads' inverse width :math:`\alpha > 0` (``None``: one-hot, see above); from
-            :func:`~structconv.theory.attention_alpha_bound` of the dtype on, the layer equals the
-            convolution to that dtype's precision.
+            The heads' inverse width :math:`\alpha > 0`; ``None``: :math:`\alpha` =
+            :data:`~structconv.theory.conv_attention.ONE_HOT_ALPHA`, one-hot to the last bit, so
+            the layer equals the convolution up to the rounding of its sums.
         head_dim : int, optional
-            Heads of this width (:math:`\Theta_h = W^v_h W^{o\top}_h`), at least the channels
-            (Lemma 1's :math:`Q \le \min(D_h, D_{out})`); ``None``: the full :math:`\Theta_h`.
+            Heads of this width, at least the channels (Lemma 1); ``None``: the full :math:`\Theta_h`.
 
         Returns
         -------
         PositionalAttention
             With :math:`K = k_1 \cdots k_d` heads of :class:`~structconv.nn.QuadraticHeads`, the
             convolution's dtype and device, ``bias`` iff ``conv`` has one.
-
-        Raises
-        ------
-        TypeError
-            If ``conv`` is not one of the convolutions above.
-        ValueError
-            Naming the argument: a stride other than 1, padding that does not keep the size,
-            ``padding_mode="reflect"`` (a mirror is no translation: no head at a fixed offset
-            reads it), input and output channels that differ, a grid of another dimension than
-            the kernel, a non-positive ``alpha``, or a ``head_dim`` below the output channels.
 
         Examples
         --------
@@ -257,73 +214,34 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         >>> torch.allclose(y, conv(x), rtol=0, atol=1e-12)
         True
         """
-        from ..theory.conv_attention import ONE_HOT_ALPHA, PADDING_MODES, conv_heads
+        from ..theory.conv_attention import ONE_HOT_ALPHA, conv_module_heads
         from .grid import GridConv1d, GridConv2d, GridConv3d
 
         where = f"{cls.__name__}.from_conv"
-        kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, GridConv1d, GridConv2d, GridConv3d)
-        if not isinstance(conv, kinds):
+        if not isinstance(conv, nn.Conv1d | nn.Conv2d | nn.Conv3d | GridConv1d | GridConv2d | GridConv3d):
             raise TypeError(
                 f"{where}: conv must be a torch.nn.Conv1d/2d/3d or a structconv.nn.GridConv1d/2d/3d, "
                 f"got {type(conv).__name__}"
             )
-        weight: torch.Tensor = conv.weight
-        if isinstance(weight, nn.parameter.UninitializedParameter):
-            raise ValueError(f"{where}: conv is a lazy convolution whose weight is not initialised yet; run it once")
-        try:
-            sizes = _grid(grid)
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"{where}: {error}") from None
-        stride = tuple(int(s) for s in conv.stride)
-        if any(s != 1 for s in stride):
-            raise ValueError(
-                f"{where}: conv has stride={stride}, but stride must be 1: attention has an output at every "
-                "position of the grid, a strided convolution at fewer"
-            )
-        mode = str(conv.padding_mode)
-        if mode not in PADDING_MODES:
-            raise ValueError(
-                f"{where}: conv has padding_mode={mode!r}, which no head can read: a head reads a translation "
-                f"of the image (the nearest pixel beyond it), not its mirror; padding_mode must be one of "
-                f"{tuple(PADDING_MODES)}"
-            )
-        P, Q, G = int(conv.in_channels), int(conv.out_channels), int(conv.groups)
-        if P != Q:
-            raise ValueError(
-                f"{where}: conv has in_channels={P} and out_channels={Q}, but PositionalAttention maps "
-                "embed_dim channels to as many; they must be equal"
-            )
         if alpha is not None and not 0.0 < float(alpha) < math.inf:
             raise ValueError(f"{where}: alpha must be positive and finite (or None for one-hot heads), got {alpha!r}")
         with torch.no_grad():
-            kernel = weight.detach()
-            if G > 1:  # a grouped kernel is the dense one that is zero between groups: Θ_h block-diagonal
-                dense = kernel.new_zeros(Q, P, *kernel.shape[2:])
-                q, p = Q // G, P // G
-                for g in range(G):
-                    dense[g * q : (g + 1) * q, g * p : (g + 1) * p] = kernel[g * q : (g + 1) * q]
-                kernel = dense
-            bias = None if conv.bias is None else conv.bias.detach()
-            heads = conv_heads(
-                kernel, sizes, bias, padding_mode=mode, padding=conv.padding, dilation=conv.dilation,
-                head_dim=head_dim, out_dim=None if head_dim is None else Q, where=where,
-            )  # fmt: skip
+            heads = conv_module_heads(conv, grid, head_dim=head_dim, where=where)
             width = ONE_HOT_ALPHA if alpha is None else float(alpha)
             layer = cls(
-                heads.grid, Q, len(heads.offsets), encoding=QuadraticHeads(alpha=width), head_dim=head_dim,
-                bias=bias is not None, boundary=heads.boundary, padding=heads.margin,
+                heads.grid, conv.out_channels, len(heads.offsets), encoding=QuadraticHeads(alpha=width),
+                head_dim=head_dim, bias=heads.bias is not None, boundary=heads.boundary, padding=heads.margin,
             )  # fmt: skip
-            layer.to(device=weight.device, dtype=weight.dtype)
+            layer.to(device=conv.weight.device, dtype=conv.weight.dtype)
             quadratic = layer.encoding
             assert isinstance(quadratic, QuadraticHeads)
             quadratic.centres.copy_(torch.as_tensor(heads.offsets))
             quadratic.set_alpha(width)  # in the layer's dtype, not rounded through float32
-            theta = heads.theta
-            if isinstance(theta, LowRank):
-                layer.value.copy_(theta.value)
-                layer.out.copy_(theta.out)
+            if isinstance(heads.theta, LowRank):
+                layer.value.copy_(heads.theta.value)
+                layer.out.copy_(heads.theta.out)
             else:
-                layer.weight.copy_(theta)
+                layer.weight.copy_(heads.theta)
             if layer.bias is not None and heads.bias is not None:
                 layer.bias.copy_(heads.bias)
         return layer

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..backend import Array, dtype_name, einsum, find, namespace, of, shape_str, zeros
-from ..backend.checks import check_array, check_same_placement
+from ..backend.checks import check_array, check_same_placement, flag
 from ..bases.attention import AttentionBasis, Projections, check_scores_memory
 from ..bases.scores import check_placement, finite_real
 from .masks import MASK_SHAPES, check_mask, masked_softmax
@@ -413,8 +413,7 @@ def attention_basis(
         check_mask(mask, x3, shape, arg="x", layout="(B, K, M, N)", expected=_EXPECTED, ranks=(2, 4))
     if leaky_relu is not None:
         leaky_relu = finite_real(leaky_relu, "leaky_relu", "the LeakyReLU's negative slope, e.g. 0.2, or None")
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be True or False, got {type(normalize).__name__} {normalize!r}")
+    flag(normalize, "normalize")
     if isinstance(mechanism, BiAffine) and mechanism.transformer:
         return AttentionBasis(x3, z3, mechanism.projector(), mask=mask, leaky_relu=leaky_relu, normalize=normalize)
     split = content_and_position(mechanism)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, as_index, einsum, is_floating, namespace, of, shape_str, to_numpy
+from ..backend import Array, as_index, einsum, namespace, of, shape_str, to_numpy
 from ..backend.checks import check_array
 from ..bases.attention import masked_softmax
 from ..bases.base import Basis
@@ -49,7 +49,6 @@ __all__ = [
     "RelativeOffsets",
     "gaussian_scores",
     "learned_scores",
-    "positional_basis",
     "quadratic_scores",
     "relative_offsets",
 ]
@@ -367,29 +366,6 @@ def learned_scores(grid: Any, tables: Sequence[Array], weight: Array, boundary: 
         )
     parts = _split(weight, widths, 1)
     return PositionScores(g, boundary, per_axis=tuple(w @ t.T for w, t in zip(parts, tables, strict=True)))
-
-
-def positional_basis(grid: Any, centres: Array, alpha: Array | None = None, boundary: str = "zero") -> DenseBasis:
-    r"""Quadratic heads as a dense ``(K, M, N)`` basis; ``alpha=None`` is the hard limit.
-
-    Hard heads (:math:`\alpha\to\infty`) are one-hot on the input at offset :math:`\Delta_h` from
-    each output, i.e. the shift matrix of that offset (a ``"zero"`` grid leaves the columns whose
-    target falls off the grid empty, which is zero padding; a ``"periodic"`` grid wraps), so
-    ``centres`` must be integers.  With a finite ``alpha`` each column is the softmax of
-    :func:`quadratic_scores` over the grid.
-    """
-    if alpha is not None:
-        basis = quadratic_scores(grid, centres, alpha, boundary).basis(representation="dense")
-        assert isinstance(basis, DenseBasis)
-        return basis
-    g = _grid(grid)
-    _check_centres(centres, len(g))
-    offsets = _detached(centres)
-    if not np.allclose(offsets, np.round(offsets)):
-        raise ValueError("hard attention (alpha=None) needs integer centres (the offsets it attends to)")
-    like = centres if is_floating(centres) else None
-    shifts = GridBasis(g, g, np.round(offsets).astype(np.int64), boundary=boundary, like=like)
-    return DenseBasis(shifts.to_dense())
 
 
 def _pads(padding: tuple[int, ...] | None, tokens: tuple[int, ...], boundary: str) -> tuple[int, ...]:

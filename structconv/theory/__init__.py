@@ -7,6 +7,7 @@ from .conv_attention import (
     attention_alpha_bound,
     attention_to_conv,
     conv_heads,
+    conv_module_heads,
     conv_to_attention,
     nearest_convolution,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "combine",
     "compose",
     "conv_heads",
+    "conv_module_heads",
     "conv_to_attention",
     "decompose",
     "nearest_convolution",

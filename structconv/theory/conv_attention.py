@@ -27,6 +27,9 @@ from ..bases.base import Basis
 from ..bases.convert import as_basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
+from ..bases.grid import GridBasis, _grid
+from ..structures.grid import grid_basis
+from ..structures.positional import _check_centres, _detached, quadratic_scores, relative_offsets
 
 #: torch's padding modes (``torch.nn.Conv2d(padding_mode=...)``) that attention heads can read,
 #: and the grid each runs on.  ``"zeros"``: the image, surrounded by zero tokens for soft heads;
@@ -103,25 +106,13 @@ def _like(values: np.ndarray, like: Array) -> Any:
     return of(like).asarray(values.astype(np.float64), like)
 
 
-def _padded_heads(grid: tuple[int, ...], pad: tuple[int, ...], centres: Any, alpha: Any) -> DenseBasis:
-    """Soft heads on the grid padded with zero tokens, restricted to the real tokens (rows and columns)."""
-    from ..structures.positional import quadratic_scores
-
-    big = tuple(g + 2 * p for g, p in zip(grid, pad, strict=True))
-    heads = quadratic_scores(big, centres, alpha, "zero").basis(representation="dense").to_dense()
-    inner = np.ravel_multi_index(
-        tuple(np.meshgrid(*[np.arange(p, p + g) for g, p in zip(grid, pad, strict=True)], indexing="ij")), big
-    ).reshape(-1)
-    index = as_index(inner, heads)
-    return DenseBasis(heads[:, index][:, :, index])
-
-
 @dataclass(frozen=True)
 class ConvHeads:
     r"""The heads of Cordonnier et al.'s construction for one kernel, before any attention matrix is built.
 
     Shared by :func:`conv_to_attention` (which builds the ``(K, M, M)`` heads) and
-    :meth:`structconv.nn.PositionalAttention.from_conv` (which gives them to a layer's encoding).
+    :func:`conv_module_heads` (whose heads :meth:`structconv.nn.PositionalAttention.from_conv`
+    gives to a layer's encoding).
 
     Attributes
     ----------
@@ -195,8 +186,6 @@ def conv_heads(
         does not keep the size, a bias of the wrong shape, or heads too narrow for the output
         channels (Lemma 1's :math:`Q \le \min(D_h, D_{out})`).
     """
-    from ..structures.grid import grid_basis
-
     check_array(weight, "weight", (3, 4, 5), ("(Q, P, k1)", "(Q, P, k1, k2)", "(Q, P, k1, k2, k3)"))
     d = weight.ndim - 2
     g = tuple(int(s) for s in ((grid,) if isinstance(grid, int) else grid))
@@ -244,6 +233,112 @@ def conv_heads(
         big_bias = _like(np.zeros(Dout), weight)
         big_bias[:Q] = bias
     return ConvHeads(g, offsets, boundary, margin, LowRank(value_t, out_t), big_bias)
+
+
+def conv_module_heads(
+    conv: Any, grid: Any, *, head_dim: int | None = None, where: str = "conv_module_heads"
+) -> ConvHeads:
+    r"""The heads of a convolution module: what a layer of one quadratic head per kernel position needs.
+
+    Cordonnier et al.'s construction (Lemmas 1 and 2): head :math:`h` sits at the offset
+    :math:`\Delta_h` of the :math:`h`-th kernel position (row-major, dilated) and carries that
+    position's weight, :math:`\Theta_h = W_{:,:,h}^\top` (block-diagonal for ``groups > 1``):
+
+    .. math::
+
+        \sum_h \bigl(A_h^\top x\,\Theta_h\bigr)_n + b = \sum_h W_{:,:,h}\, x_{n + \Delta_h} + b
+        = \operatorname{conv}(x)_n, \qquad
+        (A_h)_{mn} = \operatorname{softmax}_m\bigl(-\alpha\lVert \delta_{mn} - \Delta_h\rVert^2\bigr)
+        \xrightarrow[\alpha\to\infty]{} [\,\delta_{mn} = \Delta_h\,].
+
+    The border is the module's ``padding_mode``: ``"zeros"`` gives as many zero tokens around the
+    grid as the farthest offset (:attr:`ConvHeads.margin`), ``"circular"`` a periodic grid,
+    ``"replicate"`` the image alone (a head whose offset leaves it reads the nearest pixel).
+    :meth:`structconv.nn.PositionalAttention.from_conv` builds the layer from these heads.
+
+    Parameters
+    ----------
+    conv
+        A ``torch.nn.Conv1d/2d/3d`` or ``structconv.nn.GridConv1d/2d/3d``: stride 1, padding
+        that keeps the size (``"same"``, or :math:`\mathrm{dilation}(k - 1)/2` per side), any
+        dilation and groups, as many input as output channels.
+    grid
+        The grid the heads run on, :math:`(H, W)` for a 2-D convolution.
+    head_dim
+        Heads of this width (:math:`\Theta_h = W^v_h W^{o\top}_h`), at least the channels
+        (Lemma 1); ``None``: the full :math:`\Theta_h`.
+    where
+        The caller's name, for messages.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument: a lazy module not yet run, a stride other than 1, padding that does
+        not keep the size, ``padding_mode="reflect"`` (a mirror is no translation: no head at a
+        fixed offset reads it), input and output channels that differ, a grid of another
+        dimension than the kernel, or a ``head_dim`` below the channels.
+    """
+    weight = conv.weight
+    if type(weight).__name__ == "UninitializedParameter":
+        raise ValueError(f"{where}: conv is a lazy convolution whose weight is not initialised yet; run it once")
+    try:
+        sizes = _grid(grid)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{where}: {error}") from None
+    stride = tuple(int(s) for s in conv.stride)
+    if any(s != 1 for s in stride):
+        raise ValueError(
+            f"{where}: conv has stride={stride}, but stride must be 1: attention has an output at every "
+            "position of the grid, a strided convolution at fewer"
+        )
+    mode = str(conv.padding_mode)
+    if mode not in PADDING_MODES:
+        raise ValueError(
+            f"{where}: conv has padding_mode={mode!r}, which no head can read: a head reads a translation "
+            f"of the image (the nearest pixel beyond it), not its mirror; padding_mode must be one of "
+            f"{tuple(PADDING_MODES)}"
+        )
+    P, Q, G = int(conv.in_channels), int(conv.out_channels), int(conv.groups)
+    if P != Q:
+        raise ValueError(
+            f"{where}: conv has in_channels={P} and out_channels={Q}, but PositionalAttention maps "
+            "embed_dim channels to as many; they must be equal"
+        )
+    kernel = weight.detach()
+    if G > 1:  # a grouped kernel is the dense one that is zero between groups: Θ_h block-diagonal
+        dense = _like(np.zeros((Q, P, *kernel.shape[2:])), kernel)
+        q, p = Q // G, P // G
+        for g in range(G):
+            dense[g * q : (g + 1) * q, g * p : (g + 1) * p] = kernel[g * q : (g + 1) * q]
+        kernel = dense
+    bias = None if conv.bias is None else conv.bias.detach()
+    return conv_heads(
+        kernel, sizes, bias, padding_mode=mode, padding=conv.padding, dilation=conv.dilation,
+        head_dim=head_dim, out_dim=None if head_dim is None else Q, where=where,
+    )  # fmt: skip
+
+
+def positional_basis(grid: Any, centres: Array, alpha: Array | None = None, boundary: str = "zero") -> DenseBasis:
+    r"""Quadratic heads as a dense ``(K, M, N)`` basis; ``alpha=None`` is the hard limit.
+
+    Hard heads (:math:`\alpha\to\infty`) are one-hot on the input at offset :math:`\Delta_h` from
+    each output, i.e. the shift matrix of that offset (a ``"zero"`` grid leaves the columns whose
+    target falls off the grid empty, which is zero padding; a ``"periodic"`` grid wraps), so
+    ``centres`` must be integers.  With a finite ``alpha`` each column is the softmax of
+    :func:`quadratic_scores` over the grid.
+    """
+    if alpha is not None:
+        basis = quadratic_scores(grid, centres, alpha, boundary).basis(representation="dense")
+        assert isinstance(basis, DenseBasis)
+        return basis
+    g = _grid(grid)
+    _check_centres(centres, len(g))
+    offsets = _detached(centres)
+    if not np.allclose(offsets, np.round(offsets)):
+        raise ValueError("hard attention (alpha=None) needs integer centres (the offsets it attends to)")
+    like = centres if is_floating(centres) else None
+    shifts = GridBasis(g, g, np.round(offsets).astype(np.int64), boundary=boundary, like=like)
+    return DenseBasis(shifts.to_dense())
 
 
 def conv_to_attention(
@@ -332,8 +427,6 @@ def conv_to_attention(
     >>> torch.allclose(y.reshape(2, 4, 6, 6), F.conv2d(x, weight, padding=1))
     True
     """
-    from ..structures.positional import positional_basis
-
     if alpha is not None and not 0.0 < float(alpha) < math.inf:
         raise ValueError(
             f"conv_to_attention: alpha must be positive and finite (or None for hard heads), got {alpha!r}"
@@ -356,8 +449,9 @@ def conv_to_attention(
     centres = _like(heads.offsets.astype(np.float64), weight)
     widths = None if alpha is None else _like(np.full(K, float(alpha)), weight)
     basis: Basis
-    if padding_mode == "zeros" and alpha is not None:
-        basis = _padded_heads(g, heads.margin, centres, widths)
+    if padding_mode == "zeros" and alpha is not None:  # soft heads among zero tokens, which are no outputs
+        big = tuple(s + 2 * p for s, p in zip(g, heads.margin, strict=True))
+        basis = quadratic_scores(big, centres, widths).basis(representation="dense", padding=heads.margin)
     elif padding_mode == "replicate" and alpha is None:
         # The hard limit of heads renormalised over the image: one-hot on the nearest pixel.
         basis = positional_basis(g, centres, _like(np.full(K, ONE_HOT_ALPHA), weight), heads.boundary)
@@ -434,8 +528,6 @@ def nearest_convolution(basis: Basis | Array, grid: Any, *, padding_mode: str = 
     ValueError
         If the basis does not have :math:`M = N = \prod_i S_i`, or for a bad grid or padding mode.
     """
-    from ..bases.grid import GridBasis, _grid
-    from ..structures.positional import relative_offsets
 
     boundary = padding_boundary(padding_mode, modes=SHIFT_MODES, where="nearest_convolution")
     g = _grid(grid)
@@ -489,7 +581,6 @@ def attention_to_conv(
         If a head is farther than ``tol`` (total variation, see :func:`nearest_convolution`)
         from every one-hot shift; the message names the head and its distance.
     """
-    from ..bases.grid import GridBasis
 
     check_array(theta, "theta", (3,), ("(K, P, Q)",))
     fit = nearest_convolution(basis, grid, padding_mode=padding_mode)

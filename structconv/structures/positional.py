@@ -1,18 +1,9 @@
 r"""Relative-position heads on grids: scores of the offset alone, and the heads' basis (Cordonnier et al. §3).
 
-On a grid of ``M`` positions a relative-position head scores the offset
-:math:`\delta = \mathrm{pos}(m) - \mathrm{pos}(n)` from the query :math:`n` to the key :math:`m`,
-so its softmax is the same for every image and every query up to the grid's border: a
-renormalised convolution.  One function per encoding gives its scores as a
-:class:`PositionScores` mechanism, per axis where they are a sum of per-axis terms:
-
-* :func:`quadratic_scores`: :math:`-\alpha_h\lVert\delta - \Delta_h\rVert^2` (Lemma 2), per axis;
-* :func:`gaussian_scores`: :math:`-\tfrac12\lVert S_h(\delta - \Delta_h)\rVert^2`, per offset;
-* :func:`learned_scores`: :math:`t_h\cdot r_\delta` from learned per-axis tables, per axis.
-
-:meth:`PositionScores.basis` builds the heads: the Kronecker product of per-axis softmaxes when
-separable (exact), else a dense softmax, or, with a ``threshold``, renormalised shift bases.
-Content and learned relative position together (Eq. 5) are :class:`RelativeAttention`.
+A relative-position head scores the offset :math:`\delta = \mathrm{pos}(m) - \mathrm{pos}(n)` from
+query :math:`n` to key :math:`m` alone.  One function per encoding gives the scores as a
+:class:`PositionScores` mechanism (per axis where separable): :func:`quadratic_scores`,
+:func:`gaussian_scores`, :func:`learned_scores`; :meth:`PositionScores.basis` builds the heads.
 """
 
 from __future__ import annotations
@@ -39,6 +30,7 @@ from .relative import (
     _check_tables,
     _split,
     check_host_memory,
+    check_positions,
     relative_offsets,
     table_on,
 )
@@ -151,12 +143,7 @@ class PositionScores(Mechanism):
         return _axis_sum(self.per_axis, self.relative.lengths)
 
     def dense_scores(self) -> Array:
-        """Scores ``(K, M, N)`` of every pair: per axis where separable, else :meth:`offset_scores` gathered.
-
-        Separable scores are gathered per axis, ``(K, S_i, S_i)``, and broadcast against each
-        other: no ``(K, O)`` table and no gather of :math:`KMN` entries (whose backward is a
-        scatter-add of as many); only the final sum is :math:`KMN`.
-        """
+        """Scores ``(K, M, N)`` of every pair: per axis where separable (no gather of :math:`KMN` entries)."""
         if self.per_axis is None:
             return self.relative.gather(self.offset_scores())
         check_host_memory(self.grid, "its dense scores", 8.0 * self.heads * self.relative.positions**2)
@@ -170,12 +157,7 @@ class PositionScores(Mechanism):
         return total.reshape(K, M, M)
 
     def scores(self, x: Array, z: Array) -> Array:
-        M = self.relative.positions
-        if int(x.shape[1]) != M or int(z.shape[1]) != M:
-            raise ValueError(
-                f"a positional mechanism on the grid {self.grid} needs {M} positions, "
-                f"got x with {int(x.shape[1])} and z with {int(z.shape[1])}"
-            )
+        check_positions(self.relative, x, z, "a positional mechanism")
         return self.dense_scores()[None]
 
     def basis(
@@ -183,15 +165,12 @@ class PositionScores(Mechanism):
     ) -> Basis:
         r"""The heads, the column-wise softmax of the scores, as one ``(K, M, N)`` basis shared by the batch.
 
-        Separable heads are the Kronecker product of their per-axis softmaxes (the exponential
-        of a sum is a product, and so is the set of grid positions), exact, by ``"auto"`` and
-        ``"kronecker"``.  Other heads are a dense softmax, or, with a ``threshold`` in
-        ``(0, 1)``, one renormalised weighted :class:`~structconv.GridBasis` per head keeping
-        the offsets scored at least :math:`\min_n \max_m a_{hmn} + \ln(\mathrm{threshold})`:
-        each dropped weight is below ``threshold`` times the largest of its column.  ``"auto"``
-        takes the shift form only when its taps number fewer than 1/16 of the dense entries
-        and its weights' range fits the dtype; ``"shifts"`` and ``"dense"`` insist.  Gradients
-        flow to the scores either way (the kept set is not differentiated).
+        Separable heads are the Kronecker product of their per-axis softmaxes (exact).  Other
+        heads are a dense softmax or, with a ``threshold`` in ``(0, 1)``, one renormalised weighted
+        :class:`~structconv.GridBasis` per head keeping the offsets scored at least
+        :math:`\min_n \max_m a_{hmn} + \ln(\mathrm{threshold})`.  ``"auto"`` takes the shift form
+        when its taps number under 1/16 of the dense entries and its weights' range fits the
+        dtype.  Gradients flow to the scores either way.
 
         Parameters
         ----------
@@ -200,8 +179,7 @@ class PositionScores(Mechanism):
         representation
             ``"auto"``, ``"kronecker"``, ``"shifts"`` or ``"dense"``.
         padding
-            Tokens on each side of each axis that are keys only (zero features): the basis is
-            that of the grid within them (``"zero"`` boundary only).
+            Tokens on each side of each axis that are keys only (zero features), ``"zero"`` grids only.
         """
         form = representation
         if form not in ("auto", "shifts", "dense", "kronecker"):
@@ -259,11 +237,8 @@ class PositionScores(Mechanism):
     def _weakest_best(self, flat: np.ndarray) -> np.ndarray:
         """Per head, :math:`\\min_n \\max_m a_{hmn}` from the offset scores ``flat`` (``(K, O)``).
 
-        A column of a ``"zero"`` grid sees the offsets of a box, and the best score over a
-        translated box is a quasi-concave function of the translation when the score is concave,
-        so its minimum lies at a corner of the grid: only the :math:`2^d` corner columns are read
-        (not the ``(K, M, N)`` scores, 9 GB at 64x64 tokens).  On a periodic grid every column
-        sees every offset.
+        The best score over a column's box of offsets is quasi-concave in the column when the
+        score is concave, so only the :math:`2^d` corner columns are read; a torus' columns see all.
         """
         rel = self.relative
         if rel.boundary == "periodic":
@@ -277,23 +252,18 @@ def quadratic_scores(
 ) -> PositionScores:
     r"""Isotropic Gaussian heads, :math:`a_{hmn} = -\alpha_h\lVert\delta_{mn} - \Delta_h\rVert^2` (Lemma 2), per axis.
 
-    This is :math:`v_h\cdot r_\delta` for :math:`r_\delta = (\lVert\delta\rVert^2, \delta)` and
-    :math:`v_h = -\alpha_h(1, -2\Delta_h)`, less the constant :math:`-\alpha_h\lVert\Delta_h\rVert^2`
-    that the column-wise softmax ignores.
-
     Parameters
     ----------
     grid
         The grid's sizes.
     centres
-        :math:`\Delta_h`, ``(K, d)``: the offset each head attends to.
+        :math:`\Delta_h`, ``(K, d)``.
     alpha
-        :math:`\alpha_h > 0`, ``(K,)``: inverse widths.
+        :math:`\alpha_h > 0`, ``(K,)``.
     boundary
         ``"zero"`` or ``"periodic"``.
     positive
-        ``True`` when ``alpha`` is positive by construction (an exponential), which skips reading
-        its values back (from a GPU).
+        ``True`` when ``alpha`` is positive by construction: its values are not read back (from a GPU).
     """
     g = _grid(grid)
     K = _check_centres(centres, len(g))
@@ -311,19 +281,9 @@ def quadratic_scores(
 def gaussian_scores(grid: Any, centres: Array, inv_sqrt_cov: Array, boundary: str = "zero") -> PositionScores:
     r"""Non-isotropic Gaussian heads, :math:`a_{hmn} = -\tfrac12\lVert S_h(\delta_{mn} - \Delta_h)\rVert^2`, per offset.
 
-    The precision :math:`\Sigma_h^{-1} = S_h^\top S_h` is positive semi-definite for every value
-    of ``inv_sqrt_cov`` :math:`= S_h`; :math:`S_h = \sqrt{2\alpha_h}\,I` gives :func:`quadratic_scores`.
-
-    Parameters
-    ----------
-    grid
-        The grid's sizes.
-    centres
-        :math:`\Delta_h`, ``(K, d)``.
-    inv_sqrt_cov
-        :math:`S_h`, ``(K, d, d)``.
-    boundary
-        ``"zero"`` or ``"periodic"``.
+    ``grid``, ``centres`` and ``boundary`` as for :func:`quadratic_scores`; ``inv_sqrt_cov`` is
+    :math:`S_h`, ``(K, d, d)`` (the precision :math:`S_h^\top S_h` is positive semi-definite for
+    any value; :math:`S_h = \sqrt{2\alpha_h}\,I` gives the quadratic heads).
     """
     g = _grid(grid)
     d = len(g)
@@ -341,19 +301,9 @@ def learned_scores(grid: Any, tables: Sequence[Array], weight: Array, boundary: 
     r"""Learned relative embeddings, :math:`a_{hmn} = t_h\cdot r_{\delta_{mn}}`, per axis.
 
     :math:`r_\delta` concatenates one row per axis, :math:`r^{(i)}_{\delta_i}` from ``tables[i]``
-    (``(L_i, D_i)``), so :math:`D_p = \sum_i D_i`; the paper's :math:`v^\top\hat W r_\delta` is
-    this with :math:`t_h = \hat W^\top v_h` (``weight``, ``(K, D_p)``).
-
-    Parameters
-    ----------
-    grid
-        The grid's sizes.
-    tables
-        One ``(L_i, D_i)`` table per axis: a row per relative offset along that axis.
-    weight
-        :math:`t_h`, ``(K, D_p)``.
-    boundary
-        ``"zero"`` or ``"periodic"``.
+    (``(L_i, D_i)``, a row per offset along that axis), and ``weight`` is :math:`t_h`, ``(K, D_p)``
+    with :math:`D_p = \sum_i D_i` (the paper's :math:`v^\top\hat W r_\delta` with
+    :math:`t_h = \hat W^\top v_h`); ``grid`` and ``boundary`` as for :func:`quadratic_scores`.
     """
     g = _grid(grid)
     tables = tuple(tables)
@@ -384,9 +334,7 @@ def _pads(padding: tuple[int, ...] | None, tokens: tuple[int, ...], boundary: st
 def inner_positions(basis: Basis, tokens: tuple[int, ...], padding: tuple[int, ...]) -> Basis:
     """``basis`` over the grid ``tokens`` restricted to the positions ``padding`` away from its borders.
 
-    As keys and as queries: the tokens beyond have zero features (they add nothing to a sum)
-    and are no outputs.  Their weights stay in each column's softmax, so a head normalises over
-    them as over any key.
+    The tokens beyond are keys of zero features and no outputs; they stay in each column's softmax.
     """
     if not any(padding):
         return basis
@@ -413,12 +361,7 @@ def _check_centres(centres: Array, d: int, name: str = "centres") -> int:
 
 
 def _wrapped_difference(rel: RelativeOffsets, centres: Array) -> Array:
-    """:math:`\\delta_o - \\Delta_h` for every head and offset, ``(K, O, d)``, wrapped on a torus.
-
-    Each component is brought to its nearest representative, in :math:`[-s/2, s/2)` for a side
-    :math:`s` (half a side, not :math:`\\lfloor s/2\\rfloor`: on odd sides a non-integer
-    difference of :math:`\\lfloor s/2\\rfloor + 0.7` is nearer through the border).
-    """
+    """:math:`\\delta_o - \\Delta_h`, ``(K, O, d)``; on a torus the representative in :math:`[-s/2, s/2)`."""
     diff = table_on(rel, "offsets", centres)[None] - centres[:, None, :]
     if rel.boundary == "periodic":
         size = of(centres).asarray(np.asarray(rel.grid, dtype=np.float64), centres)

@@ -1,13 +1,9 @@
 r"""Relative offsets on a grid, and relative-position attention with content (Cordonnier et al. Eq. 5).
 
-:func:`relative_offsets` gives, for a grid and a boundary, the distinct offsets
-:math:`\delta = \mathrm{pos}(m) - \mathrm{pos}(n)` and which one joins each pair of positions;
-:class:`RelativeAttention` scores content and learned relative positions together.  The
-position-only mechanisms are in :mod:`structconv.structures.positional`.
-
-Both tables are pure functions of ``(grid, boundary)``, so they are cached by that value, and
-their copies on a backend (a device, a dtype) by that value too (:func:`table_on`): a cache that
-can never go stale, whatever objects are freed and rebuilt in between.
+:func:`relative_offsets` gives a grid's distinct offsets :math:`\delta = \mathrm{pos}(m) - \mathrm{pos}(n)`
+and which one joins two positions, per axis; both it and its copies on a backend (:func:`table_on`)
+are cached by value, so they never go stale.  :class:`RelativeAttention` scores content and
+learned relative positions together.
 """
 
 from __future__ import annotations
@@ -31,23 +27,18 @@ from .attention import Mechanism
 class RelativeOffsets:
     r"""The distinct offsets of a grid, and per axis which one joins two coordinates.
 
-    Only :math:`O(S_i)` numbers per axis are stored: the offset between two positions is the
-    tuple of per-axis differences :math:`\mathrm{pos}_i(m) - \mathrm{pos}_i(n)`, so whatever
-    indexes a pair of positions is built from the axes on demand (:meth:`gather`,
-    :meth:`column_index`), never stored as an :math:`(M, N)` table.
+    Only :math:`O(S_i)` numbers per axis are stored; whatever indexes a pair of positions is built
+    from the axes on demand, never stored as an :math:`(M, N)` table.
 
     Attributes
     ----------
     grid, boundary
         The grid's sizes :math:`(S_1, \dots, S_d)` and ``"zero"`` or ``"periodic"``.
     lows, lengths
-        Per axis, the smallest offset and the number of offsets :math:`L_i`.
+        Per axis, the smallest offset and the number :math:`L_i` of offsets.
     axis_ids
-        Per axis, ``(2 S_i - 1,)`` int64: the position in that axis's range of the difference
-        :math:`\mathrm{pos}_i(m) - \mathrm{pos}_i(n) = j - (S_i - 1)` (wrapped on a torus).
-    offsets
-        ``(O, d)`` integer offsets, row-major over the per-axis ranges, :math:`O = \prod_i L_i`
-        (built on first use).
+        Per axis, ``(2 S_i - 1,)`` int64: the position in the axis's range of the difference
+        :math:`j - (S_i - 1)` (wrapped on a torus).
     """
 
     grid: tuple[int, ...]
@@ -58,7 +49,7 @@ class RelativeOffsets:
 
     @cached_property
     def offsets(self) -> np.ndarray:
-        """``(O, d)`` integer offsets, row-major over the per-axis ranges (built on first use: :math:`O(M)`)."""
+        r"""``(O, d)`` integer offsets, row-major over the axes' ranges, :math:`O = \prod_i L_i`, built when used."""
         check_host_memory(self.grid, "its table of offsets", math.prod(self.lengths) * len(self.grid) * 8)
         axes = [np.arange(lo, lo + n, dtype=np.int64) for lo, n in zip(self.lows, self.lengths, strict=True)]
         table = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(self.grid))
@@ -94,16 +85,7 @@ class RelativeOffsets:
         return self.column_index(np.arange(self.positions))
 
     def gather(self, scores: Array) -> Array:
-        """Per-offset ``scores`` ``(..., O)`` at every pair of positions: ``(..., M, N)``.
-
-        The index of each axis, ``(S_i, S_i)``, is broadcast against the others', so no
-        :math:`(M, N)` index is built; the result itself is dense.
-
-        Parameters
-        ----------
-        scores
-            ``(..., O)`` values, one per offset of :attr:`offsets`.
-        """
+        """Per-offset ``scores`` ``(..., O)`` at every pair of positions, ``(..., M, N)``, by per-axis indices."""
         lead = tuple(int(v) for v in scores.shape[:-1])
         d = len(self.grid)
         if int(scores.shape[-1]) != math.prod(self.lengths):
@@ -130,6 +112,16 @@ def check_host_memory(grid: tuple[int, ...], what: str, need: float) -> None:
     check_memory(need, _HOST, positions, share=0.5)
 
 
+def check_positions(rel: RelativeOffsets, x: Array, z: Array, who: str) -> None:
+    """Refuse keys ``x`` or queries ``z`` ``(B, ·, P)`` that are not the grid's positions."""
+    M = rel.positions
+    if int(x.shape[1]) != M or int(z.shape[1]) != M:
+        raise ValueError(
+            f"{who} on the grid {rel.grid} needs {M} positions, "
+            f"got x with {int(x.shape[1])} and z with {int(z.shape[1])}"
+        )
+
+
 def _check_pairs(grid: tuple[int, ...], what: str, per_pair: int = 8) -> None:
     """:func:`check_host_memory` for ``per_pair`` bytes per pair of positions."""
     check_host_memory(grid, what, math.prod(grid) ** 2 * per_pair)
@@ -140,26 +132,10 @@ _RELATIVE: BoundedCache[RelativeOffsets] = BoundedCache(size=64)
 
 
 def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeOffsets:
-    r"""The :class:`RelativeOffsets` of ``grid`` under ``boundary`` (cached by value, the oldest dropped first).
+    r"""The :class:`RelativeOffsets` of ``grid`` under ``boundary``, shared, read-only (the last 64 grids kept).
 
-    Parameters
-    ----------
-    grid
-        Grid sizes :math:`(S_1, \dots, S_d)`.
-    boundary
-        ``"zero"``: offsets :math:`\delta_i \in [-(S_i - 1), S_i - 1]`; ``"periodic"``: offsets
-        taken modulo :math:`S_i`, in :math:`[-\lfloor S_i/2 \rfloor, \lceil S_i/2 \rceil - 1]`.
-
-    Returns
-    -------
-    RelativeOffsets
-        Read-only tables of :math:`O(S_i)` per axis and the :math:`O = \prod_i L_i` offsets,
-        shared by every caller of the same ``(grid, boundary)``; the 64 grids used last are kept.
-
-    Raises
-    ------
-    ValueError
-        For a bad grid or boundary.
+    ``"zero"``: offsets :math:`\delta_i \in [-(S_i - 1), S_i - 1]`; ``"periodic"``: modulo :math:`S_i`,
+    in :math:`[-\lfloor S_i/2 \rfloor, \lceil S_i/2 \rceil - 1]`.
     """
     key = (tuple(grid), boundary)
     return _RELATIVE.find(key) or _RELATIVE.put(key, _relative_offsets(*key))
@@ -187,43 +163,23 @@ def _relative_offsets(grid: tuple[int, ...], boundary: str) -> RelativeOffsets:
 _PLACED: BoundedCache[Any] = BoundedCache(size=256)
 
 
-def _placed_table(rel: RelativeOffsets, name: str, like: Array) -> Any:
-    """The table ``name`` of ``rel`` copied to ``like``'s backend and device (``"offsets"`` in ``like``'s dtype)."""
-    backend = of(like)
-    # Copies: the cached tables are read-only, and torch does not share read-only memory.
-    if name == "offsets":
-        return backend.asarray(rel.offsets.astype(np.float64), like)
-    if name.startswith("axis_index"):  # (S_i, S_i), built now: O(S_i^2), the size of one axis' factor
-        return backend.asarray(rel.axis_index(int(name.removeprefix("axis_index"))), like, "int64")
-    raise KeyError(name)
-
-
 def table_on(rel: RelativeOffsets, name: str, like: Array) -> Any:
-    """Table ``name`` of ``rel`` on ``like``'s backend and device.
+    """Table ``name`` of ``rel`` on ``like``'s backend and device, cached by value (no copy per forward pass).
 
-    Cached by value (grid, boundary, table, backend, dtype, device) in a
-    :class:`~structconv.backend.cache.BoundedCache`, so a forward pass copies no table to its device.
-
-    Parameters
-    ----------
-    rel
-        The tables of a grid (:func:`relative_offsets`).
-    name
-        ``"offsets"`` (:attr:`RelativeOffsets.offsets`) or ``"axis_index<i>"``
-        (:meth:`RelativeOffsets.axis_index` of axis ``i``, ``(S_i, S_i)``).
-    like
-        An array of the backend, device (and, for ``"offsets"``, dtype) wanted.
-
-    Returns
-    -------
-    Array
-        The table: int64, except ``"offsets"`` in ``like``'s dtype.  Shared: read-only by
-        convention.
+    ``name`` is ``"offsets"`` (in ``like``'s dtype) or ``"axis_index<i>"`` (int64, ``(S_i, S_i)``,
+    :meth:`RelativeOffsets.axis_index`); the table is shared, read-only by convention.
     """
     backend = of(like)
     key = (rel.grid, rel.boundary, name, backend.name, dtype_name(like), backend.device(like))
     found = _PLACED.find(key)
-    return found if found is not None else _PLACED.put(key, _placed_table(rel, name, like))
+    if found is not None:
+        return found
+    # Copies: the cached tables are read-only, and torch does not share read-only memory.
+    if name == "offsets":
+        table = backend.asarray(rel.offsets.astype(np.float64), like)
+    else:
+        table = backend.asarray(rel.axis_index(int(name.removeprefix("axis_index"))), like, "int64")
+    return _PLACED.put(key, table)
 
 
 def _check_tables(tables: Sequence[Array], rel: RelativeOffsets) -> tuple[int, ...]:
@@ -265,40 +221,32 @@ def _split(a: Array, widths: tuple[int, ...], axis: int) -> list[Array]:
 
 @dataclass(frozen=True, eq=False)
 class RelativeAttention(Mechanism):
-    r"""Content and learned relative position together: the four terms of Eq. 5.
-
-    With keys :math:`k_m = x_m W^k_h` and queries :math:`q_n = z_n W^q_h` (``key``/``query``,
-    ``(K, P, D)``), the projected embedding :math:`\hat r_\delta = \hat W_h^\top r_\delta`
-    (``rel_key``, ``(K, D_p, D)``, with :math:`r_\delta` from per-axis ``tables`` as in
-    :func:`~structconv.learned_scores`), and the vectors ``u`` and ``v`` (``(K, D)``):
+    r"""Content and learned relative position together, the four terms of Eq. 5.
 
     .. math:: a_{hmn} = \mathrm{scale}\,\big(q_n\cdot k_m + q_n\cdot\hat r_{\delta_{mn}} + u_h\cdot k_m
-              + v_h\cdot\hat r_{\delta_{mn}}\big).
+              + v_h\cdot\hat r_{\delta_{mn}}\big),
 
-    A term is present when its parameters are given (``key`` and ``query``; ``query`` and
-    ``rel_key``; ``key`` and ``u``; ``rel_key`` and ``v``).  The query-position term is computed
-    per axis against the :math:`L_i` offsets of the axis and gathered, never through an
-    ``(M, N, D)`` tensor of embeddings.
+    with keys :math:`k_m = x_m W^k_h`, queries :math:`q_n = z_n W^q_h` and the projected
+    embedding :math:`\hat r_\delta = \hat W_h^\top r_\delta` (:math:`r_\delta` from per-axis
+    ``tables``, as in :func:`~structconv.learned_scores`).  A term is present when its parameters
+    are given; the query-position term is computed per axis, never through ``(M, N, D)`` embeddings.
 
     Parameters
     ----------
     grid
         Grid sizes :math:`(S_1, \dots, S_d)`; the tokens are its positions, row-major.
     tables
-        One ``(L_i, D_i)`` table per axis, :math:`L_i` the axis' offsets under ``boundary``
-        (:attr:`RelativeOffsets.lengths`).
+        One ``(L_i, D_i)`` table per axis (:attr:`RelativeOffsets.lengths`).
     key, query
-        :math:`W^k` and :math:`W^q`, ``(K, P, D)`` each.
+        :math:`W^k`, :math:`W^q`, ``(K, P, D)``; keyword-only, as all that follow.
     rel_key
-        :math:`\hat W`, ``(K, D_p, D)`` with :math:`D_p = \sum_i D_i`.
+        :math:`\hat W`, ``(K, D_p, D)``, :math:`D_p = \sum_i D_i`.
     u, v
         ``(K, D)`` each.
     boundary
-        ``"zero"`` or ``"periodic"`` (offsets wrap around the grid).
+        ``"zero"`` or ``"periodic"``.
     scale
         The factor of the scores, e.g. :math:`1/\sqrt D`.
-
-    Everything after ``tables`` is a keyword.
     """
 
     grid: tuple[int, ...]
@@ -360,12 +308,7 @@ class RelativeAttention(Mechanism):
 
     def scores(self, x: Array, z: Array) -> Array:
         rel = self.relative
-        M = N = rel.positions
-        if int(x.shape[1]) != M or int(z.shape[1]) != N:
-            raise ValueError(
-                f"RelativeAttention on the grid {self.grid} needs {M} positions, got x with "
-                f"{int(x.shape[1])} and z with {int(z.shape[1])}"
-            )
+        check_positions(rel, x, z, "RelativeAttention")
         content, query_pos, key_bias, position = self._terms()
         keys = einsum("bmp,kpd->bkmd", x, self.key) if self.key is not None else None
         queries = einsum("bnp,kpd->bknd", z, self.query) if self.query is not None else None

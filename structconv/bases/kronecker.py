@@ -1,12 +1,9 @@
 r"""Kronecker bases: members that act on each axis of a grid separately.
 
-:math:`A_k = A^{(1)}_k\otimes\cdots\otimes A^{(d)}_k`, with factors of shape ``(K, m_i, n_i)``
-and entries indexed row-major over the grid (as everywhere in structconv).  Applying a member
-costs :math:`\sum_i m_i\prod_{j\ne i}(\cdot)` per channel instead of :math:`MN`: on a
-:math:`16\times16` grid, 32 instead of 256 per output.  Position-only attention heads whose
-scores are a sum of per-axis terms (the quadratic encoding, learned row and column tables) have
-exactly this form after the softmax, because the exponential of a sum is a product and the set of
-grid positions is a product set (:meth:`structconv.PositionScores.basis`).
+:math:`A_k = A^{(1)}_k\otimes\cdots\otimes A^{(d)}_k`, factors ``(K, m_i, n_i)``, entries row-major
+over the grid; a member costs :math:`\sum_i m_i\prod_{j\ne i}(\cdot)` per channel instead of
+:math:`MN`.  Position-only heads whose scores are a sum of per-axis terms have this form after
+the softmax (:meth:`structconv.PositionScores.basis`).
 """
 
 from __future__ import annotations
@@ -66,16 +63,7 @@ class KroneckerBasis(Basis):
 
     @classmethod
     def of_weights(cls, factors: Sequence[Array]) -> KroneckerBasis:
-        """Wrap factors the library has just computed (per-axis softmaxes), skipping the finiteness check.
-
-        The check reads every entry back, which on a GPU stalls the host once per layer and
-        step; a softmax of finite scores is finite by construction.  Shapes are still checked.
-
-        Parameters
-        ----------
-        factors
-            As for :class:`KroneckerBasis`, finite.
-        """
+        """Wrap finite factors the library has just computed (softmaxes): shapes checked, values not read back."""
         basis = cls.__new__(cls)
         basis._factors = _structured(tuple(factors))
         return basis
@@ -131,12 +119,9 @@ class KroneckerBasis(Basis):
 
         return KroneckerBasis.of_weights([move(f) for f in self._factors])
 
-    # --- the per-axis passes ------------------------------------------------------------------
-    # Every product below is one GEMM or one batched GEMM on plain row-major views: rows stay in
-    # the order (n_1, B, n_2, ..., n_d) with the members K outermost, so that the passes and their
-    # gradients copy no K-fold intermediate to reorder it between axes (such copies cost as much
-    # as the passes themselves); one copy is left where the members meet Θ (``_ax`` under
-    # autograd, ``_xtheta_factored``, ``_unrows``).
+    # --- the per-axis passes: every product one (batched) GEMM on row-major views, rows in the order
+    # (n_1, B, n_2, ..., n_d) with the members outermost, so no K-fold intermediate is copied to
+    # reorder it between axes; one copy is left where the members meet Θ.
     def _sizes(self) -> tuple[list[int], list[int]]:
         return [int(f.shape[1]) for f in self._factors], [int(f.shape[2]) for f in self._factors]
 
@@ -150,9 +135,7 @@ class KroneckerBasis(Basis):
         r"""Every member's factors applied to ``t``: ``(K, n_1 B n_2 \cdots n_d, C)``.
 
         ``t`` is ``(m_1, B m_2 \cdots m_d C)``, shared by the members (their first factors then
-        run as one GEMM, :math:`[A^{(1)}_1 \cdots A^{(1)}_K]^\top t`), or ``(K, m_1, \dots)``,
-        one slice per member.  Each further axis is one batched GEMM over the members and the
-        axes in front of it.
+        run as one GEMM), or ``(K, m_1, \dots)``, one slice per member.
         """
         ins, outs = self._sizes()
         K, first = self.K, self._factors[0].swapaxes(1, 2)
@@ -184,10 +167,8 @@ class KroneckerBasis(Basis):
     def _ax(self, x: Array, theta: Array) -> Array:
         """A·x first: the passes on ``x`` shared by the members, then one GEMM over ``(k, p)``.
 
-        Outside autograd the members go one at a time, each GEMM accumulated into the output:
-        the K-fold intermediate is never written (its passes and reordering copy cost as much
-        as the GEMM), and each member's intermediate stays in cache.  Under autograd the batched
-        form is kept: per-member slices would each be stacked again into a K-fold gradient.
+        Outside autograd one member at a time, accumulated into the output, so the K-fold
+        intermediate is never written; under autograd batched (slices would be stacked again).
         """
         B, _, P = (int(v) for v in x.shape)
         K, Q = self.K, int(theta.shape[2])

@@ -47,21 +47,11 @@ padded), by :func:`structconv.grid_basis` (K = :math:`{kernel}`)
 Θ: torch's ``weight`` ``(Q, P/G, {kernel_comma})`` as a :class:`~structconv.ConvWeight`, as
 :meth:`theta` returns it; its ``full()`` is the (K, P, Q) tensor
 
-.. math::
+.. math:: y = \sum_k A_k^\top x\,\Theta_k + \beta,
+          \qquad \Theta_{{k,\,i,\,o}} = W_{{o,\,i,\,k}} \ \text{{(for}}\ G = 1),
 
-    y = \sum_k A_k^\top x\,\Theta_k + \beta, \qquad \Theta_{{k,\,i,\,o}} = W_{{o,\,i,\,k}} \ \text{{(for}}\ G = 1),
-
-with :math:`W` the weight, its kernel axes flattened into :math:`k`
-(``weight.flatten(2).permute(2, 1, 0)``; block-diagonal for ``groups`` :math:`G > 1`).
-Equals ``torch.nn.Conv{d}d`` built with the same arguments and loaded with its ``state_dict``
-(the parameters have torch's names and shapes), outputs and gradients, through every
-``order``, for every ``stride``, ``padding`` (``"same"``, ``"valid"``), ``dilation``,
-``groups``, ``bias``, ``padding_mode`` and unbatched or empty input
-(``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``); ``padding_mode="circular"``
-with padding larger than the input wraps again where torch refuses.  The constructor takes
-torch's positional arguments in torch's order with torch's defaults:
-``GridConv{d}d(3, 8, 3, 1, 1)`` is ``stride=1, padding=1`` in both; structconv's own ``order``
-is keyword-only.
+with :math:`W` the weight, kernel axes flattened into :math:`k` (block-diagonal for :math:`G > 1`):
+a drop-in for ``torch.nn.Conv{d}d`` (its parameters too), derived and compared in ``docs/grid.rst``.
 
 Parameters
 ----------
@@ -74,26 +64,20 @@ kernel_size : int or tuple of int
 stride : int or tuple of int, default 1
     The step between output positions.
 padding : int, tuple, "same" or "valid", default 0
-    Padding on each side, as torch's; also per-dimension ``(before, after)`` pairs (not a
-    torch option).
+    Padding on each side, as torch's, or per-dimension ``(before, after)`` pairs (not torch's).
 dilation : int or tuple of int, default 1
     The spacing of the kernel's taps.
 groups : int, default 1
-    :math:`G`: input and output channels in :math:`G` groups, each mapped apart (a
-    block-diagonal :math:`\Theta_k`); divides both.
+    :math:`G` channel groups mapped apart (a block-diagonal :math:`\Theta_k`); divides :math:`P`, :math:`Q`.
 bias : bool, default True
     Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
 padding_mode : {{"zeros", "circular", "reflect", "replicate"}}, default "zeros"
-    The border (see the module notes): the zero or periodic boundary of the basis, or ``x``
-    framed by ``F.pad``.
-device : optional
-    Where the parameters live.
-dtype : optional
-    The parameters' dtype.
+    The border: the basis' zero or periodic boundary, or ``x`` framed by ``F.pad``.
+device, dtype : optional
+    Where the parameters live, and their dtype.
 order : {{"auto", "native", "ax", "xtheta", "atheta"}}, default "auto"
-    Passed to :func:`structconv.conv`: ``"auto"`` runs the native convolution
-    (``F.conv{d}d``) where it applies; ``"ax"`` / ``"xtheta"`` force the generic structured
-    orders.
+    Passed to :func:`structconv.conv`: ``"auto"`` runs ``F.conv{d}d`` where it applies;
+    ``"ax"`` / ``"xtheta"`` force the generic structured orders.  Keyword-only.
 
 Shapes
 ------
@@ -105,8 +89,7 @@ Examples
 --------
 >>> import torch
 >>> from structconv.nn import GridConv{d}d
->>> ref = torch.nn.Conv{d}d(3, 8, 3, padding=1)
->>> layer = GridConv{d}d(3, 8, 3, padding=1)
+>>> ref, layer = torch.nn.Conv{d}d(3, 8, 3, padding=1), GridConv{d}d(3, 8, 3, padding=1)
 >>> _ = layer.load_state_dict(ref.state_dict())
 >>> x = torch.randn({conv_example})
 >>> torch.allclose(layer(x), ref(x), atol=1e-5)
@@ -120,21 +103,9 @@ Basis: the strided window mean :math:`A = \frac{{1}}{{|W|}}\sum_{{o \in W}} \mat
 
 Θ: :math:`I` per channel, never formed: pooling has no :meth:`theta` (K, P, Q) = ``(1, C, C)``
 
-.. math::
+.. math:: y_{{:, c}} = A^\top x_{{:, c}} \quad \text{{for every channel }} c.
 
-    y_{{:, c}} = A^\top x_{{:, c}} \quad \text{{for every channel }} c.
-
-Equals ``torch.nn.AvgPool{d}d`` built with the same arguments, for every ``stride``,
-``padding``, ``ceil_mode``, ``count_include_pad``{divisor_listed} and unbatched or empty
-input (``tests/peers/test_torch_grid.py``, ``docs/peers/torch_grid.rst``).  The constructor
-takes torch's positional arguments in torch's order with torch's defaults:
-``AvgPool{d}d(3, 2, 1)`` is ``stride=2, padding=1`` in both; structconv's own{divisor_own}
-``order`` is keyword-only.
-
-The layer evaluates :math:`A^\top x` by :func:`structconv.apply_shifts` (the native
-``F.avg_pool{d}d`` or a depthwise ``F.conv{d}d`` on torch, slicing otherwise) instead of
-spending a GEMM on the identity; :meth:`basis` is the one member.  ``ceil_mode``: see
-:func:`~structconv.avg_pool_basis`.
+A drop-in for ``torch.nn.AvgPool{d}d``, derived and compared in ``docs/grid.rst``.
 
 Parameters
 ----------
@@ -142,18 +113,19 @@ kernel_size : int or tuple of int
     The window, {kernel_tuple}.
 stride : int or tuple of int, optional
     The windows' step; ``kernel_size`` by default, as in torch.
-padding : int or tuple
+padding : int or tuple, default 0
     Zeros around the grid, at most half the window: an int, one per dimension, or
     ``(before, after)`` pairs.
 ceil_mode : bool, default False
-    Keep a last, partial window (torch's rule).
+    Keep a last, partial window (torch's rule; see :func:`~structconv.avg_pool_basis`).
 count_include_pad : bool, default True
     Count the padded zeros in each window's divisor.
 divisor_override : int, optional
     Divide every window's sum by this instead{divisor_note}.
 order : {{"auto", "native", "shift"}}, default "auto"
     How :math:`A^\top x` runs, :func:`structconv.apply_shifts`'s ``order``: ``"native"``
-    (``F.avg_pool{d}d`` or a depthwise ``F.conv{d}d``), ``"shift"`` (slicing) or ``"auto"``.
+    (``F.avg_pool{d}d`` or a depthwise ``F.conv{d}d``), ``"shift"`` (slicing) or ``"auto"``;
+    keyword-only.
 
 Shapes
 ------
@@ -171,7 +143,10 @@ Examples
 True
 """
 
-_DIVISOR_1D = " (torch's ``AvgPool1d`` has no such argument; ours equals ``F.avg_pool2d`` with it on a height-1 image)"
+_DIVISOR_1D = (
+    " (torch's ``AvgPool1d`` has no such argument, so here it is keyword-only; ours equals"
+    " ``F.avg_pool2d`` with it on a height-1 image)"
+)
 
 
 def _fill(template: str, d: int) -> str:
@@ -186,8 +161,6 @@ def _fill(template: str, d: int) -> str:
         conv_example=dim.conv_example,
         pool_example=dim.pool_example,
         divisor_note=_DIVISOR_1D if d == 1 else "",
-        divisor_listed="" if d == 1 else ", ``divisor_override``",
-        divisor_own=" ``divisor_override`` and" if d == 1 else "",
     )
 
 

@@ -22,25 +22,11 @@ class ChebConv(_GraphLayer):
 
     Θ: ``weight``, one channel map per polynomial, a tensor as :meth:`theta` returns it (K, P, Q)
 
-    .. math::
+    .. math:: y = \sum_{k<K} T_k(\hat L)^\top x\,\Theta_k + \beta,
+              \qquad T_0 = I,\ T_1 = \hat L,\ T_k = 2\hat L\,T_{k-1} - T_{k-2}.
 
-        y = \sum_{k<K} T_k(\hat L)^\top x\,\Theta_k + \beta,
-        \qquad T_0 = I,\ T_1 = \hat L,\ T_k = 2\hat L\,T_{k-1} - T_{k-2}.
-
-    Equals PyG's ``ChebConv`` built with the same arguments when ``weight[k]`` is its
-    ``lins.k.weight`` transposed and ``bias`` its ``bias`` (``load_state_dict`` does both), for
-    every ``normalization``, ``lambda_max`` (a number, or one per graph with ``batch``) and edge
-    weights (``tests/peers/test_pyg_graph.py``).  The constructor takes PyG's positional
-    arguments in PyG's order with PyG's defaults (``ChebConv(16, 32, 3, "rw")`` is
-    ``normalization="rw"`` in both); structconv's own ``lambda_max`` is keyword-only.
-
-    :math:`L` is :func:`structconv.structures.graph.laplacian` (``normalization`` ``"sym"``,
-    ``"rw"`` or ``None`` for :math:`D - A`).  :math:`\lambda_{\max}` is, first found: the
-    ``lambda_max`` of :meth:`forward` (a number, or one value per graph of a ``batch``), the
-    constructor's ``lambda_max`` (a number or ``"auto"``, computed), or PyG's default, twice the
-    largest entry of :math:`L` (2 for ``sym`` and ``rw``).  Glorot weights, zero bias, as PyG's
-    ``ChebConv``.  ``load_state_dict`` also reads PyG's ``lins.k.weight`` (transposed into
-    ``weight[k]``) and ``bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
+    A drop-in for PyG's ``ChebConv``, derived and compared in ``docs/graph.rst``, which also says
+    how :math:`\lambda_{\max}` is found.
 
     Parameters
     ----------
@@ -55,32 +41,26 @@ class ChebConv(_GraphLayer):
     bias : bool, default True
         Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
     lambda_max : float or "auto", optional
-        :math:`\lambda_{\max}` for every call that gives none; ``"auto"`` computes the largest
-        eigenvalue, ``None`` (the default) takes PyG's default.
+        :math:`\lambda_{\max}` where ``forward`` gives none; ``"auto"``: the largest eigenvalue;
+        ``None`` (the default): PyG's, twice the largest entry of :math:`L`.  Keyword-only.
 
     Shapes
     ------
-    - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or a static batch
-      :math:`(B, |\mathcal{V}|, F_{in})`, edge indices :math:`(2, |\mathcal{E}|)` or a sparse
-      adjacency :math:`(|\mathcal{V}|, |\mathcal{V}|)` (PyG's ``adj_t``) or a prebuilt
-      :class:`~structconv.Basis`, edge weights :math:`(|\mathcal{E}|)` *(optional)*, batch vector
-      :math:`(|\mathcal{V}|)` *(optional)*, ``lambda_max`` :math:`(|\mathcal{G}|)` *(optional)*
-    - **output:** node features :math:`(|\mathcal{V}|, F_{out})` (:math:`(B, |\mathcal{V}|, F_{out})`
-      for a batch)
+    - **input:** ``x`` :math:`(N, P)` or :math:`(B, N, P)`; ``edge_index`` :math:`(2, E)`, a
+      sparse ``adj_t`` :math:`(N, N)` or a :class:`~structconv.Basis`; ``edge_weight`` :math:`(E,)`,
+      ``batch`` :math:`(N,)`, ``lambda_max`` :math:`(G,)` for :math:`G` graphs (all optional)
+    - **output:** :math:`(N, Q)` or :math:`(B, N, Q)`
 
     Examples
     --------
-    With ``"sym"`` and the default :math:`\lambda_{\max} = 2`, :math:`\hat L = -D^{-1/2}AD^{-1/2}`:
-
     >>> import torch
     >>> from structconv.nn import ChebConv
-    >>> x = torch.randn(4, 3)
+    >>> x, layer = torch.randn(4, 3), ChebConv(3, 2, 2)
     >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
-    >>> layer = ChebConv(3, 2, 2)
     >>> A = torch.zeros(4, 4)
     >>> A[edge_index[0], edge_index[1]] = 1.0
     >>> d = A.sum(0).rsqrt()
-    >>> L_hat = -(d[:, None] * A * d)
+    >>> L_hat = -(d[:, None] * A * d)  # "sym", lambda_max = 2: L_hat = L - I
     >>> y = x @ layer.weight[0] + L_hat.T @ x @ layer.weight[1] + layer.bias
     >>> torch.allclose(layer(x, edge_index), y, atol=1e-6)
     True

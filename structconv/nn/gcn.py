@@ -23,17 +23,10 @@ class GCNConv(_CachedGraphLayer):
 
     Θ: ``weight``, the one channel map every neighbour shares, a tensor as :meth:`theta` returns it (K, P, Q)
 
-    .. math::
+    .. math:: y = \hat A^\top x\,\Theta + \beta, \qquad
+              \hat A = \tilde D^{-1/2}(A + I)\tilde D^{-1/2}, \quad \tilde D_{nn} = \textstyle\sum_m (A + I)_{mn}.
 
-        y = \hat A^\top x\,\Theta + \beta,
-        \qquad \hat A = \tilde D^{-1/2}(A + I)\tilde D^{-1/2},
-        \quad \tilde d_n = \textstyle\sum_m \tilde a_{mn},
-
-    with :math:`\tilde a_{mn}` the weight of the edge :math:`m \to n` in :math:`A + I` (self-loops
-    and ``improved`` as PyG's ``gcn_norm``).  A drop-in for PyG's ``GCNConv``: its
-    arguments in its order, ``cached``, its checkpoints (``lin.weight`` is ``weight[0]``
-    transposed); what differs is listed in ``docs/peers/graph.rst``, the derivation is in
-    ``docs/graph.rst``.  Glorot weights, zero bias.
+    A drop-in for PyG's ``GCNConv``, derived and compared in ``docs/graph.rst``.
 
     Parameters
     ----------
@@ -42,43 +35,36 @@ class GCNConv(_CachedGraphLayer):
     out_channels : int
         :math:`Q`, the width of the output.
     improved : bool, default False
-        Weigh the added self-loops 2 instead of 1 (:math:`A + 2I`), as PyG's ``improved``.
+        Weigh the added self-loops 2 instead of 1 (:math:`A + 2I`).
     cached : bool, default False
-        Keep the first graph's basis and reuse it; a later graph of another size, node count,
-        weighting or device is refused (PyG reuses silently); :meth:`reset_cache` forgets it.
+        Keep the first graph's basis; refuse a later graph of another size, node count,
+        weighting or device.  :meth:`reset_cache` forgets it.
     add_self_loops : bool, optional
-        Add :math:`I` before normalising; ``None`` (the default) follows ``normalize``, as in PyG.
-        ``True`` needs ``normalize=True``.
+        Add :math:`I` before normalising; ``None`` (the default) follows ``normalize``.
     normalize : bool, default True
-        Normalise symmetrically; ``False`` contracts the raw (weighted) adjacency.
+        Normalise symmetrically; ``False``: the raw, weighted adjacency (refusing ``add_self_loops=True``).
     bias : bool, default True
         Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
-    flow : {"source_to_target", "target_to_source"}
-        The direction of an ``edge_index``'s edges, as PyG's ``flow``.
+    flow : {"source_to_target", "target_to_source"}, default "source_to_target"
+        The direction of an ``edge_index``'s edges, as PyG's ``flow``; keyword-only.
 
     Shapes
     ------
-    - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or a static batch
-      :math:`(B, |\mathcal{V}|, F_{in})`, edge indices :math:`(2, |\mathcal{E}|)` or a sparse
-      adjacency :math:`(|\mathcal{V}|, |\mathcal{V}|)` (PyG's ``adj_t``) or a prebuilt
-      :class:`~structconv.Basis`, edge weights :math:`(|\mathcal{E}|)` *(optional)*
-    - **output:** node features :math:`(|\mathcal{V}|, F_{out})` (:math:`(B, |\mathcal{V}|, F_{out})`
-      for a batch)
+    - **input:** ``x`` :math:`(N, P)` or :math:`(B, N, P)`; ``edge_index`` :math:`(2, E)`, a
+      sparse ``adj_t`` :math:`(N, N)` or a :class:`~structconv.Basis`; ``edge_weight`` :math:`(E,)`
+    - **output:** :math:`(N, Q)` or :math:`(B, N, Q)`
 
     Examples
     --------
     >>> import torch
     >>> from structconv.nn import GCNConv
-    >>> x = torch.randn(4, 3)
-    >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3],
-    ...                            [1, 0, 2, 1, 3, 2]])  # a path, both ways
-    >>> layer = GCNConv(3, 2)
+    >>> x, layer = torch.randn(4, 3), GCNConv(3, 2)
+    >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])  # a path
     >>> A = torch.eye(4)  # A + I, entry [m, n] for the edge m -> n
     >>> A[edge_index[0], edge_index[1]] = 1.0
     >>> d = A.sum(0).rsqrt()
-    >>> A_hat = d[:, None] * A * d
-    >>> ref = A_hat.T @ x @ layer.weight[0] + layer.bias
-    >>> torch.allclose(layer(x, edge_index), ref, atol=1e-6)
+    >>> y = (d[:, None] * A * d).T @ x @ layer.weight[0] + layer.bias
+    >>> torch.allclose(layer(x, edge_index), y, atol=1e-6)
     True
     """
 
@@ -129,28 +115,9 @@ class SGConv(_CachedGraphLayer):
 
     Θ: ``weight``, one channel map, a tensor as :meth:`theta` returns it (K, P, Q)
 
-    .. math::
+    .. math:: y = (\hat A^K)^\top x\,\Theta + \beta, \qquad \hat A = \tilde D^{-1/2}(A + I)\tilde D^{-1/2}.
 
-        y = (\hat A^K)^\top x\,\Theta + \beta,
-        \qquad \hat A = \tilde D^{-1/2}(A + I)\tilde D^{-1/2}.
-
-    (The exponent :math:`K` is the constructor's ``K``; the basis has one member whatever it is.)
-    Equals PyG's ``SGConv`` built with the same arguments when ``weight[0]`` is its ``lin.weight``
-    transposed and ``bias`` its ``lin.bias`` (``load_state_dict`` does both), for every ``K``,
-    ``add_self_loops``, ``flow``, edge weights and sparse ``adj_t``
-    (``tests/peers/test_pyg_graph.py``).  The constructor takes PyG's positional arguments in
-    PyG's order with PyG's defaults (``SGConv(16, 32, 2)`` is ``K=2`` in both); ``flow``, as
-    PyG's keyword, is keyword-only.
-
-    **cached.**  ``cached=True`` keeps the basis :math:`\hat A^K` of the first graph seen, as
-    :class:`GCNConv`'s (a later graph of another size is refused, :meth:`reset_cache` forgets
-    it).  PyG's ``SGConv`` caches the propagated features :math:`\hat A^K x` instead, so there a
-    later call's new ``x`` is ignored; here it is used (the same output for the same ``x``).
-
-    The powers are applied by repeated sparse products, never formed.  Self-loops as
-    :class:`GCNConv`'s.  Weights and bias as ``torch.nn.Linear`` (as PyG's ``SGConv``).
-    ``load_state_dict`` also reads PyG's ``lin.weight`` (transposed into ``weight[0]``) and
-    ``lin.bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
+    A drop-in for PyG's ``SGConv``, derived and compared in ``docs/graph.rst``.
 
     Parameters
     ----------
@@ -159,33 +126,29 @@ class SGConv(_CachedGraphLayer):
     out_channels : int
         :math:`Q`, the width of the output.
     K : int, default 1
-        The number of hops, the power of :math:`\hat A`.
+        The number of hops, the power of :math:`\hat A` (the basis has one member whatever it is).
     cached : bool, default False
-        Keep the first graph's basis and reuse it; a later graph of another size, node count,
-        weighting or device is refused (PyG reuses silently); :meth:`reset_cache` forgets it.
+        Keep the first graph's basis :math:`\hat A^K`, not :math:`\hat A^K x` (:meth:`reset_cache`
+        forgets it); a later graph of another size, node count, weighting or device is refused.
     add_self_loops : bool, default True
-        Add :math:`I` before normalising.
+        Add :math:`I` before normalising, as :class:`GCNConv`.
     bias : bool, default True
         Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
-    flow : {"source_to_target", "target_to_source"}
-        The direction of an ``edge_index``'s edges, as PyG's ``flow``.
+    flow : {"source_to_target", "target_to_source"}, default "source_to_target"
+        The direction of an ``edge_index``'s edges, as PyG's ``flow``; keyword-only.
 
     Shapes
     ------
-    - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or a static batch
-      :math:`(B, |\mathcal{V}|, F_{in})`, edge indices :math:`(2, |\mathcal{E}|)` or a sparse
-      adjacency :math:`(|\mathcal{V}|, |\mathcal{V}|)` (PyG's ``adj_t``) or a prebuilt
-      :class:`~structconv.Basis`, edge weights :math:`(|\mathcal{E}|)` *(optional)*
-    - **output:** node features :math:`(|\mathcal{V}|, F_{out})` (:math:`(B, |\mathcal{V}|, F_{out})`
-      for a batch)
+    - **input:** ``x`` :math:`(N, P)` or :math:`(B, N, P)`; ``edge_index`` :math:`(2, E)`, a
+      sparse ``adj_t`` :math:`(N, N)` or a :class:`~structconv.Basis`; ``edge_weight`` :math:`(E,)`
+    - **output:** :math:`(N, Q)` or :math:`(B, N, Q)`
 
     Examples
     --------
     >>> import torch
     >>> from structconv.nn import SGConv
-    >>> x = torch.randn(4, 3)
+    >>> x, layer = torch.randn(4, 3), SGConv(3, 2, K=2)
     >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
-    >>> layer = SGConv(3, 2, K=2)
     >>> A = torch.eye(4)
     >>> A[edge_index[0], edge_index[1]] = 1.0
     >>> d = A.sum(0).rsqrt()

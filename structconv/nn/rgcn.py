@@ -32,68 +32,48 @@ class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
     Θ: :math:`\Theta_r` per relation, then ``root``: a tensor, or a :class:`~structconv.Separable` with ``num_bases``,
     as :meth:`theta` returns it (K, P, Q)
 
-    .. math::
+    .. math:: y_n = x_n\Theta_{\mathrm{root}}
+              + \sum_r \frac{1}{|\mathcal N_r(n)|}\sum_{m \in \mathcal N_r(n)} x_m\Theta_r + \beta.
 
-        y_n = x_n\Theta_{\mathrm{root}}
-        + \sum_r \frac{1}{|\mathcal N_r(n)|}\sum_{m \in \mathcal N_r(n)} x_m\Theta_r + \beta.
-
-    Equals PyG's ``RGCNConv`` built with the same arguments and the same ``state_dict`` (the
-    parameters have PyG's names and shapes, ``weight``, ``comp``, ``root``, ``bias``, so either
-    library's loads into the other as it is), for every ``aggr``, ``num_bases``, ``num_blocks``,
-    featureless and bipartite ``x`` (``tests/peers/test_pyg_graph.py``); PyG's ``SparseTensor``
-    ``adj_t`` carrying the relations is not read.  The constructor takes PyG's positional
-    arguments in PyG's order with PyG's defaults: ``RGCNConv(16, 32, 4, 2)`` is ``num_bases=2``
-    in both.
-
-    ``num_bases`` shares :math:`\Theta_r = \sum_b a_{rb} V_b` (a :class:`~structconv.Separable`
-    parameter, contracted without forming :math:`\Theta_r`); ``num_blocks`` makes each
-    :math:`\Theta_r` block-diagonal.  ``aggr`` ``"max"`` takes
-    :math:`\sum_r (\max_{m\in\mathcal N_r(n)} x_m)\Theta_r` (elementwise maximum, 0 for no
-    neighbour), which is not linear in :math:`x`, so it is computed directly, not by the engine,
-    and has no :meth:`basis`.  Initialisation as PyG's.
+    A drop-in for PyG's ``RGCNConv`` (its parameters' names and shapes too), derived and compared
+    in ``docs/graph.rst``.
 
     Parameters
     ----------
     in_channels : int or tuple of int
-        :math:`P`; a pair ``(P_src, P_dst)`` for a bipartite graph (the root maps the targets).
-        For a featureless ``x`` (an index vector or ``None``) it is the number of nodes.
+        :math:`P`; a pair ``(P_src, P_dst)`` for a bipartite graph (the root maps the targets);
+        the number of nodes for a featureless ``x`` (an index vector or ``None``).
     out_channels : int
         :math:`Q`, the width of the output.
     num_relations : int
         :math:`R`, the number of edge types.
     num_bases : int, optional
-        Share the relations' maps as combinations of this many (basis decomposition).
+        Share the relations' maps as combinations of this many (:math:`\Theta_r = \sum_b a_{rb} V_b`).
     num_blocks : int, optional
         Make each relation's map block-diagonal with this many blocks (not with ``num_bases``).
     aggr : {"mean", "sum", "add", "max"}, default "mean"
-        How each relation aggregates its neighbours (``"sum"`` and ``"add"`` weigh them 1).
+        Each relation's aggregation (``"sum"``, ``"add"``: weights 1; ``"max"``: not linear, no :meth:`basis`).
     root_weight : bool, default True
         Whether to add the root term :math:`x_n\Theta_{\mathrm{root}}` (the identity member).
     is_sorted : bool, default False
-        PyG's promise that the edges are sorted by ``edge_type`` (a speed hint there).  Accepted and
-        kept; the result does not depend on it (PyG's is wrong for unsorted edges with ``True``).
+        PyG's promise that the edges are sorted by ``edge_type``; kept, the result ignores it.
     bias : bool, default True
         Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
 
     Shapes
     ------
-    - **input:** node features :math:`(|\mathcal{V}|, F_{in})`, or node indices
-      :math:`(|\mathcal{V}|)` or ``None`` (featureless), or a bipartite pair
-      :math:`((|\mathcal{V}_s|, F_{s}), (|\mathcal{V}_t|, F_{t}))`; edge indices
-      :math:`(2, |\mathcal{E}|)`, edge types :math:`(|\mathcal{E}|)`
-    - **output:** node features :math:`(|\mathcal{V}_t|, F_{out})`
+    - **input:** ``x`` :math:`(N, P)`, indices :math:`(N,)` or ``None`` (featureless), or a pair
+      :math:`((N_s, P_s), (N_t, P_t))`; ``edge_index`` :math:`(2, E)`; ``edge_type`` :math:`(E,)`
+    - **output:** :math:`(N_t, Q)`
 
     Examples
     --------
-    On a cycle every node has one neighbour, so the mean is that neighbour:
-
     >>> import torch
     >>> from structconv.nn import RGCNConv
-    >>> x = torch.randn(4, 3)
-    >>> edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    >>> x, layer = torch.randn(4, 3), RGCNConv(3, 2, num_relations=2)
+    >>> edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])  # a cycle
     >>> edge_type = torch.tensor([0, 1, 0, 1])
-    >>> layer = RGCNConv(3, 2, num_relations=2)
-    >>> A = torch.zeros(2, 4, 4)
+    >>> A = torch.zeros(2, 4, 4)  # one neighbour each: the mean is that neighbour
     >>> A[edge_type, edge_index[0], edge_index[1]] = 1.0
     >>> y = x @ layer.root + torch.einsum("rmn,mp,rpq->nq", A, x, layer.weight) + layer.bias
     >>> torch.allclose(layer(x, edge_index, edge_type), y, atol=1e-6)

@@ -18,20 +18,15 @@ from ._module import CompiledRuns, NotScriptable, refuse_jit_trace
 class StructConv(CompiledRuns, NotScriptable, nn.Module):
     r"""Convolution over a fixed basis: the formula itself, with a learnable :math:`\Theta` and bias.
 
-    Basis: the one given, any torch :class:`~structconv.Basis` or dense tensor, as :meth:`basis` returns it
-    (K = its members)
+    Basis: the one given, any torch :class:`~structconv.Basis` or dense tensor (K members), as :meth:`basis` returns it
 
     Θ: ``weight``, a tensor as :meth:`theta` returns it (K, P, Q)
 
-    .. math::
+    .. math:: y_b = \sum_k A_k^\top x_b\,\Theta_k + \beta,
 
-        y_b = \sum_k A_k^\top x_b\,\Theta_k + \beta.
-
-    Equals :func:`structconv.conv` of the basis, ``x`` and ``weight``, plus ``bias``, and
-    ``torch.nn.Linear(P, Q)`` when the basis is one identity, ``(1, M, M)``, and ``weight[0]`` is
-    the linear layer's ``weight`` transposed (the initialisation is ``Linear``'s too, see below).
-    Options past ``basis, in_channels, out_channels`` are keyword-only (``bias=False``; a
-    positional ``StructConv(basis, 3, 4, False)`` raises a ``TypeError``).
+    :func:`structconv.conv` plus ``bias``.  For one identity ``(1, M, M)`` it is
+    ``torch.nn.Linear(P, Q)`` (``weight[0]`` its ``weight`` transposed), initial draw included
+    (:meth:`fan_in`).  Options past ``out_channels`` are keyword-only.
 
     Parameters
     ----------
@@ -56,17 +51,6 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
     - **input:** :math:`(B, M, P)` or :math:`(M, P)`
     - **output:** :math:`(B, N, Q)` or :math:`(N, Q)`
 
-    Notes
-    -----
-    **Initialisation.**  With independent zero-mean inputs of variance :math:`v`, each output
-    has variance :math:`v\,P\,\mathrm{Var}(\Theta)\sum_{k,m}A_{kmn}^2`.  The layer therefore
-    uses the effective fan-in :math:`F = P\,e`, where :math:`e` is the basis energy
-    :math:`\frac1N\sum_{k,m,n}A_{kmn}^2` (:meth:`~structconv.Basis.energy`), and draws
-    :math:`\Theta` and :math:`\beta` from :math:`\mathcal U(-1/\sqrt F, 1/\sqrt F)`.  For a
-    grid basis :math:`e` is the kernel volume :math:`K` away from borders, so this is
-    ``torch.nn.Conv2d``'s default (fan-in :math:`PK`); for :math:`K=1` and
-    :math:`A_1 = I` it is ``torch.nn.Linear``'s.
-
     Examples
     --------
     >>> import torch
@@ -74,8 +58,7 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
     >>> layer = StructConv(torch.eye(5).expand(2, 5, 5), 3, 4)
     >>> layer(torch.randn(8, 5, 3)).shape
     torch.Size([8, 5, 4])
-    >>> linear = torch.nn.Linear(3, 4)
-    >>> layer = StructConv(torch.eye(5)[None], 3, 4)
+    >>> layer, linear = StructConv(torch.eye(5)[None], 3, 4), torch.nn.Linear(3, 4)
     >>> with torch.no_grad():
     ...     layer.weight[0] = linear.weight.T
     ...     layer.bias[:] = linear.bias
@@ -122,11 +105,19 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
         return self.weight
 
     def fan_in(self) -> float:
-        """The effective fan-in :math:`P\\,e` used by :meth:`reset_parameters`."""
+        r"""The effective fan-in :math:`F = P\,e` used by :meth:`reset_parameters`.
+
+        With independent zero-mean inputs of variance :math:`v`, each output has variance
+        :math:`v\,P\,\mathrm{Var}(\Theta)\sum_{k,m}A_{kmn}^2`, so the fan-in counts the basis
+        energy :math:`e = \frac1N\sum_{k,m,n}A_{kmn}^2` (:meth:`~structconv.Basis.energy`).  For a
+        grid basis :math:`e` is the kernel volume :math:`K` away from borders, so the draw is
+        ``torch.nn.Conv2d``'s default (fan-in :math:`PK`); for :math:`K = 1` and :math:`A_1 = I`
+        it is ``torch.nn.Linear``'s.
+        """
         return self.in_channels * max(self._fixed_basis.energy(), 1e-12)
 
     def reset_parameters(self) -> None:
-        """Draw :math:`\\Theta` and the bias from :math:`\\mathcal U(\\pm 1/\\sqrt{F})`."""
+        """Draw :math:`\\Theta` and the bias from :math:`\\mathcal U(\\pm 1/\\sqrt{F})`, :math:`F` = :meth:`fan_in`."""
         bound = 1.0 / math.sqrt(self.fan_in())
         nn.init.uniform_(self.weight, -bound, bound)
         if self.bias is not None:

@@ -22,22 +22,10 @@ class TAGConv(_GraphLayer):
 
     Θ: ``weight``, one channel map per power, a tensor as :meth:`theta` returns it (K, P, Q)
 
-    .. math::
+    .. math:: y = \sum_{k=0}^{K} (S^k)^\top x\,\Theta_k + \beta,
+              \qquad S = D^{-1/2} A D^{-1/2} \ \text{(no added loops)}.
 
-        y = \sum_{k=0}^{K} (S^k)^\top x\,\Theta_k + \beta,
-        \qquad S = D^{-1/2} A D^{-1/2} \ \text{(no added loops)}.
-
-    Equals PyG's ``TAGConv`` built with the same arguments when ``weight[k]`` is its
-    ``lins.k.weight`` transposed and ``bias`` its ``bias`` (``load_state_dict`` does both), for
-    every ``K``, ``normalize``, ``flow``, edge weights and sparse ``adj_t``
-    (``tests/peers/test_pyg_graph.py``).  The constructor takes PyG's positional arguments in
-    PyG's order with PyG's defaults (``TAGConv(16, 32, 2)`` is ``K=2`` in both); ``flow``, as
-    PyG's keyword, is keyword-only.
-
-    The basis is applied by repeated sparse products, never formed.  Weights as
-    ``torch.nn.Linear`` (as PyG's ``TAGConv``), zero bias; ``x`` may be ``(B, N, P)``.
-    ``load_state_dict`` also reads PyG's ``lins.k.weight`` (transposed into ``weight[k]``) and
-    ``bias``; :func:`structconv.nn.pyg_state.pyg_state_dict` gives them back.
+    A drop-in for PyG's ``TAGConv``, derived and compared in ``docs/graph.rst``.
 
     Parameters
     ----------
@@ -51,30 +39,25 @@ class TAGConv(_GraphLayer):
         Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
     normalize : bool, default True
         Use :math:`S = D^{-1/2}AD^{-1/2}`; ``False`` takes the raw (weighted) adjacency.
-    flow : {"source_to_target", "target_to_source"}
-        The direction of an ``edge_index``'s edges, as PyG's ``flow``.
+    flow : {"source_to_target", "target_to_source"}, default "source_to_target"
+        The direction of an ``edge_index``'s edges, as PyG's ``flow``; keyword-only.
 
     Shapes
     ------
-    - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or a static batch
-      :math:`(B, |\mathcal{V}|, F_{in})`, edge indices :math:`(2, |\mathcal{E}|)` or a sparse
-      adjacency :math:`(|\mathcal{V}|, |\mathcal{V}|)` (PyG's ``adj_t``) or a prebuilt
-      :class:`~structconv.Basis`, edge weights :math:`(|\mathcal{E}|)` *(optional)*
-    - **output:** node features :math:`(|\mathcal{V}|, F_{out})` (:math:`(B, |\mathcal{V}|, F_{out})`
-      for a batch)
+    - **input:** ``x`` :math:`(N, P)` or :math:`(B, N, P)`; ``edge_index`` :math:`(2, E)`, a
+      sparse ``adj_t`` :math:`(N, N)` or a :class:`~structconv.Basis`; ``edge_weight`` :math:`(E,)`
+    - **output:** :math:`(N, Q)` or :math:`(B, N, Q)`
 
     Examples
     --------
     >>> import torch
     >>> from structconv.nn import TAGConv
-    >>> x = torch.randn(4, 3)
+    >>> x, layer = torch.randn(4, 3), TAGConv(3, 2, K=2)
     >>> edge_index = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
-    >>> layer = TAGConv(3, 2, K=2)
     >>> A = torch.zeros(4, 4)
     >>> A[edge_index[0], edge_index[1]] = 1.0
     >>> d = A.sum(0).rsqrt()
-    >>> S = d[:, None] * A * d
-    >>> t = layer.weight
+    >>> S, t = d[:, None] * A * d, layer.weight
     >>> y = x @ t[0] + S.T @ x @ t[1] + (S @ S).T @ x @ t[2] + layer.bias
     >>> torch.allclose(layer(x, edge_index), y, atol=1e-6)
     True

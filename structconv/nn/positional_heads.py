@@ -89,7 +89,8 @@ class ContentHeads(Encoding):
     --------
     >>> import torch
     >>> from structconv.nn import ContentHeads, PositionalAttention
-    >>> layer = PositionalAttention((4, 4), 8, 2, content=ContentHeads(key_dim=3, bias=True))
+    >>> content = ContentHeads(key_dim=3, bias=True)
+    >>> layer = PositionalAttention((4, 4), 8, 2, content=content)
     >>> layer.content, layer.content.query.shape
     (ContentHeads(key_dim=3, bias=True), torch.Size([2, 8, 3]))
     >>> layer(torch.randn(5, 16, 8)).shape
@@ -312,7 +313,8 @@ class GaussianHeads(PositionalHeads):
     --------
     >>> import torch
     >>> from structconv.nn import GaussianHeads, PositionalAttention
-    >>> layer = PositionalAttention((6, 6), 16, 4, encoding=GaussianHeads(alpha=0.5, width_noise=0.01))
+    >>> heads = GaussianHeads(alpha=0.5, width_noise=0.01)
+    >>> layer = PositionalAttention((6, 6), 16, 4, encoding=heads)
     >>> layer.encoding, layer.encoding.inv_sqrt_cov.shape
     (GaussianHeads(alpha=0.5, width_noise=0.01), torch.Size([4, 2, 2]))
     """
@@ -376,7 +378,8 @@ class LearnedHeads(PositionalHeads):
     >>> layer = PositionalAttention((5, 5), 8, 2, encoding=LearnedHeads(positional_dim=6))
     >>> [tuple(t.shape) for t in layer.encoding.tables], tuple(layer.encoding.weight.shape)
     ([(9, 3), (9, 3)], (2, 6))
-    >>> eq5 = PositionalAttention((5, 5), 8, 2, encoding=LearnedHeads(relative_terms=True), content=ContentHeads())
+    >>> heads, content = LearnedHeads(relative_terms=True), ContentHeads()
+    >>> eq5 = PositionalAttention((5, 5), 8, 2, encoding=heads, content=content)
     >>> eq5.encoding, eq5(torch.randn(3, 25, 8)).shape
     (LearnedHeads(positional_dim=8, relative_terms=True), torch.Size([3, 25, 8]))
     """

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
 import numpy as np
 import pytest
 import torch
+from basis_kinds import KINDS as BASIS_KINDS
+from basis_kinds import TORCH_ONLY, Convert
 from conftest import (
     BACKENDS,
     REPRESENTATIONS,
@@ -18,8 +23,21 @@ from conftest import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from structconv import DenseBasis, LowRank, Separable, SparseBasis, conv, explain, grid_basis
-from structconv.testing import check_basis
+from structconv import (
+    ConvWeight,
+    Cost,
+    DenseBasis,
+    LowRank,
+    Separable,
+    SparseBasis,
+    contraction,
+    conv,
+    explain,
+    grid_basis,
+)
+from structconv.engine import orders as engine_orders
+from structconv.engine.orders import BASE_ORDERS, FULL, Kind, Order, Param, kind_of
+from structconv.testing import check_basis, dense_reference
 
 ORDERS = ("ax", "xtheta", "atheta", "auto")
 FACTOR_ORDERS = ("ax", "xtheta", "ax+full", "xtheta+full", "atheta", "auto")
@@ -223,3 +241,121 @@ def test_numpy_float16_runs_on_sparse_bases() -> None:
     basis = SparseBasis.from_dense(A.astype(np.float16))
     orders = check_basis(basis, x=x.astype(np.float16), theta=theta.astype(np.float16), dense=A, rtol=1e-2, atol=1e-2)
     assert {"auto", "ax", "xtheta", "atheta"} <= set(orders)
+
+
+# --- the law of every kind of parameter -----------------------------------------------------------
+#: A parameter of each kind the engine ships, for a basis of K members (a convolution weight: its
+#: kernel, the grid's where the basis is one): P = Q = 4.
+THETAS: dict[str, Any] = {
+    "full": lambda K, kernel, rng, cv: cv(rng.normal(size=(K, 4, 4))),
+    "separable": lambda K, kernel, rng, cv: Separable(cv(rng.normal(size=(2, K))), cv(rng.normal(size=(2, 4, 4)))),
+    "lowrank": lambda K, kernel, rng, cv: LowRank(cv(rng.normal(size=(K, 4, 2))), cv(rng.normal(size=(K, 4, 2)))),
+    "convweight": lambda K, kernel, rng, cv: ConvWeight(cv(rng.normal(size=(4, 2, *kernel))), groups=2),
+}
+KERNELS = {"grid": (3, 3)}
+BACKEND_OF: dict[str, Convert] = {"numpy": np.asarray, "torch": torch.from_numpy}
+
+
+def test_the_law_covers_every_kind_the_engine_ships() -> None:
+    shipped = {FULL, *engine_orders._HELD.values()}
+    assert {k.name for k in shipped if type(k).__module__.startswith("structconv.")} == set(THETAS)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKEND_OF))
+@pytest.mark.parametrize("basis_kind", sorted(BASIS_KINDS))
+@pytest.mark.parametrize("kind", sorted(THETAS))
+def test_every_order_of_every_kind_equals_the_dense_reference_of_its_full_theta(
+    kind: str, basis_kind: str, backend: str
+) -> None:
+    """The law of a kind: each of its orders (and auto), on every basis, is the einsum of its full Θ."""
+    if backend == "numpy" and basis_kind in TORCH_ONLY:
+        pytest.skip("a torch-only basis")
+    cv, rng = BACKEND_OF[backend], np.random.default_rng(5)
+    basis = BASIS_KINDS[basis_kind](cv)
+    theta = THETAS[kind](basis.K, KERNELS.get(basis_kind, (basis.K,)), rng, cv)
+    x = cv(rng.normal(size=(basis.batch or 2, basis.M, 4)))
+    plan = explain(basis, x, theta)
+    assert plan.parameter == kind_of(theta).name == kind
+    expected = np.asarray(dense_reference(basis, x, theta))
+    for order in (*plan.orders, "auto"):
+        np.testing.assert_allclose(np.asarray(conv(basis, x, theta, order=order)), expected, rtol=1e-9, atol=1e-9)
+
+
+# --- a new kind is one class ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scaled:
+    r"""A toy parameter :math:`\Theta_k = s_k W`: one channel map ``shared`` ``(P, Q)`` scaled by ``scale`` ``(K,)``."""
+
+    scale: Any
+    shared: Any
+    rank: ClassVar[int] = 0
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return int(self.scale.shape[0]), int(self.shared.shape[0]), int(self.shared.shape[1])
+
+    def full(self) -> Any:
+        return self.scale[:, None, None] * self.shared[None]
+
+
+class _ScaledXTheta(Order):
+    """x·W first (one GEMM for every member), then the members scaled and summed through the hook."""
+
+    __slots__ = ()
+
+    def cost(self, basis: Any, batch: int, prm: Param) -> Cost:
+        B, K, M, P, Q = batch, basis.K, basis.M, prm.P, prm.Q
+        return Cost(2.0 * B * M * P * Q + B * K * M * Q, float(B * K * M * Q)) + basis.cost_members(B, Q, reduce=True)
+
+    def run(self, basis: Any, x: Any, prm: Param) -> Any:
+        scale, shared = prm.operands
+        return basis.apply_members(scale[None, :, None, None] * (x @ shared)[:, None], reduce=True)
+
+
+class _Scaled(Kind):
+    """The toy kind, in one class: no table of the engine names it."""
+
+    name, operand_names, subscripts = "scaled", ("theta.scale", "theta.shared"), "k,pq"
+    held: ClassVar[type | None] = Scaled
+    dense_paths: ClassVar[dict[str, tuple[tuple[int, ...], ...]]] = {
+        "ax": ((0, 1), (0, 2), (0, 1)),
+        "xtheta": ((1, 3), (0, 1), (0, 1)),
+    }
+
+    def operands_of(self, theta: Any) -> tuple[Any, ...]:
+        return theta.scale, theta.shared
+
+    def from_operands(self, operands: tuple[Any, ...], rank: int) -> Any:
+        return Scaled(*operands)
+
+    def full_shape(self, shapes: tuple[tuple[int, ...], ...], rank: int) -> tuple[int, int, int]:
+        (K,), (P, Q) = shapes
+        return K, P, Q
+
+    def form_full(self, operands: tuple[Any, ...], rank: int) -> Any:
+        scale, shared = operands
+        return scale[:, None, None] * shared[None]
+
+    def hook_order(self, name: str, own: Any) -> Order:
+        return _ScaledXTheta(name) if name == "xtheta" else super().hook_order(name, own)
+
+
+SCALED = _Scaled()
+
+
+@pytest.mark.parametrize("basis_kind", ["dense", "dense-batched", "sparse", "grid", "kronecker", "attention"])
+def test_a_new_kind_is_one_class(basis_kind: str) -> None:
+    """A kind defined here, as one class, runs through conv, explain and contraction: every order is its law."""
+    rng = np.random.default_rng(6)
+    basis = BASIS_KINDS[basis_kind](torch.from_numpy)
+    theta = Scaled(torch.from_numpy(rng.normal(size=basis.K)), torch.from_numpy(rng.normal(size=(4, 3))))
+    x = torch.from_numpy(rng.normal(size=(basis.batch or 2, basis.M, 4)))
+    plan = explain(basis, x, theta)  # type: ignore[arg-type]
+    assert kind_of(theta) is SCALED and plan.parameter == "scaled" and plan.orders[:3] == BASE_ORDERS
+    if basis_kind.startswith("dense"):  # its own dense paths: its equation in the plan
+        assert plan.equation.endswith(",bmp,k,pq->bnq")
+    expected = dense_reference(basis, x, theta)  # type: ignore[arg-type]
+    for order in (*plan.orders, "auto"):
+        torch.testing.assert_close(conv(basis, x, theta, order=order), expected)  # type: ignore[arg-type]
+    compiled = contraction(basis, x, theta)  # type: ignore[arg-type]
+    torch.testing.assert_close(compiled(x, theta), expected)  # type: ignore[arg-type]

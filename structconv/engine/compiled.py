@@ -26,11 +26,10 @@ from typing import Any
 
 from ..backend import Array, device_of, of, shape_str
 from ..bases.base import Basis
-from ..bases.conv_weight import ConvWeight
 from ..bases.convert import as_basis
-from ..bases.factor import LowRank, Separable, Theta
+from ..bases.factor import Theta
 from .contract import _check_memory, _plan, conv
-from .operands import CONV_WEIGHT, FULL, Kind, Param, Shaped, as_param, autocast, placed, prepare
+from .operands import FULL, Kind, Param, Shaped, as_param, autocast, placed, prepare
 
 LAYOUTS = ("rows", "channels_first")
 
@@ -200,7 +199,7 @@ class Contraction:
         if not isinstance(on_x, Basis) or on_x.plan_key() != self._key:
             raise ValueError("the basis changed structure since it was compiled")
         # Under autocast the operands are checked as conv checks them: converted first.
-        a, xr, full = autocast(on_x, self._rows(x), _as_parameter(theta, self._kind, self._rank))
+        a, xr, full = autocast(on_x, self._rows(x), self._kind.as_theta(theta, self._rank))
         _, x3, _, _ = prepare(a, xr, full)
         if x.dtype != self._dtype:
             raise TypeError(f"x has dtype {x.dtype} but the contraction was compiled for {self._dtype}")
@@ -214,8 +213,11 @@ class Contraction:
 
     def _param(self, theta: Theta) -> Param:
         kind = self._kind
-        if not kind.factored:
-            op: Any = theta.weight if type(theta) is ConvWeight else theta
+        ops = kind.compiled_operands(theta)
+        if ops is None:
+            raise TypeError(f"theta must be a {kind.name} parameter as compiled, got {type(theta).__name__}")
+        if len(ops) == 1:
+            op = ops[0]
             if op.shape != self._operand_shapes[0] or op.dtype != self._dtype or op.device != self._device:
                 raise self._theta_mismatch(op)
             last = self._last
@@ -223,10 +225,6 @@ class Contraction:
                 return last
             self._last = Param(kind, (op,), *self._full, self._rank)
             return self._last
-        read = as_param(theta) if isinstance(theta, LowRank | Separable) else None
-        if read is None or read.kind is not kind:
-            raise TypeError(f"theta must be a {kind.name} parameter as compiled, got {type(theta).__name__}")
-        ops: tuple[Array, ...] = read.operands
         for op, shape in zip(ops, self._operand_shapes, strict=True):
             if op.shape != shape or op.dtype != self._dtype or op.device != self._device:
                 raise self._theta_mismatch(op)
@@ -259,7 +257,7 @@ class Contraction:
 
     def _general(self, basis: Basis, x: Array, theta: Theta, bias: Array | None) -> Array:
         """Under torch autocast: :func:`~structconv.conv`'s conversions, then the same layout."""
-        full = _as_parameter(theta, self._kind, self._rank)
+        full = self._kind.as_theta(theta, self._rank)
         if self.layout == "rows":
             y = conv(basis, x, full, order=self.plan.requested)
             return y if bias is None else y + bias.to(y.dtype)
@@ -273,11 +271,6 @@ class Contraction:
             f"Contraction({self.basis!r}, x={shape_str(self._x_shape)}, theta={self._kind.name} "
             f"{', '.join(shape_str(s) for s in self._operand_shapes)}, order={self.order!r}, layout={self.layout!r})"
         )
-
-
-def _as_parameter(theta: Theta, kind: Kind, rank: int) -> Theta:
-    """``theta`` as :func:`~structconv.conv` takes it (a bare weight for a convolution-weight contraction)."""
-    return ConvWeight(theta, rank) if kind is CONV_WEIGHT and not isinstance(theta, ConvWeight) else theta
 
 
 def prepare_bias(bias: Array, x: Array, shape: Shape) -> None:

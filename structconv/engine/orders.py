@@ -1,31 +1,42 @@
-r"""The orders of the contraction :math:`y_b = \sum_k A_k^\top x_b \Theta_k`, each with its cost beside its run.
+r"""The orders of :math:`y_b = \sum_k A_k^\top x_b \Theta_k`, and the kinds of :math:`\Theta` that pick them.
 
 An :class:`Order` estimates its work (:meth:`Order.cost`, a :class:`~structconv.Cost`) and
-runs (:meth:`Order.run`); :func:`orders_for` lists the orders open to a basis and a parameter
-kind.  Two families:
+runs (:meth:`Order.run`).  A :class:`Kind` of parameter says which order runs each name:
+:func:`orders_for` asks the parameter's kind, for every name open to the basis (:func:`names`).
+Two families:
 
-* dense bases (:class:`DenseOrder`): one opt_einsum contraction along an explicit path,
-  costed by opt_einsum's ``PathInfo``; the backend may run ``"ax"``/``"xtheta"`` as plain GEMMs
-  (:meth:`~structconv.backend.interface.Backend.dense_gemms`);
+* dense bases (:class:`DenseOrder`): one opt_einsum contraction along the kind's explicit path
+  for the order (:attr:`Kind.dense_paths`), costed by opt_einsum's ``PathInfo``; the backend may
+  run some as plain GEMMs (:meth:`Kind.dense_gemms`);
 * every other representation: the triangle run through the basis' hooks
   (:meth:`~structconv.Basis.apply_each`, :meth:`~structconv.Basis.apply_members`,
   :meth:`~structconv.Basis.apply_combined`) and costed by their ``cost_*`` twins, plus the
   orders the basis runs its own way (:meth:`~structconv.Basis.own_orders`, each an
   :class:`~structconv.bases.base.OwnOrder` holding its cost and its run).
+
+This module holds what every kind shares: the orders of a full :math:`\Theta` (:data:`FULL`,
+the kind every other one falls back on by forming :math:`\Theta` first), the order that forms
+it, a basis' own orders and the dense one.  The kinds that keep :math:`\Theta` in another form,
+with the orders that take that form as it is, are in :mod:`structconv.engine.kinds`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, NamedTuple
 
 from ..backend import Array, einsum, einsum_path, of, x_theta
+from ..backend.checks import check_array
 from ..bases.base import Basis, Cost, OwnOrder
-from .operands import CONV_WEIGHT, FULL, LOWRANK, SEPARABLE, Kind, Param, Shaped
 
 #: The triangle's orders for a full parameter, and for a factorised one.
 BASE_ORDERS = ("ax", "xtheta", "atheta")
 FACTOR_ORDERS = ("ax", "xtheta", "ax+full", "xtheta+full", "atheta")
+
+Shape = tuple[int, ...]
+Path = tuple[tuple[int, ...], ...]
+"""An explicit opt_einsum path: the operand positions each step takes."""
 
 
 def _gemm(*dims: int) -> float:
@@ -82,6 +93,161 @@ class Order:
         return f"{type(self).__name__}({self.name!r})"
 
 
+# --- the kinds of parameter -------------------------------------------------------------------
+_HELD: dict[type, Kind] = {}
+"""The kind of each class of parameter object (:attr:`Kind.held`), filled as kinds are made."""
+
+
+class Kind:
+    r"""A kind of parameter :math:`\Theta`: its operands, shapes, dense form, casts and orders, in one class.
+
+    A new kind is one subclass and its one instance (making it registers it as the reader of
+    its :attr:`held` objects, :func:`kind_of`).  The engine calls these attributes and methods
+    and keeps no table of kinds: which order runs each name (:meth:`hook_order`,
+    :meth:`dense_order`), how the user's object is read (:meth:`read`) and rebuilt
+    (:meth:`from_operands`), how :math:`\Theta` is formed in full (:meth:`form_full`).  The
+    defaults form :math:`\Theta` first and run the full kind's order (:data:`FULL`), so a kind
+    needs its own orders only where it keeps its form.
+
+    Attributes
+    ----------
+    name
+        As plans and messages show it.
+    operand_names
+        The operands' argument names, as error messages show them.
+    rank_name
+        The rank's letter among a plan's sizes (``None``: a full :math:`\Theta` has no rank).
+    subscripts
+        The operands' einsum subscripts beside ``k``, ``p``, ``q`` (a dense basis' equation).
+    factored
+        Whether the triangle's orders keep the factors apart (names :data:`FACTOR_ORDERS`; else
+        :data:`BASE_ORDERS`, :math:`\Theta` contracted as one array, formed first where it is not
+        one).
+    held
+        The class of the user's parameter objects of this kind (``None``: a bare array).
+    dense_paths
+        The explicit opt_einsum path of each order on a dense basis, the operands being ``A``,
+        ``x`` and the kind's operands; an order without one forms :math:`\Theta` first.
+    """
+
+    name = ""
+    operand_names: tuple[str, ...] = ()
+    rank_name: str | None = None
+    subscripts = ""
+    factored = False
+    held: ClassVar[type | None] = None
+    dense_paths: ClassVar[Mapping[str, Path]] = {}
+
+    def __init__(self) -> None:
+        self._dense = {b: {n: DenseOrder(n, self, b) for n in self.dense_paths} for b in (False, True)}
+        if self.held is not None:
+            _HELD[self.held] = self
+
+    # --- the user's object ----------------------------------------------------------------------
+    def operands_of(self, theta: Any) -> tuple[Array, ...]:
+        """The arrays that hold ``theta``, a parameter of this kind, in the order of :attr:`operand_names`."""
+        raise NotImplementedError
+
+    def from_operands(self, operands: tuple[Array, ...], rank: int) -> Any:
+        """The user's parameter object held by ``operands`` with ``rank``: the inverse of :meth:`operands_of`."""
+        raise NotImplementedError
+
+    def read(self, theta: Any) -> Param:
+        """``theta``, a parameter of this kind, as a :class:`Param` (its ``shape`` and ``rank`` read)."""
+        k, p, q = theta.shape
+        return Param(self, self.operands_of(theta), k, p, q, theta.rank)
+
+    def cast(self, theta: Any, to: Callable[[Array], Array]) -> Any:
+        """``theta`` with ``to`` applied to each of its arrays (a dtype's conversion)."""
+        return self.from_operands(tuple(to(op) for op in self.operands_of(theta)), theta.rank)
+
+    def compiled_operands(self, theta: Any) -> tuple[Any, ...] | None:
+        """The arrays of ``theta`` as a contraction compiled for this kind takes it (``None``: another kind's)."""
+        return self.operands_of(theta) if kind_of(theta) is self else None
+
+    def as_theta(self, theta: Any, rank: int) -> Any:
+        """What a compiled call took (:meth:`compiled_operands`) as :func:`~structconv.conv` takes it."""
+        return theta
+
+    # --- its full form --------------------------------------------------------------------------
+    def full_shape(self, shapes: tuple[Shape, ...], rank: int) -> tuple[int, int, int]:
+        """``(K, P, Q)`` from the operands' ``shapes`` and the ``rank``."""
+        raise NotImplementedError
+
+    def form_full(self, operands: tuple[Array, ...], rank: int) -> Array:
+        r""":math:`\Theta` as one ``(K, P, Q)`` array."""
+        raise NotImplementedError
+
+    def full_cost(self, K: int, P: int, Q: int, rank: int) -> Cost:
+        """The work of :meth:`form_full`."""
+        return Cost(2.0 * K * P * Q * rank, float(K * P * Q))
+
+    # --- its orders -----------------------------------------------------------------------------
+    def hook_order(self, name: str, own: Mapping[str, OwnOrder]) -> Order:
+        r"""The order ``name`` on a basis run through its hooks, whose own orders are ``own``.
+
+        The default forms :math:`\Theta` first, then runs the full kind's order (``"ax+full"``
+        the full ``"ax"``).
+        """
+        return _FormFull(name, FULL.hook_order(name.removesuffix("+full"), own))
+
+    def dense_order(self, name: str, batched: bool) -> Order:
+        r"""The order ``name`` on a dense basis (``batched``: per instance).
+
+        Along :attr:`dense_paths` where the kind has a path for it; else :math:`\Theta` is formed
+        first and the full kind's dense order runs.
+        """
+        found = self._dense[batched].get(name)
+        return _FormFull(name, FULL.dense_order(name.removesuffix("+full"), batched)) if found is None else found
+
+    def dense_gemms(self, name: str, a: Array, x: Array, operands: tuple[Array, ...]) -> Array | None:
+        """The dense order ``name`` as the backend's plain GEMMs, or ``None`` (then by einsum, the default)."""
+        return None
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def kind_of(theta: Any) -> Kind:
+    """The kind of the parameter object ``theta``: the one that holds its class, else :data:`FULL` (an array)."""
+    for held, kind in _HELD.items():
+        if isinstance(theta, held):
+            return kind
+    return FULL
+
+
+class Param(NamedTuple):
+    r"""A parameter :math:`\Theta` of shape ``(K, P, Q)`` as the arrays that hold it.
+
+    ``kind`` says what the ``operands`` are (:class:`Kind`): :data:`FULL` (``(theta,)``),
+    :data:`~structconv.engine.kinds.SEPARABLE` (``(basis_coef, channel)``, ``R = H``),
+    :data:`~structconv.engine.kinds.LOWRANK` (``(value, out)``, ``R = D``) or
+    :data:`~structconv.engine.kinds.CONV_WEIGHT` (``(weight,)``, ``R = G`` groups); ``R`` is 0
+    for a full one.
+    """
+
+    kind: Kind
+    operands: tuple[Array, ...]
+    K: int
+    P: int
+    Q: int
+    R: int
+
+    def full(self) -> Param:
+        r"""The parameter with :math:`\Theta` formed in one array."""
+        return Param(FULL, (self.kind.form_full(self.operands, self.R),), self.K, self.P, self.Q, 0)
+
+    def full_cost(self) -> Cost:
+        """The work of :meth:`full`."""
+        return self.kind.full_cost(self.K, self.P, self.Q, self.R)
+
+
+class Shaped(NamedTuple):
+    """An operand known by its shape alone: what a cost reads of an array, for planning before any value exists."""
+
+    shape: tuple[int, ...]
+
+
 # --- a full parameter, through the hooks ------------------------------------------------------
 class _FullOrder(Order):
     """A triangle order for a full :math:`\\Theta` through the hooks (``"atheta"``: the combined hook)."""
@@ -121,9 +287,8 @@ class _FullXTheta(_FullOrder):
         return basis.apply_members(x_theta(x, prm.operands[0]), reduce=True)
 
 
-# --- a factorised parameter, through the hooks ------------------------------------------------
 class _FormFull(Order):
-    """Form :math:`\\Theta` from its factors, then run the full order ``inner``."""
+    """Form :math:`\\Theta` from its operands, then run the full order ``inner``."""
 
     __slots__ = ("inner",)
 
@@ -137,68 +302,6 @@ class _FormFull(Order):
 
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
         return self.inner.run(basis, x, prm.full())
-
-
-class _SeparableAx(Order):
-    """Apply the members, mix them into :math:`H` channel maps by :math:`c`, then one GEMM per map."""
-
-    __slots__ = ()
-
-    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
-        B, K, N, P, Q, R = batch, basis.K, basis.N, prm.P, prm.Q, prm.R
-        mix = Cost(_gemm(B, K, N, P, R) + _gemm(B, N, R, P, Q), float(B * R * N * P + B * N * Q))
-        return basis.cost_each(B, P) + mix
-
-    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
-        coef, channel = prm.operands
-        return einsum("bhnp,hpq->bnq", einsum("hk,bknp->bhnp", coef, basis.apply_each(x)), channel)
-
-
-class _SeparableXTheta(Order):
-    """:math:`H` channel maps of ``x``, mixed into :math:`K` slices by :math:`c`, then the members summed."""
-
-    __slots__ = ()
-
-    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
-        B, K, M, P, Q, R = batch, basis.K, basis.M, prm.P, prm.Q, prm.R
-        mix = Cost(_gemm(B, M, P, R, Q) + _gemm(B, M, R, K, Q), float(B * M * R * Q + B * K * M * Q))
-        return mix + basis.cost_members(B, Q, reduce=True)
-
-    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
-        coef, channel = prm.operands
-        mixed = einsum("hk,bhmq->bkmq", coef, einsum("bmp,hpq->bhmq", x, channel))
-        return basis.apply_members(mixed, reduce=True)
-
-
-class _LowRankAx(Order):
-    """Apply the members, then :math:`V_k` and :math:`O_k^\\top` per member (heads of width :math:`D`)."""
-
-    __slots__ = ()
-
-    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
-        B, K, N, P, Q, R = batch, basis.K, basis.N, prm.P, prm.Q, prm.R
-        heads = Cost(_gemm(B, K, N, P, R) + _gemm(B, N, K, R, Q), float(B * K * N * R + B * N * Q))
-        return basis.cost_each(B, P) + heads
-
-    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
-        value, out = prm.operands
-        return einsum("bknd,kqd->bnq", einsum("bknp,kpd->bknd", basis.apply_each(x), value), out)
-
-
-class _LowRankXTheta(Order):
-    """Values :math:`x V_k` first, each member on its own head, then :math:`O_k^\\top` per head."""
-
-    __slots__ = ()
-
-    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
-        B, K, M, N, P, Q, R = batch, basis.K, basis.M, basis.N, prm.P, prm.Q, prm.R
-        heads = Cost(_gemm(B, M, P, K, R) + _gemm(B, N, K, R, Q), float(B * M * K * R + B * N * Q))
-        return heads + basis.cost_members(B, R, reduce=False)
-
-    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
-        value, out = prm.operands
-        heads = basis.apply_members(einsum("bmp,kpd->bkmd", x, value), reduce=False)
-        return einsum("bknd,kqd->bnq", heads, out)
 
 
 # --- a basis' own orders ------------------------------------------------------------------------
@@ -218,112 +321,19 @@ class _Own(Order):
         return self.own.run(basis, x, prm.operands[0])
 
 
-class _Factored(_Own):
-    r"""An own order that keeps :math:`\Theta_k = V_k O_k^\top` as its two factors."""
-
-    __slots__ = ()
-
-    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
-        assert self.own.cost_factored is not None  # chosen only when the order has both
-        return self.own.cost_factored(basis, batch, prm.P, prm.Q, prm.R)
-
-    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
-        assert self.own.run_factored is not None
-        return self.own.run_factored(basis, x, *prm.operands)
-
-
-class _OwnImage(_Own):
-    r"""An own order that takes a :class:`~structconv.ConvWeight` as stored, on the entries' own layout."""
-
-    __slots__ = ()
-
-    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
-        full = self.own.cost(basis, batch, prm.P, prm.Q)  # G blocks: 1/G of the full map's products
-        return Cost(full.flops / prm.R, full.memory, full.irregular / prm.R)
-
-    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
-        return image_to_rows(self.run_image(basis, rows_to_image(x, basis.entry_shapes[0]), prm, None))
-
-    def run_image(self, basis: Basis, x: Array, prm: Param, bias: Array | None) -> Array:
-        assert self.own.run_image is not None  # chosen only when the order has it
-        return self.own.run_image(basis, x, prm.operands[0], prm.R, bias)
-
-    def bind_image(self, basis: Basis, prm: Param) -> Callable[[Array, Param, Array | None], Array]:
-        if self.own.bind_image is None:
-            return super().bind_image(basis, prm)
-        run = self.own.bind_image(basis, prm.R)
-        return lambda x, p, bias: run(x, p.operands[0], bias)
-
-
-_FULL_ORDERS: dict[str, Order] = {"ax": _FullAx("ax"), "xtheta": _FullXTheta("xtheta"), "atheta": _FullOrder("atheta")}
-_HOOK_ORDERS: dict[Kind, dict[str, Order]] = {
-    FULL: _FULL_ORDERS,
-    SEPARABLE: {"ax": _SeparableAx("ax"), "xtheta": _SeparableXTheta("xtheta")},
-    LOWRANK: {"ax": _LowRankAx("ax"), "xtheta": _LowRankXTheta("xtheta")},
-}
-#: The factorised orders that form :math:`\Theta` first, and the full order each then runs.
-_FORM_FULL = {"ax+full": "ax", "xtheta+full": "xtheta", "atheta": "atheta"}
-for _kind in (SEPARABLE, LOWRANK):
-    for _key, _name in _FORM_FULL.items():
-        _HOOK_ORDERS[_kind][_key] = _FormFull(_key, _FULL_ORDERS[_name])
-
-
-def _full_order(name: str, own: Mapping[str, OwnOrder]) -> Order:
-    """The order ``name`` for a full :math:`\\Theta`: the basis' own run of it, else the hooks'."""
-    found = own.get(name)
-    return _FULL_ORDERS[name] if found is None else _Own(name, found)
-
-
-def _hook_order(kind: Kind, name: str, own: Mapping[str, OwnOrder]) -> Order:
-    if kind is FULL:
-        return _full_order(name, own)
-    found = own.get(name)
-    if kind is CONV_WEIGHT:  # the weight as stored where the order takes it, else Θ formed first
-        if found is not None and found.run_image is not None:
-            return _OwnImage(name, found)
-        return _FormFull(name, _full_order(name, own))
-    if kind is LOWRANK and found is not None and found.run_factored is not None:
-        return _Factored(name, found)
-    if name in ("ax", "xtheta"):  # the factors kept, through the hooks
-        return _HOOK_ORDERS[kind][name]
-    # Θ formed first, then a full order: the shared one, or one holding the basis' own run.
-    inner = _FORM_FULL.get(name, name)
-    return _FormFull(name, _full_order(inner, own)) if inner in own else _HOOK_ORDERS[kind][name]
-
-
 # --- dense bases: one opt_einsum contraction --------------------------------------------------
-#: Explicit opt_einsum paths: operands are (A, x, Θ) or (A, x, F1, F2).
-DENSE_PATHS: dict[Kind, dict[str, tuple[tuple[int, ...], ...]]] = {
-    FULL: {"ax": ((0, 1), (0, 1)), "xtheta": ((1, 2), (0, 1)), "atheta": ((0, 2), (0, 1))},
-    SEPARABLE: {
-        "ax": ((0, 1), (0, 2), (0, 1)),
-        "xtheta": ((1, 3), (1, 2), (0, 1)),
-        "ax+full": ((2, 3), (0, 1), (0, 1)),
-        "xtheta+full": ((2, 3), (1, 2), (0, 1)),
-        "atheta": ((2, 3), (0, 2), (0, 1)),
-    },
-    LOWRANK: {
-        "ax": ((0, 1), (0, 2), (0, 1)),
-        "xtheta": ((1, 2), (0, 2), (0, 1)),
-        "ax+full": ((2, 3), (0, 1), (0, 1)),
-        "xtheta+full": ((2, 3), (1, 2), (0, 1)),
-        "atheta": ((2, 3), (0, 2), (0, 1)),
-    },
-}
-
-
 def dense_equation(batched: bool, kind: Kind) -> str:
     """The einsum equation of a dense basis (``batched``: per instance) and a ``kind`` of parameter."""
     return f"{'bkmn' if batched else 'kmn'},bmp,{kind.subscripts}->bnq"
 
 
-def _path_cost(eq: str, shapes: tuple[tuple[int, ...], ...], path: tuple[tuple[int, ...], ...]) -> Cost:
+def _path_cost(eq: str, shapes: tuple[Shape, ...], path: Path) -> Cost:
     _, flops, memory = einsum_path(eq, shapes, path)
     return Cost(flops, memory)
 
 
 class DenseOrder(Order):
-    """An order for a dense basis: opt_einsum along the order's explicit path, costed by its ``PathInfo``."""
+    """An order for a dense basis: opt_einsum along the kind's explicit path, costed by its ``PathInfo``."""
 
     __slots__ = ("equation", "kind", "path")
 
@@ -331,7 +341,7 @@ class DenseOrder(Order):
         super().__init__(name)
         self.kind = kind
         self.equation = dense_equation(batched, kind)
-        self.path = DENSE_PATHS[kind][name]
+        self.path = kind.dense_paths[name]
 
     def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
         shapes = (basis.shape, (batch, basis.M, prm.P)) + tuple(tuple(int(s) for s in op.shape) for op in prm.operands)
@@ -339,21 +349,68 @@ class DenseOrder(Order):
 
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
         a = basis.to_dense()
-        y = None
-        if self.kind is FULL:
-            y = of(a).dense_gemms(self.name, a, x, prm.operands[0])
-        elif self.kind is LOWRANK and self.name == "xtheta":
-            y = of(a).dense_gemms_lowrank(a, x, *prm.operands)
+        y = self.kind.dense_gemms(self.name, a, x, prm.operands)
         return einsum(self.equation, a, x, *prm.operands, path=self.path) if y is None else y
 
 
-_DENSE_ORDERS = {
-    (kind, batched): {name: DenseOrder(name, kind, batched) for name in DENSE_PATHS[kind]}
-    for kind in DENSE_PATHS
-    for batched in (False, True)
-}
+# --- the full kind ----------------------------------------------------------------------------
+class _Full(Kind):
+    r""":math:`\Theta` as one ``(K, P, Q)`` array: the triangle through the hooks, or the basis' own run of an order."""
+
+    name, operand_names, subscripts = "full", ("theta",), "kpq"
+    dense_paths: ClassVar[Mapping[str, Path]] = {
+        "ax": ((0, 1), (0, 1)),
+        "xtheta": ((1, 2), (0, 1)),
+        "atheta": ((0, 2), (0, 1)),
+    }
+    hooks: ClassVar[Mapping[str, Order]] = {
+        "ax": _FullAx("ax"),
+        "xtheta": _FullXTheta("xtheta"),
+        "atheta": _FullOrder("atheta"),
+    }
+    """The triangle through the basis' hooks."""
+
+    def operands_of(self, theta: Any) -> tuple[Array, ...]:
+        return (theta,)
+
+    def from_operands(self, operands: tuple[Array, ...], rank: int) -> Any:
+        return operands[0]
+
+    def read(self, theta: Any) -> Param:
+        check_array(theta, "theta", (3,), ("(K, P, Q)",))
+        k, p, q = (int(s) for s in theta.shape)
+        return Param(self, (theta,), k, p, q, 0)
+
+    def cast(self, theta: Any, to: Callable[[Array], Array]) -> Any:
+        return to(theta)
+
+    def full_shape(self, shapes: tuple[Shape, ...], rank: int) -> tuple[int, int, int]:
+        K, P, Q = shapes[0]
+        return K, P, Q
+
+    def form_full(self, operands: tuple[Array, ...], rank: int) -> Array:
+        return operands[0]
+
+    def full_cost(self, K: int, P: int, Q: int, rank: int) -> Cost:
+        return Cost(0.0, 0.0)
+
+    def hook_order(self, name: str, own: Mapping[str, OwnOrder]) -> Order:
+        """The basis' own run of ``name``, else the hooks'."""
+        found = own.get(name)
+        return self.hooks[name] if found is None else _Own(name, found)
+
+    def dense_order(self, name: str, batched: bool) -> Order:
+        return self._dense[batched][name]
+
+    def dense_gemms(self, name: str, a: Array, x: Array, operands: tuple[Array, ...]) -> Array | None:
+        return of(a).dense_gemms(name, a, x, operands[0])
 
 
+FULL = _Full()
+r"""The full kind: :math:`\Theta` as one array (a bare ``(K, P, Q)`` array, or the shape of one)."""
+
+
+# --- the orders open to a basis ---------------------------------------------------------------
 def names(kind: Kind, basis: Basis) -> tuple[str, ...]:
     """The orders open to ``basis`` with a ``kind`` of parameter, in the order :func:`explain` lists them."""
     beyond = tuple(name for name in basis.own_orders() if name not in BASE_ORDERS)
@@ -361,25 +418,26 @@ def names(kind: Kind, basis: Basis) -> tuple[str, ...]:
 
 
 def orders_for(kind: Kind, basis: Basis, dense: bool) -> tuple[Order, ...]:
-    """The :class:`Order` objects of :func:`names`; ``dense`` selects the opt_einsum family."""
+    """The :class:`Order` objects of :func:`names`, as ``kind`` picks them; ``dense`` selects the opt_einsum family."""
     if dense:
-        if kind is CONV_WEIGHT:  # Θ formed first (a view for one group), then the full einsum
-            full = _DENSE_ORDERS[FULL, basis.batch is not None]
-            return tuple(_FormFull(name, full[name]) for name in names(kind, basis))
-        table = _DENSE_ORDERS[kind, basis.batch is not None]
-        return tuple(table[name] for name in names(kind, basis))
+        batched = basis.batch is not None
+        return tuple(kind.dense_order(name, batched) for name in names(kind, basis))
     own = basis.own_orders()
-    return tuple(_hook_order(kind, name, own) for name in names(kind, basis))
+    return tuple(kind.hook_order(name, own) for name in names(kind, basis))
 
 
 __all__ = [
     "BASE_ORDERS",
-    "DENSE_PATHS",
     "FACTOR_ORDERS",
+    "FULL",
     "DenseOrder",
+    "Kind",
     "Order",
+    "Param",
+    "Shaped",
     "dense_equation",
     "image_to_rows",
+    "kind_of",
     "names",
     "orders_for",
     "rows_to_image",

@@ -12,6 +12,9 @@ NATTEN and a 3x3 convolution, on 16x16 to 64x64 grids.
     python -m benchmarks.bench_attention                 # the full table
     python -m benchmarks.bench_attention --scale 0.25    # batches scaled down, a quick look
     python -m benchmarks.bench_attention --device cuda   # the same on a GPU
+
+Every variant runs with subnormal numbers flushed to zero on every CPU thread
+(:func:`benchmarks.harness.fp_environment`); ``--no-flush`` keeps them (``_unflushed`` record).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness import Report, Row, interleaved_times, progress, publish
+from benchmarks.harness import Report, Row, add_flush_option, fp_environment, interleaved_times, progress, publish
 from structconv.nn import MultiHeadSelfAttention
 
 CONTENT = ((256, 400, 8, 100), (1024, 512, 8, 32))  # T, width, heads, batch
@@ -113,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--only", default="", help="run only cases whose name contains this text")
+    add_flush_option(parser)
     args = parser.parse_args(argv)
+    fp = fp_environment(not args.no_flush)
 
     def batch(b: int) -> int:
         return max(1, round(b * args.scale))
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
     jobs = [j for j in jobs if args.only in j[0]]
-    report = Report(f"attention_{args.device.split(':')[0]}")
+    report = Report(f"attention_{args.device.split(':')[0]}{fp.suffix}")
     for i, (name, job) in enumerate(jobs, start=1):
         progress(i, len(jobs), name)
         report.rows.append(job())

@@ -2,9 +2,10 @@
 
 ``sa-quadratic`` through structconv against the same model computed the paper's way (one dense
 softmax and one dropout mask per layer and step, shared by the batch, then the value einsum per
-image), and against ResNet18 of GridConv2d and of ``torch.nn.Conv2d`` layers.  Measured on CPU
-(batch 16, 2 threads): 2.32x the dense twin's images per second, 56 % of the GEMM yardstick
-(docs/cifar.rst).
+image), and against ResNet18 of GridConv2d and of ``torch.nn.Conv2d`` layers.  On a CPU every
+variant runs with subnormal numbers flushed to zero on every thread (as an expert sets a CPU up:
+the dense twin's softmax tails would otherwise slow its products about tenfold); ``--no-flush``
+keeps them, in a record whose name ends in ``_unflushed``.
 
     python -m benchmarks.bench_cifar                         # CPU, batch 16 (about 2 minutes on 2 cores)
     python -m benchmarks.bench_cifar --device cuda --batch 100
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.harness import Report, Row, publish
+from benchmarks.harness import Report, Row, add_flush_option, fp_environment, publish
 from structconv.experiments.cifar.throughput import GOALS, measure, table
 
 
@@ -48,19 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="steps per round (default 1 on CPU, 10 on CUDA)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    add_flush_option(parser)
     args = parser.parse_args(argv)
+    fp = fp_environment(not args.no_flush)
     cuda = args.device.startswith("cuda")
     batch = args.batch or (100 if cuda else 16)
-    result = measure(args.device, batch=batch, steps=args.steps or (10 if cuda else 1), rounds=args.rounds)
+    steps = args.steps or (10 if cuda else 1)
+    result = measure(args.device, batch=batch, steps=steps, rounds=args.rounds, flush=not args.no_flush)
     times = {name: 1.0 / ips for name, ips in result.images_per_second.items()}  # seconds per image
     row = Row(
         f"{result.device}, batch {batch}, {result.precision}", {"batch": batch}, times, "sa-quadratic paper-dense"
     )
-    report = Report(f"cifar_{args.device.split(':')[0]}", [row])
+    report = Report(f"cifar_{args.device.split(':')[0]}{fp.suffix}", [row])
     report.summary = {
         "sa_over_dense": result.ratio("sa-quadratic", "sa-quadratic paper-dense"),
         "grid_resnet_over_torch_resnet": result.ratio("resnet18", "resnet18 torch"),
         "gflop_per_image": {n: f / 1e9 for n, f in result.flops_per_image.items()},
+        "flush_denormal": result.flush_denormal,
     }
     publish(report, args.out, table(result), plot)
     return 0

@@ -21,7 +21,8 @@ For each library and set-up it records, ``repeats`` times:
   models of both libraries interleaved epoch by epoch in one process (``harness.interleaved_times``);
 * the test accuracy after ``epochs`` epochs.
 
-One intra-op thread by default (``--threads``), ``torch.set_flush_denormal(True)`` for every variant.
+One intra-op thread by default (``--threads``), subnormal numbers flushed to zero for every variant
+(:func:`benchmarks.harness.fp_environment`; ``--no-flush`` keeps them, in an ``_unflushed`` record).
 
     python -m benchmarks.bench_compile_graph                      # 200 epochs, 3 repeats (several minutes)
     python -m benchmarks.bench_compile_graph --epochs 50 --repeats 1 --out /tmp/compile
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from benchmarks.harness import Report, Row, interleaved_times, progress
+from benchmarks.harness import Report, Row, add_flush_option, fp_environment, interleaved_times, median_time, progress
 from structconv import nn as snn
 from structconv.data import load_planetoid
 
@@ -114,9 +114,8 @@ class Run:
 
 
 def timed(fn: Callable[[], None]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    """Seconds of one call of ``fn``, under the floating-point setting every variant runs under."""
+    return median_time(fn, repeats=1, warmup=0)
 
 
 def first_epoch(run: Run, backend: str) -> dict[str, Any]:
@@ -243,16 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--backend", default="inductor", help="torch.compile's backend (eager: a quick check)")
     parser.add_argument("--out", type=Path, default=Path("docs/_static/compile"))
+    add_flush_option(parser)
     args = parser.parse_args(argv)
     if args.epochs < 3 or args.repeats < 1:
         parser.error("need --epochs >= 3 and --repeats >= 1")
     torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)
+    fp = fp_environment(not args.no_flush)
     data = load_planetoid(args.data, "cora")
     torch.compile(lambda t: t.sin() + 1, dynamic=False, backend=args.backend)(
         torch.ones(3)
     )  # pay Inductor's one-off start-up here
-    report = Report("compile_graph_cpu")
+    report = Report(f"compile_graph_cpu{fp.suffix}")
     steps = [(setup, r) for setup in SETUPS for r in range(args.repeats)]
     samples: dict[str, list[Any]] = {setup: [] for setup in SETUPS}
     for i, (setup, r) in enumerate(steps, start=1):
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     compile_ratio = max(r.ratio("structconv") for r in report.rows if r.case.startswith("compile"))
     report.summary = {
         "threads": args.threads,
-        "flush_denormal": True,
+        "flush_denormal": fp.measured,
         "epochs": args.epochs,
         "repeats": args.repeats,
         "compile": f"torch.compile(model, dynamic=False, fullgraph=True, backend={args.backend!r}), "
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     js, txt = report.write(args.out, text)
     png = args.out / f"{report.name}.png"
     plot(report.rows, png)
-    print(text)
+    print(report.text(text))
     print(f"wrote {js}, {txt} and {png}")
     return 0
 

@@ -16,6 +16,10 @@ time and peak memory of one GCNConv forward + backward from 125k to 1M edges.
     python -m benchmarks.bench_graph                 # all (a few minutes)
     python -m benchmarks.bench_graph --skip-scaling  # Cora only
     python -m benchmarks.bench_graph --only GAT --repeats 5  # GAT on Cora and at 1M edges, nothing else
+
+Every variant runs with subnormal numbers flushed to zero on every CPU thread
+(:func:`benchmarks.harness.fp_environment`, and in the scaling part's fresh processes);
+``--no-flush`` keeps them (``_unflushed`` record).
 """
 
 from __future__ import annotations
@@ -31,7 +35,15 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from benchmarks.harness import Report, Row, interleaved_times, progress
+from benchmarks.harness import (
+    Report,
+    Row,
+    add_flush_option,
+    current_environment,
+    fp_environment,
+    interleaved_times,
+    progress,
+)
 from structconv import gcn_basis
 from structconv.data import load_planetoid
 from structconv.experiments.planetoid import SparseInput
@@ -142,12 +154,17 @@ def training(x: torch.Tensor, edge_index: torch.Tensor, y: torch.Tensor, mask: t
         "ours-prebuilt": lambda: train_gcn(GCNConv, x, basis, y, mask, 200),
         "pyg-cached": lambda: train_gcn(lambda p, q: pyg.GCNConv(p, q, cached=True), x, edge_index, y, mask, 200),
     }
-    times = {k: statistics.median(v() for _ in range(repeats)) for k, v in variants.items()}
+    inner: dict[str, list[float]] = {k: [] for k in variants}  # each run's own time of its 200 epochs
+    runs = {k: lambda k=k, v=v: inner[k].append(v()) for k, v in variants.items()}
+    interleaved_times(runs, repeats=repeats, warmup=0)  # for the one floating-point setting and the interleaving
+    times = {k: statistics.median(ts) for k, ts in inner.items()}
     return Row("GCN 200 epochs", {"epochs": 200}, times, "pyg")
 
 
 _SCALING_CHILD = """
 import sys, time, statistics, torch
+
+torch.set_flush_denormal(sys.argv[3] == "1")  # before any thread starts: all of them inherit it
 from structconv.nn import GCNConv
 
 
@@ -203,10 +220,11 @@ def scaling() -> list[Row]:
     rows = []
     N = 100_000
     sizes = (125_000, 250_000, 500_000, 1_000_000)
+    flush = "1" if current_environment().measured else "0"  # the children run in this process's setting
     for i, E in enumerate(sizes, start=1):
         progress(i, len(sizes), f"random graph N={N} E={E}")
         out = subprocess.run(
-            [sys.executable, "-c", _SCALING_CHILD, str(N), str(E)], capture_output=True, text=True, check=True
+            [sys.executable, "-c", _SCALING_CHILD, str(N), str(E), flush], capture_output=True, text=True, check=True
         ).stdout.split()
         seconds, peak_mb = float(out[0]), float(out[1])
         extra = {"peak_mb_added": peak_mb, "us_per_edge": 1e6 * seconds / E, "kb_per_edge": 1024 * peak_mb / E}
@@ -233,10 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         "--only", default="", help="run only the layers whose name starts with this (e.g. GAT), on Cora and at 1M edges"
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    add_flush_option(parser)
     args = parser.parse_args(argv)
+    fp = fp_environment(not args.no_flush)
     torch.set_grad_enabled(True)
     cora = load_planetoid(args.data, "cora")
-    report = Report(f"graph_cpu_{args.only.lower()}" if args.only else "graph_cpu")  # a part beside the whole
+    name = f"graph_cpu_{args.only.lower()}" if args.only else "graph_cpu"  # a part beside the whole
+    report = Report(name + fp.suffix)
     report.rows += cora_layers(cora.x, cora.edge_index, args.repeats, args.only)
     if not args.only:  # the GCN training and GCN scaling runs belong to the whole benchmark
         report.rows.append(training(cora.x, cora.edge_index, cora.y, cora.train_mask, args.train_repeats))
@@ -246,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         report.rows += scaling()
     text = table(report.rows)
     js, txt = report.write(args.out, text)
-    print(text)
+    print(report.text(text))
     print(f"wrote {js} and {txt}")
     return 0
 

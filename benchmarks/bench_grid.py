@@ -15,6 +15,9 @@ what the dense ``(K, M, N)`` basis would need.  Goals: default <= 1.10x, best ge
     python -m benchmarks.bench_grid                  # full table (several minutes on 2 cores)
     python -m benchmarks.bench_grid --batch 16 --repeats 3   # a quick look
     python -m benchmarks.bench_grid --device cuda    # the same table against cuDNN
+
+Every variant runs with subnormal numbers flushed to zero on every CPU thread
+(:func:`benchmarks.harness.fp_environment`); ``--no-flush`` keeps them (``_unflushed`` record).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from benchmarks.harness import Report, Row, median_time, progress, publish
+from benchmarks.harness import Report, Row, add_flush_option, fp_environment, median_time, progress, publish
 from structconv import conv, grid_basis
 from structconv.nn import GridConv2d
 
@@ -132,10 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--only", default="", help="run only cases whose name contains this text")
+    add_flush_option(parser)
     args = parser.parse_args(argv)
+    fp = fp_environment(not args.no_flush)
     cases = [(s, c, k, b) for s, c in SHAPES for k in KERNELS for b in (False, True)]
     cases = [c for c in cases if args.only in f"{c[0]}x{c[0]}x{c[1]} k{c[2]} {'fwd+bwd' if c[3] else 'fwd'}"]
-    report = Report(f"grid_{args.device.split(':')[0]}")
+    report = Report(f"grid_{args.device.split(':')[0]}{fp.suffix}")
     for i, (size, channels, k, backward) in enumerate(cases, start=1):
         progress(i, len(cases), f"{size}x{size}x{channels} k{k} {'fwd+bwd' if backward else 'fwd'}")
         report.rows.append(measure(args.batch, size, channels, k, backward, args.repeats, args.device))

@@ -5,6 +5,9 @@ For random (B, K, M, N, P, Q, density, representation) configurations, time each
 run.  The target: auto within 1.2x of the best order in at least 95 % of configurations.
 
     python -m benchmarks.bench_orders --configs 60 --seed 0
+
+Every order runs with subnormal numbers flushed to zero on every CPU thread
+(:func:`benchmarks.harness.fp_environment`); ``--no-flush`` keeps them (``_unflushed`` record).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.harness import Report, Row, median_time, progress
+from benchmarks.harness import Report, Row, add_flush_option, fp_environment, median_time, progress
 from structconv import DenseBasis, SparseBasis, conv, explain
 
 ORDERS = ("ax", "xtheta", "atheta")
@@ -71,11 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--goal", type=float, default=1.2, help="auto counts as good within this factor of the best")
+    add_flush_option(parser)
     args = parser.parse_args(argv)
+    fp = fp_environment(not args.no_flush)
 
     rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
-    report = Report(f"orders_{args.device.split(':')[0]}")
+    report = Report(f"orders_{args.device.split(':')[0]}{fp.suffix}")
     for i in range(args.configs):
         cfg = random_config(rng)
         progress(i + 1, args.configs, str({k: cfg[k] for k in ("B", "K", "M", "N", "P", "Q")}))
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     table = "\n".join(lines)
     js, txt = report.write(args.out, table)
-    print(table)
+    print(report.text(table))
     print(f"wrote {js} and {txt}")
     return 0
 

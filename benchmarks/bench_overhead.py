@@ -14,7 +14,9 @@ calls each:
   channels, batch 1): what planning once saves per call.
 
 One torch thread by default (``--threads``): the question is the cost around the kernels, and
-a single thread keeps the kernels' own time steady on a shared machine.
+a single thread keeps the kernels' own time steady on a shared machine.  Every variant runs with
+subnormal numbers flushed to zero (:func:`benchmarks.harness.fp_environment`); ``--no-flush``
+keeps them (``_unflushed`` record).
 
     python -m benchmarks.bench_overhead                 # about two minutes on 2 cores
     python -m benchmarks.bench_overhead --repeats 5     # a quick look
@@ -31,7 +33,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness import Report, Row, interleaved_times, progress, publish
+from benchmarks.harness import Report, Row, add_flush_option, fp_environment, interleaved_times, progress, publish
 from structconv import contraction, conv, grid_basis
 from structconv.data import load_planetoid
 from structconv.nn import GCNConv, GridConv2d
@@ -164,13 +166,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="the Planetoid directory (Cora)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: per-call costs, least noise)")
+    add_flush_option(parser)
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.calls < 1 or args.threads < 1:
         parser.error("--repeats, --calls and --threads must be positive")
     torch.set_num_threads(args.threads)
+    fp = fp_environment(not args.no_flush)
     rows = grid_rows(args.repeats, args.calls) + gcn_rows(args.repeats, max(1, args.calls // 10), args.data)
     rows += engine_rows(args.repeats, args.calls)
-    report = Report("overhead_cpu", rows)
+    report = Report(f"overhead_cpu{fp.suffix}", rows)
     report.summary = {
         "worst_grid_ratio": max(r.ratio("structconv") for r in rows if r.peer == "torch"),
         "gcn_ratio": next(r.ratio("structconv") for r in rows if r.peer == "pyg"),

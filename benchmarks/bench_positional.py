@@ -54,6 +54,11 @@ peak memory of one call of each variant (growth of the process' peak RSS, approx
 Targets: structconv <= 0.8x the fastest peer; <= 1.6x the 3x3 conv with D_h = D_out and <= 0.8x
 with D_h = 44; inference <= 0.5x forward + backward.
 
+Every variant runs with subnormal numbers flushed to zero on every thread
+(:func:`benchmarks.harness.fp_environment`), as an expert user of the peers sets a CPU up: the
+dense peers' softmax tails would otherwise slow their products about tenfold.  ``--no-flush``
+keeps them, for the figures without it (the record's name then ends in ``_unflushed``).
+
     python -m benchmarks.bench_positional                        # the full table: about 40 min on 2 quiet cores
     python -m benchmarks.bench_positional --other-sides 16 32 64  # gaussian and learned at 64x64 too: about 40 min more
     python -m benchmarks.bench_positional --quick                # 16x16, batch 1, 1 repeat: a smoke run (~2 min)
@@ -82,7 +87,7 @@ import torch
 from torch.nn import functional as F  # noqa: N812
 
 import structconv
-from benchmarks.harness import Report, Row, interleaved_times, progress, publish
+from benchmarks.harness import Report, Row, add_flush_option, fp_environment, interleaved_times, progress, publish
 from structconv.nn import PositionalAttention
 
 WIDTH, HEADS, SMALL_HEAD = 400, 9, 44
@@ -874,7 +879,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="16x16, batch 1, 1 repeat: a smoke run")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--name", default="positional_cpu", help="the results' file name")
+    add_flush_option(parser)
     args = parser.parse_args(argv)
+    fp = fp_environment(not args.no_flush)
     if args.quick:
         args.sides, args.batch, args.repeats = [16], args.batch or 1, 1
 
@@ -883,7 +890,7 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.recompile_limit = 64  # one compile per shape and encoding, and NATTEN's besides
     natten, natten_note = load_natten(args.natten_site) if "natten" not in args.skip else (None, "skipped")
     todo = jobs(args)
-    report = Report(args.name)
+    report = Report(args.name + fp.suffix)
     started = time.perf_counter()
     for i, (label, kw) in enumerate(todo, start=1):
         progress(i, len(todo), label)

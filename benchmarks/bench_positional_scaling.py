@@ -40,9 +40,14 @@ bytes).
     python -m benchmarks.bench_positional_scaling --sides 16 32 64 --repeats 1 --out /tmp/scaling_try
     python -m benchmarks.bench_positional_scaling --skip flex natten --no-progress
 
+Every variant runs with subnormal numbers flushed to zero on every thread
+(:func:`benchmarks.harness.fp_environment`); ``--no-flush`` keeps them (``PREFIX`` then ends in
+``_unflushed``).
+
 Writes ``PREFIX.json`` (the rows, the heads' builds, the derived figures and a header naming the
-torch version, threads, date and command), ``PREFIX.txt`` (the printed table) and ``PREFIX.png``
-(time and peak memory against tokens, log-log, inference and training), ``PREFIX`` = ``--out``.
+torch version, threads, the floating-point environment, date and command), ``PREFIX.txt`` (the
+printed table) and ``PREFIX.png`` (time and peak memory against tokens, log-log, inference and
+training), ``PREFIX`` = ``--out``.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ import torch
 
 import structconv
 from benchmarks import bench_positional as bp
-from benchmarks.harness import Report, interleaved_times
+from benchmarks.harness import Report, add_flush_option, current_environment, fp_environment, interleaved_times
 from structconv.nn import PositionalAttention
 
 Peer = Callable[[PositionalAttention, torch.Tensor], torch.Tensor]
@@ -199,6 +204,8 @@ def peak_mb(run: Callable[[], Any], child: Sequence[str], in_process: bool) -> f
 
 def peak_in_subprocess(child: Sequence[str]) -> float | None:
     """Run ``python -m benchmarks.bench_positional_scaling --peak-child ...`` and read the peak it prints (MB)."""
+    if not current_environment().measured:  # the child runs in this process's floating-point environment
+        child = [*child, "--no-flush"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
     done = subprocess.run(
@@ -560,6 +567,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip", nargs="*", default=[], choices=bp.PEERS, help="peers not to run")
     parser.add_argument("--out", default="docs/_static/positional/scaling_cpu", help="prefix of the .json/.txt/.png")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_flush_option(parser)
     parser.add_argument("--peak-child", nargs=3, metavar=("VARIANT", "MODE", "SIDE"), help=argparse.SUPPRESS)
     return parser
 
@@ -573,6 +581,7 @@ def _progress(total: int, enabled: bool) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure, print the table and the verdict, write ``--out`` .json, .txt and .png."""
     args = _parser().parse_args(argv)
+    fp = fp_environment(not args.no_flush)
     if args.peak_child:  # the subprocess of peak_in_subprocess
         variant, mode, side = args.peak_child
         print(json.dumps({"peak_mb": child_peak(variant, mode, int(side), args.width, args.heads)}))
@@ -631,11 +640,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     derived = {"growth_per_token": {m: growth(rows, m) for m in MODES}, "done_when": done_when(rows)}
     lines = [
+        fp.sentence(),
         f"{title}; torch {torch.__version__}; {args.repeats} interleaved repeat(s); {elapsed / 60:.1f} min",
         f"NATTEN: {natten_note}",
     ]
     text = table(rows, builds, lines)
-    prefix = Path(args.out)
+    prefix = Path(args.out + fp.suffix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     js, txt, png = (prefix.with_name(prefix.name + ext) for ext in (".json", ".txt", ".png"))
     payload = {"header": header, "rows": [asdict(r) for r in rows], "builds": [asdict(b) for b in builds]}

@@ -2,6 +2,15 @@
 
 Timings on shared machines are noisy, so every figure is a median over ``repeats`` runs and
 every claim is a ratio to a peer measured in the same run.
+
+Every variant runs in one floating-point environment.  On a CPU, subnormal numbers (a softmax's
+tails) slow every later product that reads them about tenfold unless the threads flush them to
+zero, which is the first thing an expert sets there; so a benchmark sets it once with
+:func:`fp_environment` (flushed by default, ``--no-flush`` for the figures without it), and
+:func:`interleaved_times` and :func:`median_time` hold it before every timed call: a variant
+that changes it (a peer's set-up code) is named in a warning and cannot time another variant
+under a different setting.  :meth:`Report.environment` records the setting, whether the CPU
+supports it, and under which setting every timed call ran.
 """
 
 from __future__ import annotations
@@ -11,54 +20,196 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from structconv.experiments.cifar.train import flushes_subnormals, flushing_here, set_subnormal_flush
+
 
 def sync(device: str) -> None:
     """Wait for queued GPU work so that wall-clock time covers it."""
     if device.startswith("cuda"):
-        import torch
-
         torch.cuda.synchronize()
 
 
-def median_time(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device: str = "cpu") -> float:
-    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
+# ---------------------------------------------------------------------------------------------
+# The floating-point environment
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FloatEnvironment:
+    """The floating-point environment a benchmark runs every variant in (see :func:`fp_environment`).
+
+    ``flush`` is what was asked, ``supported`` whether the CPU can flush (``torch.set_flush_denormal``'s
+    answer) and ``measured`` what every thread did just after (``None``: some threads only).
+    """
+
+    flush: bool
+    supported: bool
+    measured: bool | None
+
+    @property
+    def label(self) -> str:
+        """``"flushed"``, ``"unflushed"`` or ``"partly flushed"``: what the records and tables call it."""
+        return {True: "flushed", False: "unflushed", None: "partly flushed"}[self.measured]
+
+    @property
+    def suffix(self) -> str:
+        """Appended to a record's name: ``""`` flushed, ``"_unflushed"`` otherwise (no record overwrites the other)."""
+        return "" if self.measured else "_unflushed"
+
+    def sentence(self) -> str:
+        """The line a table states it in, e.g. ``subnormals flushed for every variant (...)``."""
+        if self.measured is None:
+            return "subnormals flushed on some threads only (the CPU's threads could not all be set)"
+        how = f"torch.set_flush_denormal({self.measured}) on every thread"
+        said = f"subnormals {self.label} for every variant ({how})"
+        if self.flush and not self.supported:
+            said += "; this CPU cannot flush them (torch.set_flush_denormal returned False)"
+        return said
+
+
+_ENVIRONMENT: list[FloatEnvironment] = []  # the one fp_environment set last in this process
+_LEDGER: dict[str, Any] = {"flushed": 0, "unflushed": 0, "changed_by": []}
+
+
+def fp_environment(flush: bool = True) -> FloatEnvironment:
+    """Set the floating-point environment every variant of this process's benchmark runs in.
+
+    ``torch.set_flush_denormal(flush)`` on the calling thread and on every thread of torch's
+    CPU operations (:func:`structconv.experiments.cifar.train.set_subnormal_flush`: torch alone
+    sets only the calling thread), then measured.  :func:`interleaved_times` and
+    :func:`median_time` hold it from here on, and the counts of timed calls under each setting
+    (:meth:`Report.environment`) start again.
+
+    Parameters
+    ----------
+    flush : bool
+        Flush subnormal numbers to zero (the default, as an expert sets a CPU up) or keep them
+        (``--no-flush``: the figures a user gets without it).
+
+    Returns
+    -------
+    FloatEnvironment
+        What was set, whether the CPU supports it, and what every thread does now.
+    """
+    supported = set_subnormal_flush(flush)
+    env = FloatEnvironment(flush, supported, flushes_subnormals())
+    _ENVIRONMENT[:] = [env]
+    _LEDGER.update(flushed=0, unflushed=0, changed_by=[])
+    return env
+
+
+def forget_environment() -> None:
+    """Forget what :func:`fp_environment` set (for tests): timing holds the calling thread's setting again."""
+    _ENVIRONMENT.clear()
+    _LEDGER.update(flushed=0, unflushed=0, changed_by=[])
+
+
+def current_environment() -> FloatEnvironment:
+    """The environment :func:`fp_environment` set, or, if it was not called, the one measured now."""
+    if _ENVIRONMENT:
+        return _ENVIRONMENT[0]
+    here = flushing_here()
+    return FloatEnvironment(here, bool(torch.set_flush_denormal(here)), flushes_subnormals())
+
+
+class _Hold:
+    """Holds one setting across timed calls: restores it before a call if anything changed it, counts the calls."""
+
+    def __init__(self, flush: bool | None) -> None:
+        chosen = _ENVIRONMENT[0].measured if _ENVIRONMENT else None
+        self.flush = flush if flush is not None else (chosen if chosen is not None else flushing_here())
+        set_subnormal_flush(self.flush)  # every thread, once: the state at entry may be the main thread's alone
+        self.flush = flushing_here()  # a CPU that cannot flush keeps them whatever was asked
+
+    def before(self) -> None:
+        """Just before a timed call: the setting is the held one, counted under what it is."""
+        if flushing_here() != self.flush:
+            set_subnormal_flush(self.flush)
+        _LEDGER["flushed" if flushing_here() else "unflushed"] += 1
+
+    def after(self, name: str) -> None:
+        """Just after ``name``'s call: if it changed the setting, say so and put it back."""
+        if flushing_here() != self.flush:
+            set_subnormal_flush(self.flush)
+            if name not in _LEDGER["changed_by"]:
+                _LEDGER["changed_by"].append(name)
+                warnings.warn(
+                    f"{name!r} changed torch.set_flush_denormal; set back to {self.flush} before every timed call",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+
+def median_time(
+    fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device: str = "cpu", flush: bool | None = None
+) -> float:
+    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
+
+    Every run is under one floating-point setting: ``flush``, else the one :func:`fp_environment`
+    set, else the calling thread's at entry (held as :func:`interleaved_times` holds it).
+    """
+    hold = _Hold(flush)
     for _ in range(warmup):
+        hold.before()
         fn()
+        hold.after("the timed function")
     sync(device)
     times = []
     for _ in range(repeats):
+        hold.before()
         start = time.perf_counter()
         fn()
         sync(device)
         times.append(time.perf_counter() - start)
+        hold.after("the timed function")
     return statistics.median(times)
 
 
 def interleaved_times(
-    variants: dict[str, Callable[[], Any]], repeats: int = 21, warmup: int = 3, device: str = "cpu"
+    variants: dict[str, Callable[[], Any]],
+    repeats: int = 21,
+    warmup: int = 3,
+    device: str = "cpu",
+    flush: bool | None = None,
 ) -> dict[str, float]:
     """Median seconds of each variant, timed round-robin so that drifts in machine load hit all alike.
 
     The order of the variants is reversed every other round: whichever runs second would
-    otherwise always find the caches the first one left.
+    otherwise always find the caches the first one left.  Every call, warm-ups included, runs
+    under one floating-point setting (``flush``, else the one :func:`fp_environment` set, else
+    the calling thread's at entry): it is checked before each call and set back after a call
+    that changed it, with a warning naming that variant.
     """
-    for fn in variants.values():
+    hold = _Hold(flush)
+    for name, fn in variants.items():
         for _ in range(warmup):
+            hold.before()
             fn()
+            hold.after(name)
     samples: dict[str, list[float]] = {name: [] for name in variants}
     forward = list(variants.items())
     for round_ in range(repeats):
         for name, fn in forward if round_ % 2 == 0 else forward[::-1]:
             sync(device)
+            hold.before()
             start = time.perf_counter()
             fn()
             sync(device)
             samples[name].append(time.perf_counter() - start)
+            hold.after(name)
     return {name: statistics.median(ts) for name, ts in samples.items()}
 
 
@@ -86,25 +237,36 @@ class Report:
     summary: dict[str, Any] = field(default_factory=dict)
 
     def environment(self) -> dict[str, Any]:
-        env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform()}
-        try:
-            import torch
+        """Python, platform, torch, threads, the GPU, and the floating-point environment.
 
-            env["torch"] = torch.__version__
-            env["threads"] = torch.get_num_threads()
-            env["cuda"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-        except ImportError:  # pragma: no cover - torch is a dependency
-            pass
+        ``flush_denormal`` is what every thread does now (``None``: some threads only),
+        ``flush_denormal_supported`` whether the CPU can flush, ``subnormals`` the label
+        (``"flushed"`` or ``"unflushed"``), ``timed_calls`` how many timed calls (warm-ups
+        included) ran under each setting since :func:`fp_environment`, and ``changed_by`` the
+        variants that changed it (each time set back before the next call).
+        """
+        env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform()}
+        env["torch"] = torch.__version__
+        env["threads"] = torch.get_num_threads()
+        env["cuda"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        fp = current_environment()
+        env |= {"flush_denormal": flushes_subnormals(), "flush_denormal_supported": fp.supported}
+        env |= {"subnormals": fp.label, "timed_calls": {k: _LEDGER[k] for k in ("flushed", "unflushed")}}
+        env["changed_by"] = list(_LEDGER["changed_by"])
         return env
 
+    def text(self, table: str) -> str:
+        """The table as printed and written: the floating-point environment's sentence first."""
+        return f"{current_environment().sentence()}\n{table}"
+
     def write(self, directory: Path, table: str) -> tuple[Path, Path]:
-        """Write ``<name>.json`` (machine-readable) and ``<name>.txt`` (the table)."""
+        """Write ``<name>.json`` (machine-readable) and ``<name>.txt`` (:meth:`text` of the table)."""
         directory.mkdir(parents=True, exist_ok=True)
         js, txt = directory / f"{self.name}.json", directory / f"{self.name}.txt"
         payload = {"name": self.name, "environment": self.environment(), "summary": self.summary}
         payload["rows"] = [asdict(r) for r in self.rows]
         js.write_text(json.dumps(payload, indent=2))
-        txt.write_text(table + "\n")
+        txt.write_text(self.text(table) + "\n")
         return js, txt
 
 
@@ -113,8 +275,18 @@ def publish(report: Report, directory: Path, table: str, plot: Callable[[list[Ro
     js, txt = report.write(directory, table)
     png = directory / f"{report.name}.png"
     plot(report.rows, png)
-    print(table)
+    print(report.text(table))
     print(f"wrote {js}, {txt} and {png}")
+
+
+def add_flush_option(parser: Any) -> None:
+    """``--no-flush`` on a benchmark's command line (see :func:`fp_environment`)."""
+    parser.add_argument(
+        "--no-flush",
+        action="store_true",
+        help="keep subnormal numbers for every variant (default: flushed to zero on every thread, as an expert "
+        "sets a CPU up); the record is labelled and named 'unflushed'",
+    )
 
 
 def progress(i: int, total: int, label: str) -> None:

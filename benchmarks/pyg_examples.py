@@ -16,8 +16,11 @@ downloads nothing.  Only the data sets whose raw files are there can run (Cora, 
 The test accuracy is the last ``Test: 0.8130``-style number the script prints (for gcn.py and
 gat.py: the test accuracy at the best validation accuracy); ``s/run`` is the subprocess's wall time
 (imports and data loading included) and ``s/epoch`` the median epoch time the script prints, if
-any (gcn.py: training step only; gat.py: training + evaluation).  Writes ``<stem>.json`` and
-``<stem>.txt`` per example into ``--out`` and prints the table::
+any (gcn.py: training step only; gat.py: training + evaluation).  Every run flushes subnormal
+numbers to zero (``torch.set_flush_denormal(True)`` before the script starts any thread, so that
+all of them inherit it), as an expert sets a CPU up; ``--no-flush`` keeps them (the records'
+names then end in ``_unflushed``).  Writes ``<stem>.json`` and ``<stem>.txt`` per example into
+``--out`` and prints the table::
 
     git -C <pyg checkout> show HEAD:examples/gcn.py > /tmp/pyg/gcn.py
     python -m benchmarks.pyg_examples --example /tmp/pyg/gcn.py              # 5 seeds, both layers
@@ -54,7 +57,8 @@ BOOTSTRAP = f"""
 import json, random, runpy, sys
 import numpy, torch
 script, seed, names = sys.argv[1], int(sys.argv[2]), [n for n in sys.argv[3].split(",") if n]
-swap, threads = sys.argv[4] == "1", int(sys.argv[5])
+swap, threads, flush = sys.argv[4] == "1", int(sys.argv[5]), sys.argv[6] == "1"
+torch.set_flush_denormal(flush)  # before any thread starts: every one inherits it
 if threads: torch.set_num_threads(threads)
 random.seed(seed); numpy.random.seed(seed); torch.manual_seed(seed)
 if swap:
@@ -62,7 +66,7 @@ if swap:
     for name in names:
         for module in (torch_geometric.nn, torch_geometric.nn.conv):
             setattr(module, name, getattr(structconv.nn, name))
-sys.argv, sys.path[0] = [script, *sys.argv[6:]], __import__("os").path.dirname(script)
+sys.argv, sys.path[0] = [script, *sys.argv[7:]], __import__("os").path.dirname(script)
 scope = runpy.run_path(script, run_name="__main__")
 bound = {{n: getattr(scope[n], "__module__", "?") for n in names if n in scope}}
 print({MARK!r} + json.dumps({{"threads": torch.get_num_threads(), "bound": bound}}))
@@ -87,11 +91,19 @@ def stage(example: Path, data: Path, tmp: Path) -> Path:
 
 
 def run_once(
-    script: Path, seed: int, layers: list[str], swap: bool, args: list[str], timeout: float, threads: int = 0
+    script: Path,
+    seed: int,
+    layers: list[str],
+    swap: bool,
+    args: list[str],
+    timeout: float,
+    threads: int = 0,
+    flush: bool = True,
 ) -> dict[str, Any]:
     """Run ``script`` in a subprocess (with ``layers`` swapped if ``swap``) and parse what it prints.
 
     ``threads`` > 0 sets torch's (and OpenMP's) thread count in the subprocess; 0 keeps torch's default.
+    ``flush`` flushes subnormal numbers to zero on every thread of the subprocess.
 
     Returns
     -------
@@ -104,7 +116,7 @@ def run_once(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.update({"OMP_NUM_THREADS": str(threads)} if threads else {})
     cmd = [sys.executable, "-c", BOOTSTRAP, str(script), str(seed), ",".join(layers), str(int(swap)), str(threads)]
-    cmd += args
+    cmd += [str(int(flush)), *args]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=script.parent, env=env, capture_output=True, text=True, timeout=timeout)
@@ -145,14 +157,15 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def environment(threads: int) -> dict[str, Any]:
-    """The machine and library versions the runs used, and their torch thread count."""
+def environment(threads: int, flush: bool = True) -> dict[str, Any]:
+    """The machine and library versions the runs used, their torch thread count and subnormal setting."""
     return {
         "machine": f"{platform.platform()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "torch_geometric": version("torch_geometric"),
         "threads": threads or torch.get_num_threads(),
+        "flush_denormal": flush,
     }
 
 
@@ -172,7 +185,9 @@ def table(name: str, record: dict[str, Any]) -> str:
         f"{', '.join(record['swapped_in_script']) or 'NONE (nothing swapped)'}; "
         f"data: {', '.join(record['datasets'])} (the raw files available)",
         f"machine: {env['machine']}; torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
-        f"torch threads: {env['threads']}",
+        f"torch threads: {env['threads']}; subnormals "
+        + ("flushed" if env.get("flush_denormal", False) else "unflushed")
+        + " in every run",
         f"{'run':<11} {'test acc (%)':>14} {'failed':>6} {'s/run':>7} {'s/epoch':>8}",
     ]
     for label, s in (("PyG", pyg), ("structconv", ours)):
@@ -183,7 +198,14 @@ def table(name: str, record: dict[str, Any]) -> str:
 
 
 def benchmark(
-    example: Path, seeds: int, layers: list[str], data: Path, args: list[str], timeout: float, threads: int = 0
+    example: Path,
+    seeds: int,
+    layers: list[str],
+    data: Path,
+    args: list[str],
+    timeout: float,
+    threads: int = 0,
+    flush: bool = True,
 ) -> dict[str, Any]:
     """Run ``example`` ``seeds`` times as is and with the swap, interleaved; return the record."""
     with tempfile.TemporaryDirectory(prefix="pyg_examples_") as tmp:
@@ -195,7 +217,7 @@ def benchmark(
         runs: dict[str, list[dict[str, Any]]] = {"pyg": [], "structconv": []}
         for seed in range(seeds):
             for key in runs:
-                runs[key].append(run_once(script, seed, layers, key == "structconv", args, timeout, threads))
+                runs[key].append(run_once(script, seed, layers, key == "structconv", args, timeout, threads, flush))
                 r = runs[key][-1]
                 print(f"{example.name} seed {seed} {key:<10} acc {r['test_acc']} {r['seconds']:.1f}s {r['bound']}")
                 if not r["ok"]:
@@ -209,7 +231,7 @@ def benchmark(
         "layers": layers,
         "example_args": args,
         "datasets": datasets,
-        "environment": environment(threads),
+        "environment": environment(threads, flush),
         "pyg": pyg,
         "structconv": ours,
         "diff_points": diff,
@@ -230,15 +252,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads per run (default: torch's own)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
     parser.add_argument("--out", type=Path, default=OUT, help="directory for <stem>.json and <stem>.txt")
+    parser.add_argument("--no-flush", action="store_true", help="keep subnormal numbers ('_unflushed' records)")
     opts = parser.parse_args(argv)
     layers = [name for name in opts.layers.split(",") if name]
     opts.out.mkdir(parents=True, exist_ok=True)
     for example in opts.example:
         args = shlex.split(opts.example_args)
-        record = benchmark(example.resolve(), opts.seeds, layers, opts.data, args, opts.timeout, opts.threads)
+        flush = not opts.no_flush
+        record = benchmark(example.resolve(), opts.seeds, layers, opts.data, args, opts.timeout, opts.threads, flush)
         text = table(example.name, record)
-        (opts.out / f"{example.stem}.json").write_text(json.dumps(record, indent=2) + "\n")
-        (opts.out / f"{example.stem}.txt").write_text(text + "\n")
+        stem = example.stem + ("" if flush else "_unflushed")
+        (opts.out / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
+        (opts.out / f"{stem}.txt").write_text(text + "\n")
         print(text)
 
 

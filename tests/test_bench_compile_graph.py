@@ -13,25 +13,32 @@ import pytest
 import torch
 
 from benchmarks import bench_compile_graph as bcg
+from benchmarks.harness import forget_environment
+from structconv.experiments.cifar.train import flushing_here, set_subnormal_flush
 
 pytestmark = pytest.mark.skipif(not (bcg.DATA / "ind.cora.x").exists(), reason="Cora's Planetoid files are absent")
 
 
 def test_toy_run_writes_a_complete_record(tmp_path: Path) -> None:
     args = ["--epochs", "3", "--repeats", "1", "--backend", "eager", "--out", str(tmp_path)]
-    threads = torch.get_num_threads()
+    threads, flushing = torch.get_num_threads(), flushing_here()
     try:
         assert bcg.main(args) == 0
     finally:  # main sets both for the process: give the other tests theirs back
         torch.set_num_threads(threads)
-        torch.set_flush_denormal(False)
+        set_subnormal_flush(flushing)
+        forget_environment()
         torch._dynamo.reset()
     record = json.loads((tmp_path / "compile_graph_cpu.json").read_text())
-    assert (tmp_path / "compile_graph_cpu.txt").read_text().startswith("epoch prenorm")
+    first, second = (tmp_path / "compile_graph_cpu.txt").read_text().splitlines()[:2]
+    assert first.startswith("subnormals flushed for every variant") and second.startswith("epoch prenorm")
     assert (tmp_path / "compile_graph_cpu.png").stat().st_size > 0
     summary = record["summary"]
     assert summary["threads"] == record["environment"]["threads"] == 1
     assert summary["flush_denormal"] is True and summary["epochs"] == 3 and summary["repeats"] == 1
+    env = record["environment"]  # every timed call (compiles and epochs, both libraries) ran flushed
+    assert env["flush_denormal"] is True and env["changed_by"] == []
+    assert env["timed_calls"]["unflushed"] == 0 and env["timed_calls"]["flushed"] > 0
     assert set(summary["goals"]) == {"epoch (worst set-up)", "compile (worst set-up)"}
     assert all(isinstance(goal["met"], bool) for goal in summary["goals"].values())
     rows = {row["case"]: row for row in record["rows"]}

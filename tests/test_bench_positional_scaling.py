@@ -3,6 +3,8 @@
 Width 16 keeps every call short.  Flex (tens of seconds of compiling per grid) and NATTEN (found only in some
 environments) are skipped by ``--skip``, and a memory budget of 0.15 GB lets the dense peers run
 at 8x8 while skipping some of them at 36x36 by their estimate: both paths of a peer are covered.
+Every variant is timed with subnormals flushed (tests/test_bench_environment.py has the harness's
+checks), and the record and the table say so.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_positional_scaling as bs
+from benchmarks.harness import forget_environment
+from structconv.experiments.cifar.train import flushing_here, set_subnormal_flush
 
 SIDES, WIDTH, HEADS = (8, 36), 16, 9
 
@@ -23,7 +27,12 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prefix = tmp_path_factory.mktemp("scaling") / "scaling"
     argv = ["--sides", *map(str, SIDES), "--width", str(WIDTH), "--heads", str(HEADS), "--repeats", "1"]
     argv += ["--skip", "flex", "natten", "--memory-budget-gb", "0.15", "--out", str(prefix), "--no-progress"]
-    assert bs.main(argv) == 0
+    before = flushing_here()
+    try:
+        assert bs.main(argv) == 0
+    finally:  # main sets the process's floating-point environment: give the other tests theirs back
+        set_subnormal_flush(before)
+        forget_environment()
     return prefix
 
 
@@ -52,6 +61,10 @@ def test_header_builds_derived_and_figure(written: Path) -> None:
     payload = json.loads(written.with_suffix(".json").read_text())
     header = payload["header"]
     assert {"torch", "threads", "date", "command"} <= set(header)
+    if header["flush_denormal_supported"]:  # every variant timed flushed, warm-ups included, and said so
+        assert header["flush_denormal"] is True and header["subnormals"] == "flushed" and header["changed_by"] == []
+        assert header["timed_calls"]["unflushed"] == 0 and header["timed_calls"]["flushed"] > 0
+        assert written.with_suffix(".txt").read_text().startswith("subnormals flushed for every variant")
     assert header["width"] == WIDTH and header["heads"] == HEADS
     assert "--out" in header["command"]
     assert [b["side"] for b in payload["builds"]] == list(SIDES)

@@ -30,7 +30,15 @@ from structconv.experiments.cifar.names import DATA_ENV, MODEL_NAMES, PRESET_NAM
 from structconv.experiments.cifar.presets import PRESETS, TrainConfig, config_for
 from structconv.experiments.cifar.reference import dense_twin
 from structconv.experiments.cifar.throughput import measure, table
-from structconv.experiments.cifar.train import _optimizer, learning_rate, model_from_checkpoint, train
+from structconv.experiments.cifar.train import (
+    _optimizer,
+    flushes_subnormals,
+    flushing_here,
+    learning_rate,
+    model_from_checkpoint,
+    set_subnormal_flush,
+    train,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 _TINY_SA = {"width": 16, "depth": 2, "ffn": 16, "heads": 4, "dropout": 0.0, "attention_dropout": 0.0}
@@ -420,6 +428,7 @@ def test_training_writes_metrics_and_a_loadable_checkpoint(tmp_path: Path) -> No
     assert [row["epoch"] for row in history] == [1, 2]
     meta = json.loads((tmp_path / "metrics.json").read_text())
     assert meta["history"] == history and meta["config"]["model"] == "sa-quadratic"
+    assert {"flush_denormal", "flush_denormal_supported"} <= set(meta["environment"])
     lines = (tmp_path / "metrics.csv").read_text().splitlines()
     assert lines[0].startswith("epoch,lr,train_loss") and len(lines) == 3
     model, config, state = model_from_checkpoint(tmp_path / "checkpoint.pt")
@@ -562,6 +571,38 @@ def test_download_verifies_the_checksum_and_leaves_nothing_on_failure(tmp_path: 
 
 
 # --- throughput and command line ----------------------------------------------------------------
+def test_a_cpu_run_flushes_subnormals_on_every_thread_records_it_and_sets_them_back(tmp_path: Path) -> None:
+    if not torch.set_flush_denormal(flushing_here()):  # the same setting again: torch says if the CPU has one
+        pytest.skip("this CPU cannot flush subnormals")
+    threads, before = torch.get_num_threads(), flushing_here()
+    torch.set_num_threads(2)
+    seen: list[bool | None] = []
+    original = train_module.train_step
+
+    def watched(*args: object, **kwargs: object) -> object:  # every training step sees every thread flushing
+        seen.append(flushes_subnormals())
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    set_subnormal_flush(False)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(train_module, "train_step", watched)
+            _train_tiny(tmp_path)
+        assert seen and set(seen) == {True}
+        assert flushes_subnormals() is False  # as before the run
+        environment = json.loads((tmp_path / "metrics.json").read_text())["environment"]
+        assert environment["flush_denormal"] is True and environment["flush_denormal_supported"] is True
+        result = measure("cpu", batch=2, steps=1, rounds=1, only=("resnet18",), resnet_options={"width": 4})
+        assert result.flush_denormal is True and flushes_subnormals() is False
+        assert "; subnormals flushed for every variant" in table(result).splitlines()[0]
+        kept = measure("cpu", batch=2, steps=1, rounds=1, only=("resnet18",), resnet_options={"width": 4}, flush=False)
+        assert kept.flush_denormal is False and "subnormals unflushed for every variant" in table(kept)
+        assert json.loads(json.dumps(kept.__dict__))["flush_denormal"] is False  # what `bench --out` writes
+    finally:
+        torch.set_num_threads(threads)
+        set_subnormal_flush(before)
+
+
 def test_throughput_reports_every_variant_its_flops_and_the_goal_ratios() -> None:
     from structconv.experiments.cifar.throughput import SA_VARIANTS
 

@@ -443,3 +443,27 @@ def test_every_preset_smoke_included_is_documented_in_the_help_and_the_docs(caps
     table = docs[docs.index("preset     settings") :]
     for name in PRESET_NAMES:
         assert f"\n``{name}``" in table, name
+
+
+def test_bench_flushes_subnormals_on_a_cpu_and_no_flush_writes_a_record_named_unflushed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from structconv.experiments.cifar.train import flushing_here
+
+    before = flushing_here()
+    common = ["cifar", "bench", "--device", "cpu", "--sizes", "smoke", "--only", "resnet18", "--batch", "2"]
+    common += ["--steps", "1", "--rounds", "1", "--out", str(tmp_path)]
+    assert main(common) == 0
+    assert main([*common, "--no-flush"]) == 0
+    assert flushing_here() == before  # the setting returns after the run
+    flushed = json.loads((tmp_path / "cifar_throughput_cpu.json").read_text())
+    kept = json.loads((tmp_path / "cifar_throughput_cpu_unflushed.json").read_text())
+    assert kept["flush_denormal"] is False
+    first = (tmp_path / "cifar_throughput_cpu_unflushed.txt").read_text().splitlines()[0]
+    assert first.endswith("; subnormals unflushed for every variant")
+    if flushed["flush_denormal_supported"]:
+        assert flushed["flush_denormal"] is True
+        first = (tmp_path / "cifar_throughput_cpu.txt").read_text().splitlines()[0]
+        assert first.endswith("; subnormals flushed for every variant")

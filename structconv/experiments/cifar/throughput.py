@@ -61,7 +61,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .models import ResNet18, SelfAttentionNet, build_model
 from .presets import TrainConfig, family
 from .reference import dense_twin
-from .train import _optimizer, device_label, make_step, train_step
+from .train import (
+    _optimizer,
+    device_label,
+    flush_subnormals,
+    flushing_here,
+    make_step,
+    set_subnormal_flush,
+    train_step,
+)
 
 __all__ = [
     "GOALS",
@@ -72,6 +80,7 @@ __all__ = [
     "largest_gemm",
     "measure",
     "profile_step",
+    "subnormals_stated",
     "table",
     "targets",
 ]
@@ -103,7 +112,9 @@ class Throughput:
     ``torch.bmm``), ``gemm_dtype`` and ``gemm_source`` (the variant whose step it came from)
     describe the GEMM yardstick; ``gemm_tflops`` is its median achieved TFLOP/s and
     ``utilisation`` each variant's achieved TFLOP/s over it.  All are ``None`` (``utilisation``
-    empty) when no measured step multiplies matrices.
+    empty) when no measured step multiplies matrices.  ``flush_denormal`` is whether every CPU
+    thread flushed subnormal numbers to zero while every variant was timed (``None``: only some
+    did, or a record from before it was kept), ``flush_denormal_supported`` whether the CPU can.
     """
 
     device: str
@@ -122,6 +133,8 @@ class Throughput:
     compiled: bool = False
     sizes: str = "paper"
     profile: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
+    flush_denormal: bool | None = None
+    flush_denormal_supported: bool | None = None
 
     def tflops(self, name: str) -> float:
         """Achieved TFLOP/s of variant ``name``."""
@@ -285,6 +298,7 @@ def measure(
     compile: bool = False,
     sizes: str = "paper",
     profile: int = 0,
+    flush: bool | None = None,
 ) -> Throughput:
     """Median training images per second of each variant and of the GEMM yardstick (see the module docstring).
 
@@ -295,7 +309,46 @@ def measure(
     the models' options (``sizes`` names them in the record, e.g. ``"smoke"``).  With ``profile``
     (a number of operators), each variant's step is profiled after the timing (:func:`profile_step`),
     so that a missed target comes with where the step's time goes.
+
+    Every variant runs in one floating-point environment: on a CPU every thread flushes
+    subnormal numbers to zero (the first thing an expert sets on a CPU where a softmax feeds a
+    product; ``flush=False`` keeps them, for the figures without it), elsewhere the host's
+    setting stays as it is unless ``flush`` is given (:func:`~.train.flush_subnormals`; the
+    former setting returns afterwards).  The record's ``flush_denormal`` says what held.
     """
+    cpu = torch.device(device).type == "cpu"
+    with flush_subnormals(True if flush is None and cpu else flush) as floats:
+        result = _measure(
+            device, batch, steps, rounds, precision, only, sa_options, log, peak_tflops, resnet_options, compile,
+            sizes, profile,
+        )  # fmt: skip
+    result.flush_denormal = floats["flush_denormal"]
+    result.flush_denormal_supported = floats["flush_denormal_supported"]
+    return result
+
+
+def _measure(
+    device: str,
+    batch: int,
+    steps: int,
+    rounds: int,
+    precision: str,
+    only: tuple[str, ...],
+    sa_options: dict[str, Any] | None,
+    log: Callable[[str], None] | None,
+    peak_tflops: float | None,
+    resnet_options: dict[str, Any] | None,
+    compile: bool,
+    sizes: str,
+    profile: int,
+) -> Throughput:
+    """:func:`measure` inside its floating-point environment, which it holds before every timed variant."""
+    held = flushing_here()
+
+    def hold() -> None:  # before each timed part: if anything changed the setting, every part still runs under one
+        if flushing_here() != held:
+            set_subnormal_flush(held)
+
     cuda = device.startswith("cuda")
     bf16 = precision == "bf16" or (precision == "auto" and cuda)
     unknown = [n for n in only if n not in VARIANTS]
@@ -335,6 +388,7 @@ def measure(
     gemm_samples: list[float] = []
     for r in range(rounds):
         for name, step in steppers.items():
+            hold()
             if cuda:
                 torch.cuda.synchronize()
             tic = time.perf_counter()
@@ -344,6 +398,7 @@ def measure(
                 torch.cuda.synchronize()
             samples[name].append(batch * steps / (time.perf_counter() - tic))
         if gemm_sample is not None:
+            hold()
             gemm_samples.append(gemm_sample())
         if log is not None:
             rates = [f"{n} {v[-1]:.1f} img/s" for n, v in samples.items()]
@@ -445,6 +500,15 @@ def targets(result: Throughput) -> list[Target]:
     return found
 
 
+def subnormals_stated(result: Throughput) -> str:
+    """What the record says of subnormal numbers, e.g. ``subnormals flushed for every variant`` ("" if not recorded)."""
+    where = "" if result.device.startswith("CPU") else "on the host, "
+    if result.flush_denormal is None:
+        return "" if result.flush_denormal_supported is None else f"{where}subnormals flushed on some CPU threads only"
+    said = f"{where}subnormals {'flushed' if result.flush_denormal else 'unflushed'} for every variant"
+    return said + ("" if result.flush_denormal_supported is not False else " (this CPU cannot flush them)")
+
+
 def table(result: Throughput) -> str:
     """The measurements as a text table with FLOPs, utilisation (of the peak, of the GEMM) and the targets."""
     ips = result.images_per_second
@@ -454,7 +518,8 @@ def table(result: Throughput) -> str:
         f"training throughput on {result.device}, batch {result.batch}, {result.precision}"
         + (", compiled" if result.compiled else ", eager")
         + (f", {result.sizes} sizes" if result.sizes != "paper" else "")
-        + (f", peak {peak:g} TFLOP/s" if peak else ""),
+        + (f", peak {peak:g} TFLOP/s" if peak else "")
+        + (f"; {floats}" if (floats := subnormals_stated(result)) else ""),
         f"{'variant':<28}{'images/s':>11}{'parameters':>13}{'GFLOP/img':>11}{'TFLOP/s':>9}"
         + ("   MFU" if peak else "")
         + (" of GEMM" if gemm else ""),

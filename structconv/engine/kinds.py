@@ -25,7 +25,7 @@ from ..backend import Array, einsum, of
 from ..bases.base import Basis, Cost, OwnOrder
 from ..bases.conv_weight import ConvWeight, conv_weight_full
 from ..bases.factor import LowRank, Separable
-from .orders import Kind, Order, Param, Path, Shape, _gemm, _Own, image_to_rows, rows_to_image
+from .orders import Kind, Order, Param, Path, Shape, _gemm, _Own, image_to_rows, kind_of, rows_to_image
 
 #: The dense paths of a factorised parameter's orders: the operands are (A, x, F1, F2).
 _FORM_FIRST: Mapping[str, Path] = {
@@ -223,7 +223,9 @@ class _ConvWeight(Kind):
         return ConvWeight(operands[0], rank)
 
     def compiled_operands(self, theta: Any) -> tuple[Any, ...] | None:
-        return (theta.weight,) if isinstance(theta, ConvWeight) else (theta,)
+        if isinstance(theta, ConvWeight):
+            return (theta.weight,)
+        return (theta,) if kind_of(theta).held is None else None  # a bare weight, not another kind's object
 
     def as_theta(self, theta: Any, rank: int) -> Any:
         return theta if isinstance(theta, ConvWeight) else ConvWeight(theta, rank)

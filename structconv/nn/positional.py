@@ -54,7 +54,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         Content scores added to the positional ones (with ``LearnedHeads(relative_terms=True)``,
         the four terms of Eq. 5); bound as :attr:`content`.
     attention_dropout : float, default 0.0
-        Dropout of the attention weights in training.
+        Dropout of the attention weights in training, after the softmax (scaled by :math:`1/(1-p)`).
     dropout_shared : bool, optional
         ``None`` or ``True``: as Cordonnier et al.'s code, one mask per step shared by the batch
         for position-only heads, one per image with content; ``False``: one per image always.
@@ -68,7 +68,8 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         The truncation of position-only :class:`GaussianHeads` to shift bases (``None``, and
         under ``torch.compile``: exact).
     padding : int or tuple of int, default 0
-        Zero tokens around the grid per side and axis: keys that are no outputs (:meth:`from_conv`).
+        Zero tokens around the grid per side and axis (``boundary="zero"`` only): keys that are
+        no outputs, over which the softmax still normalises (:meth:`from_conv`).
 
     Shapes
     ------
@@ -201,6 +202,14 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
             With :math:`K = k_1 \cdots k_d` heads of :class:`~structconv.nn.QuadraticHeads`, the
             convolution's dtype and device, ``bias`` iff ``conv`` has one.
 
+        Raises
+        ------
+        TypeError
+            If ``conv`` is not one of the convolutions above.
+        ValueError
+            As :func:`~structconv.theory.conv_module_heads` (naming the argument), or for a
+            non-positive ``alpha``.
+
         Examples
         --------
         >>> import torch
@@ -223,10 +232,12 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
                 f"{where}: conv must be a torch.nn.Conv1d/2d/3d or a structconv.nn.GridConv1d/2d/3d, "
                 f"got {type(conv).__name__}"
             )
-        if alpha is not None and not 0.0 < float(alpha) < math.inf:
-            raise ValueError(f"{where}: alpha must be positive and finite (or None for one-hot heads), got {alpha!r}")
         with torch.no_grad():
             heads = conv_module_heads(conv, grid, head_dim=head_dim, where=where)
+            if alpha is not None and not 0.0 < float(alpha) < math.inf:
+                raise ValueError(
+                    f"{where}: alpha must be positive and finite (or None for one-hot heads), got {alpha!r}"
+                )
             width = ONE_HOT_ALPHA if alpha is None else float(alpha)
             layer = cls(
                 heads.grid, conv.out_channels, len(heads.offsets), encoding=QuadraticHeads(alpha=width),

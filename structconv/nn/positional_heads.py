@@ -52,9 +52,18 @@ class Encoding(NotScriptable, nn.Module):
         """A new, unbound encoding of this class: this one's options, ``changes`` replacing some."""
         return type(self)(**{**self.options(), **changes})
 
-    def _check_bound(self, bound: bool) -> None:
-        if not bound:
-            raise ValueError(f"{type(self).__name__} is not bound to a layer; give it to PositionalAttention")
+    #: The layer's keyword that takes this encoding.
+    argument = "encoding"
+
+    @property
+    def bound(self) -> bool:
+        """Whether this encoding is bound to a layer (and holds its parameters)."""
+        raise NotImplementedError
+
+    def _check_bound(self) -> None:
+        if not self.bound:
+            name = type(self).__name__
+            raise ValueError(f"{name} is not bound to a layer; give it to PositionalAttention({self.argument}=...)")
 
     def extra_repr(self) -> str:
         signature = inspect.signature(type(self)).parameters
@@ -98,6 +107,7 @@ class ContentHeads(Encoding):
     """
 
     shown = ("key_dim", "bias")
+    argument = "content"
     key: nn.Parameter
     query: nn.Parameter
     key_bias: nn.Parameter
@@ -112,6 +122,10 @@ class ContentHeads(Encoding):
 
     def options(self) -> dict[str, Any]:
         return {"key_dim": self.key_dim, "bias": self.bias}
+
+    @property
+    def bound(self) -> bool:
+        return self.num_heads > 0
 
     def key_width(self, num_heads: int, embed_dim: int) -> int:
         """:math:`D` for a layer of ``num_heads`` heads of width ``embed_dim``."""
@@ -135,7 +149,7 @@ class ContentHeads(Encoding):
 
     def mechanism(self) -> BiAffine:
         """The content scores as a :class:`~structconv.BiAffine` mechanism."""
-        self._check_bound(self.num_heads > 0)
+        self._check_bound()
         biases = {"key_bias": self.key_bias, "query_bias": self.query_bias} if self.bias else {}
         assert self.key_dim is not None  # resolved by bind
         return BiAffine(key=self.key, query=self.query, scale=1.0 / math.sqrt(self.key_dim), **biases)
@@ -168,14 +182,18 @@ class PositionalHeads(Encoding):
             sizes = _grid(grid)
         except (TypeError, ValueError) as error:
             raise type(error)(f"{name}: {error}") from None
+        H = positive_int(num_heads, "num_heads", where=name)
+        E = positive_int(embed_dim, "embed_dim", where=name)
         if boundary not in BOUNDARIES:
             raise ValueError(f"{name}: boundary must be one of {BOUNDARIES}, got {boundary!r}")
         bound: Self = self.with_options()
-        bound.grid, bound.boundary = sizes, boundary
-        bound.num_heads = positive_int(num_heads, "num_heads", where=name)
-        bound.embed_dim = positive_int(embed_dim, "embed_dim", where=name)
+        bound.grid, bound.num_heads, bound.embed_dim, bound.boundary = sizes, H, E, boundary
         bound._build(content)
         return bound
+
+    @property
+    def bound(self) -> bool:
+        return bool(self.grid)
 
     def _build(self, content: ContentHeads | None) -> None:
         """Create the parameters at their initial values (the sizes are set)."""
@@ -264,13 +282,13 @@ class QuadraticHeads(PositionalHeads):
 
     def alpha(self) -> torch.Tensor:
         r""":math:`\alpha_h`, ``(K,)``."""
-        self._check_bound(bool(self.grid))
+        self._check_bound()
         return self.log_alpha.exp() if self.width == "exp" else 0.5 * self.spread * self.spread
 
     @torch.no_grad()
     def set_alpha(self, alpha: float | torch.Tensor) -> None:
         r"""Set :math:`\alpha_h` (a number or ``(K,)`` positive values) in this encoding's parametrisation."""
-        self._check_bound(bool(self.grid))
+        self._check_bound()
         values = torch.as_tensor(alpha, dtype=self.centres.dtype, device=self.centres.device).expand(self.num_heads)
         if not bool((values > 0).all()):
             raise ValueError(f"{type(self).__name__}: set_alpha needs positive values")
@@ -284,7 +302,7 @@ class QuadraticHeads(PositionalHeads):
         return quadratic_scores(self.grid, self.centres, alpha, self.boundary, positive=True)
 
     def positional_parameters(self) -> list[nn.Parameter]:
-        self._check_bound(bool(self.grid))
+        self._check_bound()
         return [self.centres, self.log_alpha if self.width == "exp" else self.spread]
 
 
@@ -341,11 +359,11 @@ class GaussianHeads(PositionalHeads):
         self.inv_sqrt_cov = nn.Parameter(torch.eye(d).repeat(H, 1, 1) * math.sqrt(2 * self.initial_alpha) + noise)
 
     def mechanism(self) -> PositionScores:
-        self._check_bound(bool(self.grid))
+        self._check_bound()
         return gaussian_scores(self.grid, self.centres, self.inv_sqrt_cov, self.boundary)
 
     def positional_parameters(self) -> list[nn.Parameter]:
-        self._check_bound(bool(self.grid))
+        self._check_bound()
         return [self.centres, self.inv_sqrt_cov]
 
 
@@ -427,7 +445,7 @@ class LearnedHeads(PositionalHeads):
             self.weight = nn.Parameter(torch.empty(H, Dp).uniform_(-bound, bound))
 
     def mechanism(self) -> PositionScores:
-        self._check_bound(bool(self.grid))
+        self._check_bound()
         if self.relative_terms:
             raise ValueError(f"{type(self).__name__}: relative_terms score the content too; use with_content")
         return learned_scores(self.grid, tuple(self.tables), self.weight, self.boundary)
@@ -436,7 +454,7 @@ class LearnedHeads(PositionalHeads):
         """With ``relative_terms``, the four terms of Eq. 5; otherwise the content scores plus the positional ones."""
         if not self.relative_terms:
             return super().with_content(content)
-        self._check_bound(bool(self.grid))
+        self._check_bound()
         assert content.key_dim is not None  # resolved when bound
         return RelativeAttention(
             self.grid, tuple(self.tables), key=content.key, query=content.query, rel_key=self.rel_key,

@@ -177,8 +177,10 @@ def table_on(rel: RelativeOffsets, name: str, like: Array) -> Any:
     # Copies: the cached tables are read-only, and torch does not share read-only memory.
     if name == "offsets":
         table = backend.asarray(rel.offsets.astype(np.float64), like)
-    else:
+    elif name.startswith("axis_index"):
         table = backend.asarray(rel.axis_index(int(name.removeprefix("axis_index"))), like, "int64")
+    else:
+        raise KeyError(name)
     return _PLACED.put(key, table)
 
 
@@ -229,7 +231,9 @@ class RelativeAttention(Mechanism):
     with keys :math:`k_m = x_m W^k_h`, queries :math:`q_n = z_n W^q_h` and the projected
     embedding :math:`\hat r_\delta = \hat W_h^\top r_\delta` (:math:`r_\delta` from per-axis
     ``tables``, as in :func:`~structconv.learned_scores`).  A term is present when its parameters
-    are given; the query-position term is computed per axis, never through ``(M, N, D)`` embeddings.
+    are given (``key`` and ``query``; ``query`` and ``rel_key``; ``key`` and ``u``; ``rel_key``
+    and ``v``); the query-position term is computed per axis, never through ``(M, N, D)``
+    embeddings.
 
     Parameters
     ----------

@@ -270,16 +270,31 @@ def conv_module_heads(
     where
         The caller's name, for messages.
 
+    Returns
+    -------
+    ConvHeads
+        One head per kernel position, with the module's kernel (dense for ``groups > 1``) and bias.
+
     Raises
     ------
+    TypeError
+        If ``conv`` is not a convolution module of that kind (a transposed one included), or
+        ``grid`` is not a tuple of sizes.
     ValueError
         Naming the argument: a lazy module not yet run, a stride other than 1, padding that does
         not keep the size, ``padding_mode="reflect"`` (a mirror is no translation: no head at a
         fixed offset reads it), input and output channels that differ, a grid of another
         dimension than the kernel, or a ``head_dim`` below the channels.
     """
+    needed = ("weight", "bias", "stride", "padding", "padding_mode", "dilation", "groups", "in_channels")
+    if not all(hasattr(conv, name) for name in (*needed, "out_channels")) or getattr(conv, "transposed", False):
+        raise TypeError(
+            f"{where}: conv must be a torch.nn.Conv1d/2d/3d or a structconv.nn.GridConv1d/2d/3d, "
+            f"got {type(conv).__name__}"
+        )
     weight = conv.weight
-    if type(weight).__name__ == "UninitializedParameter":
+    lazy = getattr(conv, "has_uninitialized_params", None)  # torch's lazy modules (LazyConv2d, ...)
+    if callable(lazy) and lazy():
         raise ValueError(f"{where}: conv is a lazy convolution whose weight is not initialised yet; run it once")
     try:
         sizes = _grid(grid)
@@ -528,7 +543,6 @@ def nearest_convolution(basis: Basis | Array, grid: Any, *, padding_mode: str = 
     ValueError
         If the basis does not have :math:`M = N = \prod_i S_i`, or for a bad grid or padding mode.
     """
-
     boundary = padding_boundary(padding_mode, modes=SHIFT_MODES, where="nearest_convolution")
     g = _grid(grid)
     b = as_basis(basis)
@@ -581,7 +595,6 @@ def attention_to_conv(
         If a head is farther than ``tol`` (total variation, see :func:`nearest_convolution`)
         from every one-hot shift; the message names the head and its distance.
     """
-
     check_array(theta, "theta", (3,), ("(K, P, Q)",))
     fit = nearest_convolution(basis, grid, padding_mode=padding_mode)
     if int(theta.shape[0]) != len(fit.offsets):

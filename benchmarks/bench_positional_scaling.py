@@ -71,7 +71,14 @@ import torch
 
 import structconv
 from benchmarks import bench_positional as bp
-from benchmarks.harness import Report, add_flush_option, current_environment, fp_environment, interleaved_times
+from benchmarks.harness import (
+    Report,
+    add_flush_option,
+    current_environment,
+    fp_environment,
+    interleaved_times,
+    timed_label,
+)
 from structconv.nn import PositionalAttention
 
 Peer = Callable[[PositionalAttention, torch.Tensor], torch.Tensor]
@@ -640,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     derived = {"growth_per_token": {m: growth(rows, m) for m in MODES}, "done_when": done_when(rows)}
     lines = [
-        fp.sentence(),
+        fp.sentence(timed_label()),
         f"{title}; torch {torch.__version__}; {args.repeats} interleaved repeat(s); {elapsed / 60:.1f} min",
         f"NATTEN: {natten_note}",
     ]

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from structconv.experiments.cifar.train import flushes_subnormals, flushing_here, set_subnormal_flush
+from structconv.backend.subnormals import all_threads_flush, set_subnormal_flush, thread_flushes
 
 
 def sync(device: str) -> None:
@@ -56,20 +56,25 @@ class FloatEnvironment:
 
     @property
     def label(self) -> str:
-        """``"flushed"``, ``"unflushed"`` or ``"partly flushed"``: what the records and tables call it."""
+        """``"flushed"``, ``"unflushed"`` or ``"partly flushed"`` (some threads): what every thread did when set."""
         return {True: "flushed", False: "unflushed", None: "partly flushed"}[self.measured]
 
     @property
     def suffix(self) -> str:
-        """Appended to a record's name: ``""`` flushed, ``"_unflushed"`` otherwise (no record overwrites the other)."""
-        return "" if self.measured else "_unflushed"
+        """Appended to a record's name: ``""`` flushed, else ``"_unflushed"`` or ``"_partly_flushed"``."""
+        return "" if self.measured else "_" + self.label.replace(" ", "_")
 
-    def sentence(self) -> str:
-        """The line a table states it in, e.g. ``subnormals flushed for every variant (...)``."""
-        if self.measured is None:
+    def sentence(self, label: str | None = None) -> str:
+        """The line a table states it in, e.g. ``subnormals flushed for every variant (...)``.
+
+        ``label`` is what the timed calls ran under (:func:`timed_label`), else :attr:`label`.
+        """
+        label = label or self.label
+        if label == "mixed":
+            return f"subnormals flushed in {_LEDGER['flushed']} timed calls and not in {_LEDGER['unflushed']}"
+        if label == "partly flushed":
             return "subnormals flushed on some threads only (the CPU's threads could not all be set)"
-        how = f"torch.set_flush_denormal({self.measured}) on every thread"
-        said = f"subnormals {self.label} for every variant ({how})"
+        said = f"subnormals {label} for every variant (torch.set_flush_denormal({self.flush}) asked on every thread)"
         if self.flush and not self.supported:
             said += "; this CPU cannot flush them (torch.set_flush_denormal returned False)"
         return said
@@ -83,7 +88,7 @@ def fp_environment(flush: bool = True) -> FloatEnvironment:
     """Set the floating-point environment every variant of this process's benchmark runs in.
 
     ``torch.set_flush_denormal(flush)`` on the calling thread and on every thread of torch's
-    CPU operations (:func:`structconv.experiments.cifar.train.set_subnormal_flush`: torch alone
+    CPU operations (:func:`structconv.backend.subnormals.set_subnormal_flush`: torch alone
     sets only the calling thread), then measured.  :func:`interleaved_times` and
     :func:`median_time` hold it from here on, and the counts of timed calls under each setting
     (:meth:`Report.environment`) start again.
@@ -100,7 +105,7 @@ def fp_environment(flush: bool = True) -> FloatEnvironment:
         What was set, whether the CPU supports it, and what every thread does now.
     """
     supported = set_subnormal_flush(flush)
-    env = FloatEnvironment(flush, supported, flushes_subnormals())
+    env = FloatEnvironment(flush, supported, all_threads_flush())
     _ENVIRONMENT[:] = [env]
     _LEDGER.update(flushed=0, unflushed=0, changed_by=[])
     return env
@@ -116,8 +121,22 @@ def current_environment() -> FloatEnvironment:
     """The environment :func:`fp_environment` set, or, if it was not called, the one measured now."""
     if _ENVIRONMENT:
         return _ENVIRONMENT[0]
-    here = flushing_here()
-    return FloatEnvironment(here, bool(torch.set_flush_denormal(here)), flushes_subnormals())
+    here = thread_flushes()
+    return FloatEnvironment(here, bool(torch.set_flush_denormal(here)), all_threads_flush())
+
+
+def timed_label() -> str:
+    """What the timed calls since :func:`fp_environment` ran under: ``"flushed"``, ``"unflushed"`` or ``"mixed"``.
+
+    From the counts of timed calls (each measured on every thread just before it); with none
+    timed yet, the environment's own :attr:`FloatEnvironment.label`.
+    """
+    flushed, unflushed = _LEDGER["flushed"], _LEDGER["unflushed"]
+    if flushed and unflushed:
+        return "mixed"
+    if flushed or unflushed:
+        return "flushed" if flushed else "unflushed"
+    return current_environment().label
 
 
 class _Hold:
@@ -125,19 +144,20 @@ class _Hold:
 
     def __init__(self, flush: bool | None) -> None:
         chosen = _ENVIRONMENT[0].measured if _ENVIRONMENT else None
-        self.flush = flush if flush is not None else (chosen if chosen is not None else flushing_here())
+        self.flush = flush if flush is not None else (chosen if chosen is not None else thread_flushes())
         set_subnormal_flush(self.flush)  # every thread, once: the state at entry may be the main thread's alone
-        self.flush = flushing_here()  # a CPU that cannot flush keeps them whatever was asked
+        self.flush = thread_flushes()  # a CPU that cannot flush keeps them whatever was asked
 
     def before(self) -> None:
-        """Just before a timed call: the setting is the held one, counted under what it is."""
-        if flushing_here() != self.flush:
+        """Just before a timed call: the setting is the held one, counted under what every thread does."""
+        if thread_flushes() != self.flush:
             set_subnormal_flush(self.flush)
-        _LEDGER["flushed" if flushing_here() else "unflushed"] += 1
+        every = all_threads_flush()  # None (some threads only) counts as unflushed: not every variant flushed
+        _LEDGER["flushed" if every else "unflushed"] += 1
 
     def after(self, name: str) -> None:
         """Just after ``name``'s call: if it changed the setting, say so and put it back."""
-        if flushing_here() != self.flush:
+        if thread_flushes() != self.flush:
             set_subnormal_flush(self.flush)
             if name not in _LEDGER["changed_by"]:
                 _LEDGER["changed_by"].append(name)
@@ -250,14 +270,14 @@ class Report:
         env["threads"] = torch.get_num_threads()
         env["cuda"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         fp = current_environment()
-        env |= {"flush_denormal": flushes_subnormals(), "flush_denormal_supported": fp.supported}
-        env |= {"subnormals": fp.label, "timed_calls": {k: _LEDGER[k] for k in ("flushed", "unflushed")}}
+        env |= {"flush_denormal": all_threads_flush(), "flush_denormal_supported": fp.supported}
+        env |= {"subnormals": timed_label(), "timed_calls": {k: _LEDGER[k] for k in ("flushed", "unflushed")}}
         env["changed_by"] = list(_LEDGER["changed_by"])
         return env
 
     def text(self, table: str) -> str:
         """The table as printed and written: the floating-point environment's sentence first."""
-        return f"{current_environment().sentence()}\n{table}"
+        return f"{current_environment().sentence(timed_label())}\n{table}"
 
     def write(self, directory: Path, table: str) -> tuple[Path, Path]:
         """Write ``<name>.json`` (machine-readable) and ``<name>.txt`` (:meth:`text` of the table)."""

@@ -69,7 +69,8 @@ if swap:
 sys.argv, sys.path[0] = [script, *sys.argv[7:]], __import__("os").path.dirname(script)
 scope = runpy.run_path(script, run_name="__main__")
 bound = {{n: getattr(scope[n], "__module__", "?") for n in names if n in scope}}
-print({MARK!r} + json.dumps({{"threads": torch.get_num_threads(), "bound": bound}}))
+from structconv.backend.subnormals import all_threads_flush  # measured after the script: every thread
+print({MARK!r} + json.dumps({{"threads": torch.get_num_threads(), "bound": bound, "flushes": all_threads_flush()}}))
 """
 TEST = re.compile(r"\btest(?:[ _]?acc(?:uracy)?)?\s*[:=]\s*([0-9]*\.[0-9]+)", re.IGNORECASE)
 EPOCH = re.compile(r"time per epoch:\s*([0-9.]+)\s*s", re.IGNORECASE)
@@ -157,8 +158,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def environment(threads: int, flush: bool = True) -> dict[str, Any]:
-    """The machine and library versions the runs used, their torch thread count and subnormal setting."""
+def measured_flush(runs: list[dict[str, Any]]) -> bool | None:
+    """Whether every run that worked flushed subnormals on every thread (measured in it): ``None`` if mixed."""
+    seen = {r.get("flushes") for r in runs if r["ok"]}
+    return seen.pop() if len(seen) == 1 else None
+
+
+def environment(threads: int, flush: bool | None = True) -> dict[str, Any]:
+    """The machine and library versions the runs used, their torch thread count and subnormal setting (measured)."""
     return {
         "machine": f"{platform.platform()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
         "python": sys.version.split()[0],
@@ -186,8 +193,10 @@ def table(name: str, record: dict[str, Any]) -> str:
         f"data: {', '.join(record['datasets'])} (the raw files available)",
         f"machine: {env['machine']}; torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
         f"torch threads: {env['threads']}; subnormals "
-        + ("flushed" if env.get("flush_denormal", False) else "unflushed")
-        + " in every run",
+        + {True: "flushed in every run", False: "unflushed in every run"}.get(
+            env.get("flush_denormal"), "flushed in some runs only"
+        )
+        + " (measured)",
         f"{'run':<11} {'test acc (%)':>14} {'failed':>6} {'s/run':>7} {'s/epoch':>8}",
     ]
     for label, s in (("PyG", pyg), ("structconv", ours)):
@@ -231,7 +240,7 @@ def benchmark(
         "layers": layers,
         "example_args": args,
         "datasets": datasets,
-        "environment": environment(threads, flush),
+        "environment": environment(threads, measured_flush([r for v in runs.values() for r in v])),
         "pyg": pyg,
         "structconv": ours,
         "diff_points": diff,

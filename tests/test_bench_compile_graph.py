@@ -14,14 +14,14 @@ import torch
 
 from benchmarks import bench_compile_graph as bcg
 from benchmarks.harness import forget_environment
-from structconv.experiments.cifar.train import flushing_here, set_subnormal_flush
+from structconv.backend.subnormals import set_subnormal_flush, thread_flushes
 
 pytestmark = pytest.mark.skipif(not (bcg.DATA / "ind.cora.x").exists(), reason="Cora's Planetoid files are absent")
 
 
 def test_toy_run_writes_a_complete_record(tmp_path: Path) -> None:
     args = ["--epochs", "3", "--repeats", "1", "--backend", "eager", "--out", str(tmp_path)]
-    threads, flushing = torch.get_num_threads(), flushing_here()
+    threads, flushing = torch.get_num_threads(), thread_flushes()
     try:
         assert bcg.main(args) == 0
     finally:  # main sets both for the process: give the other tests theirs back

@@ -29,16 +29,16 @@ import pytest
 import torch
 
 from benchmarks import harness
+from structconv.backend.subnormals import all_threads_flush, set_subnormal_flush, thread_flushes
 from structconv.experiments.cifar.presets import config_for
 from structconv.experiments.cifar.throughput import measure
-from structconv.experiments.cifar.train import flushes_subnormals, flushing_here, set_subnormal_flush
 
 Seen = dict[str, set[tuple[bool, bool | None]]]  # variant -> (this thread flushes, every thread flushes) seen
 CORA = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid" / "ind.cora.x"
 
 
 def _can_flush() -> bool:
-    return bool(torch.set_flush_denormal(flushing_here()))  # the same setting again: torch says if it has one
+    return bool(torch.set_flush_denormal(thread_flushes()))  # the same setting again: torch says if it has one
 
 
 needs_flush = pytest.mark.skipif(not _can_flush(), reason="this CPU cannot flush subnormals")
@@ -48,7 +48,7 @@ needs_cora = pytest.mark.skipif(not CORA.exists(), reason="Cora's Planetoid file
 @pytest.fixture(autouse=True)
 def _restored() -> Iterator[None]:
     """Each test leaves the process's threads and floating-point setting as it found them."""
-    threads, before = torch.get_num_threads(), flushing_here()
+    threads, before = torch.get_num_threads(), thread_flushes()
     yield
     torch.set_num_threads(threads)
     set_subnormal_flush(before)
@@ -59,10 +59,10 @@ def _restored() -> Iterator[None]:
 @needs_flush
 def test_the_setting_is_seen_on_the_calling_thread_and_on_every_thread() -> None:
     set_subnormal_flush(True)
-    assert flushing_here() and flushes_subnormals() is True
+    assert thread_flushes() and all_threads_flush() is True
     assert float((torch.tensor([1e-40], dtype=torch.float32) * 1).item()) == 0.0
     set_subnormal_flush(False)
-    assert not flushing_here() and flushes_subnormals() is False
+    assert not thread_flushes() and all_threads_flush() is False
     assert float((torch.tensor([1e-40], dtype=torch.float32) * 1).item()) != 0.0
 
 
@@ -72,9 +72,9 @@ def test_torch_alone_sets_the_calling_thread_only_so_the_harness_sets_every_thre
     torch.set_num_threads(2)
     set_subnormal_flush(False)  # and the worker threads now exist
     torch.set_flush_denormal(True)
-    assert flushing_here() and flushes_subnormals() is None  # half of every product unflushed
+    assert thread_flushes() and all_threads_flush() is None  # half of every product unflushed
     set_subnormal_flush(True)
-    assert flushes_subnormals() is True
+    assert all_threads_flush() is True
 
 
 # --- the harness holds one setting for every variant ----------------------------------------------
@@ -82,7 +82,7 @@ def _recording(seen: Seen, name: str, flip: bool | None = None) -> Callable[[], 
     """A variant that records the setting it runs under (this thread, every thread), then maybe sets another."""
 
     def run() -> None:
-        seen.setdefault(name, set()).add((flushing_here(), flushes_subnormals()))
+        seen.setdefault(name, set()).add((thread_flushes(), all_threads_flush()))
         if flip is not None:
             torch.set_flush_denormal(flip)  # a peer's code changing it, as torch lets it: this thread only
 
@@ -125,7 +125,7 @@ def test_median_time_holds_it_too_and_an_explicit_setting_wins() -> None:
 
 def test_without_a_set_environment_the_callers_setting_at_entry_is_held_on_every_thread() -> None:
     torch.set_num_threads(2)
-    state = flushing_here()
+    state = thread_flushes()
     seen: Seen = {}
     harness.interleaved_times({"a": _recording(seen, "a"), "b": _recording(seen, "b")}, repeats=2, warmup=0)
     assert seen == {"a": {(state, state)}, "b": {(state, state)}}

@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks import bench_positional_scaling as bs
 from benchmarks.harness import forget_environment
-from structconv.experiments.cifar.train import flushing_here, set_subnormal_flush
+from structconv.backend.subnormals import set_subnormal_flush, thread_flushes
 
 SIDES, WIDTH, HEADS = (8, 36), 16, 9
 
@@ -27,7 +27,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prefix = tmp_path_factory.mktemp("scaling") / "scaling"
     argv = ["--sides", *map(str, SIDES), "--width", str(WIDTH), "--heads", str(HEADS), "--repeats", "1"]
     argv += ["--skip", "flex", "natten", "--memory-budget-gb", "0.15", "--out", str(prefix), "--no-progress"]
-    before = flushing_here()
+    before = thread_flushes()
     try:
         assert bs.main(argv) == 0
     finally:  # main sets the process's floating-point environment: give the other tests theirs back

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F  # noqa: N812
 
+from structconv.backend.subnormals import all_threads_flush, set_subnormal_flush, thread_flushes
 from structconv.data import atomic as atomic_module
 from structconv.data.augment import CIFAR10_MEAN, CIFAR10_STD, Batches, augment, normalize
 from structconv.data.cifar import CLASSES, ENV, Cifar10, download_cifar10
@@ -32,11 +33,8 @@ from structconv.experiments.cifar.reference import dense_twin
 from structconv.experiments.cifar.throughput import measure, table
 from structconv.experiments.cifar.train import (
     _optimizer,
-    flushes_subnormals,
-    flushing_here,
     learning_rate,
     model_from_checkpoint,
-    set_subnormal_flush,
     train,
 )
 
@@ -572,15 +570,15 @@ def test_download_verifies_the_checksum_and_leaves_nothing_on_failure(tmp_path: 
 
 # --- throughput and command line ----------------------------------------------------------------
 def test_a_cpu_run_flushes_subnormals_on_every_thread_records_it_and_sets_them_back(tmp_path: Path) -> None:
-    if not torch.set_flush_denormal(flushing_here()):  # the same setting again: torch says if the CPU has one
+    if not torch.set_flush_denormal(thread_flushes()):  # the same setting again: torch says if the CPU has one
         pytest.skip("this CPU cannot flush subnormals")
-    threads, before = torch.get_num_threads(), flushing_here()
+    threads, before = torch.get_num_threads(), thread_flushes()
     torch.set_num_threads(2)
     seen: list[bool | None] = []
     original = train_module.train_step
 
     def watched(*args: object, **kwargs: object) -> object:  # every training step sees every thread flushing
-        seen.append(flushes_subnormals())
+        seen.append(all_threads_flush())
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
     set_subnormal_flush(False)
@@ -589,11 +587,11 @@ def test_a_cpu_run_flushes_subnormals_on_every_thread_records_it_and_sets_them_b
             patch.setattr(train_module, "train_step", watched)
             _train_tiny(tmp_path)
         assert seen and set(seen) == {True}
-        assert flushes_subnormals() is False  # as before the run
+        assert all_threads_flush() is False  # as before the run
         environment = json.loads((tmp_path / "metrics.json").read_text())["environment"]
         assert environment["flush_denormal"] is True and environment["flush_denormal_supported"] is True
         result = measure("cpu", batch=2, steps=1, rounds=1, only=("resnet18",), resnet_options={"width": 4})
-        assert result.flush_denormal is True and flushes_subnormals() is False
+        assert result.flush_denormal is True and all_threads_flush() is False
         assert "; subnormals flushed for every variant" in table(result).splitlines()[0]
         kept = measure("cpu", batch=2, steps=1, rounds=1, only=("resnet18",), resnet_options={"width": 4}, flush=False)
         assert kept.flush_denormal is False and "subnormals unflushed for every variant" in table(kept)

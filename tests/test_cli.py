@@ -450,14 +450,14 @@ def test_bench_flushes_subnormals_on_a_cpu_and_no_flush_writes_a_record_named_un
 ) -> None:
     import json
 
-    from structconv.experiments.cifar.train import flushing_here
+    from structconv.backend.subnormals import thread_flushes
 
-    before = flushing_here()
+    before = thread_flushes()
     common = ["cifar", "bench", "--device", "cpu", "--sizes", "smoke", "--only", "resnet18", "--batch", "2"]
     common += ["--steps", "1", "--rounds", "1", "--out", str(tmp_path)]
     assert main(common) == 0
     assert main([*common, "--no-flush"]) == 0
-    assert flushing_here() == before  # the setting returns after the run
+    assert thread_flushes() == before  # the setting returns after the run
     flushed = json.loads((tmp_path / "cifar_throughput_cpu.json").read_text())
     kept = json.loads((tmp_path / "cifar_throughput_cpu_unflushed.json").read_text())
     assert kept["flush_denormal"] is False

@@ -58,16 +58,14 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...backend.subnormals import set_subnormal_flush, subnormals_flushed, thread_flushes
 from .models import ResNet18, SelfAttentionNet, build_model
 from .presets import TrainConfig, family
 from .reference import dense_twin
 from .train import (
     _optimizer,
     device_label,
-    flush_subnormals,
-    flushing_here,
     make_step,
-    set_subnormal_flush,
     train_step,
 )
 
@@ -313,11 +311,11 @@ def measure(
     Every variant runs in one floating-point environment: on a CPU every thread flushes
     subnormal numbers to zero (the first thing an expert sets on a CPU where a softmax feeds a
     product; ``flush=False`` keeps them, for the figures without it), elsewhere the host's
-    setting stays as it is unless ``flush`` is given (:func:`~.train.flush_subnormals`; the
+    setting stays as it is unless ``flush`` is given (:func:`~.train.subnormals_flushed`; the
     former setting returns afterwards).  The record's ``flush_denormal`` says what held.
     """
     cpu = torch.device(device).type == "cpu"
-    with flush_subnormals(True if flush is None and cpu else flush) as floats:
+    with subnormals_flushed(True if flush is None and cpu else flush) as floats:
         result = _measure(
             device, batch, steps, rounds, precision, only, sa_options, log, peak_tflops, resnet_options, compile,
             sizes, profile,
@@ -343,10 +341,10 @@ def _measure(
     profile: int,
 ) -> Throughput:
     """:func:`measure` inside its floating-point environment, which it holds before every timed variant."""
-    held = flushing_here()
+    held = thread_flushes()
 
     def hold() -> None:  # before each timed part: if anything changed the setting, every part still runs under one
-        if flushing_here() != held:
+        if thread_flushes() != held:
             set_subnormal_flush(held)
 
     cuda = device.startswith("cuda")

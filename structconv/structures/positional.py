@@ -50,9 +50,10 @@ __all__ = [
 _LOG_RANGE = 60.0
 
 #: A tap of the shift form (a depthwise convolution) is a memory-bound read of the activations
-#: while a dense entry is a GEMM flop: a tap is costed as 16 dense entries (benchmarks/bench_positional.py,
-#: Gaussian heads), so the shift form is chosen only below that.
-_SHIFT_COST = 16
+#: while a dense entry is a GEMM flop: a kept offset is costed as 40 dense entries per position.
+#: Measured with subnormals flushed (benchmarks/bench_positional.py, Gaussian heads at 32x32, 1/16
+#: of the entries kept): forward and backward through shifts took 2.3 times the dense softmax's.
+_SHIFT_COST = 40
 
 
 def _detached(a: Array) -> np.ndarray:
@@ -169,7 +170,7 @@ class PositionScores(Mechanism):
         heads are a dense softmax or, with a ``threshold`` in ``(0, 1)``, one renormalised weighted
         :class:`~structconv.GridBasis` per head keeping the offsets scored at least
         :math:`\min_n \max_m a_{hmn} + \ln(\mathrm{threshold})`.  ``"auto"`` takes the shift form
-        when its taps number under 1/16 of the dense entries and its weights' range fits the
+        when its taps number under 1/40 of the dense entries and its weights' range fits the
         dtype.  Gradients flow to the scores either way.
 
         Parameters

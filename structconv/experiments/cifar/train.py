@@ -531,7 +531,8 @@ def train(
     Returns the per-epoch metrics.  Under ``torchrun`` every process calls this function; only
     rank 0 writes files.  On a CPU every thread flushes subnormal numbers to zero for the run
     (:func:`~structconv.backend.subnormals.subnormals_flushed`; the former setting returns after
-    it); ``metrics.json``'s environment records the setting (``flush_denormal``, on other devices the host's as it was).
+    it); ``metrics.json``'s environment records the setting (``flush_denormal``; on other devices
+    the host's, as it was).
     """
     cpu = torch.device(device).type == "cpu"
     with subnormals_flushed(True if cpu else None) as floats:

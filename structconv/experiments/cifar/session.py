@@ -188,7 +188,7 @@ class Session:
         with self.log_path.open("a") as log:
             child = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                start_new_session=True, cwd=ROOT,
+                start_new_session=True, cwd=ROOT, preexec_fn=_interruptible,
             )  # fmt: skip
             try:
                 code: int | None = child.wait(timeout=max(seconds - grace, 0.1))
@@ -227,6 +227,17 @@ class Session:
             self.record.setdefault("errors", {})[name] = f"{type(err).__name__}: {err}"
             self.say(f"{name}: {type(err).__name__}: {err}")
         self.write()
+
+
+def _interruptible() -> None:
+    """In a step's process before it starts: ``SIGINT`` at its default and unblocked.
+
+    A child inherits an ignored or blocked ``SIGINT`` from its parent (a test runner, a
+    compiler's pool), and a Python started with it ignored never raises ``KeyboardInterrupt``:
+    the step would then be killed without writing its report.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -20,6 +20,7 @@ from torch.nn import functional as F  # noqa: N812
 import structconv as sc
 from structconv import ConvWeight, LowRank, Separable, contraction, conv, explain, grid_basis
 from structconv.engine import compiled as compiled_module
+from structconv.engine.operands import kind_of
 
 D64 = torch.float64
 
@@ -204,6 +205,58 @@ def test_autocast_converts_as_conv_does() -> None:
         got, expected = c(x, ref.weight, bias=ref.bias), ref(x)
     assert got.dtype == expected.dtype == torch.bfloat16
     torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02)
+
+
+@given(
+    kind=st.sampled_from(["full", "lowrank", "separable", "convweight"]),
+    layout=st.sampled_from(["rows", "channels_first"]),
+    x_dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    per_call_basis=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_under_autocast_every_call_is_conv_under_autocast(
+    kind: str, layout: str, x_dtype: torch.dtype, per_call_basis: bool, seed: int
+) -> None:
+    """Under autocast, the first call and the later ones (the cast twin) equal ``conv`` under autocast, every order."""
+    rng = np.random.default_rng(seed)
+    A = grid_basis((5, 4), 3, padding=1)
+    P, Q, B = 3, 2, 2
+    if kind == "convweight":
+        theta: Any = ConvWeight(torch.from_numpy(rng.standard_normal((Q, P, 3, 3))).float())
+    else:
+        theta = _theta(kind, A.K, P, Q, rng, "torch")
+        theta = kind_of(theta).cast(theta, lambda op: op.float())
+    bias = torch.from_numpy(rng.standard_normal(Q)).float()
+    image = torch.from_numpy(rng.standard_normal((B, P, 5, 4))).to(x_dtype)
+    rows = image.reshape(B, P, -1).transpose(1, 2)
+    x = image if layout == "channels_first" else rows
+    for order in explain(A, rows.float(), theta).orders:
+        c = contraction(A, x, theta, order=order, layout=layout)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected = conv(A, rows, theta, order=order) + bias.to(torch.bfloat16)
+            if layout == "channels_first":
+                expected = expected.transpose(1, 2).reshape(B, Q, *A.entry_shapes[1])
+            for _ in range(3):  # the first call checks and compiles the twin; the others run it
+                got = c(x, theta, bias=bias, basis=A.placed_like(x) if per_call_basis else None)
+                assert got.dtype == expected.dtype
+                torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02, msg=order)
+        assert list(c._casts) == [torch.bfloat16]
+
+
+def test_under_autocast_later_calls_do_not_check_or_plan_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = torch.nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 6, 6)
+    c = contraction(grid_basis((6, 6), 3, padding=1), x, ConvWeight(ref.weight), layout="channels_first")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = c.run_keyed(x, ref.weight, ref.bias)
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("a compiled call checked or planned again")
+
+        for name in ("prepare", "_plan", "conv", "autocast"):
+            monkeypatch.setattr(compiled_module, name, refuse)
+        torch.testing.assert_close(c.run_keyed(x, ref.weight, ref.bias), first)
+        torch.testing.assert_close(c(x, ref.weight, bias=ref.bias), first)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])

@@ -73,8 +73,10 @@ class Contraction:
 
     __slots__ = (
         "_autocast",
+        "_backend",
         "_bias_shape",
         "_bound",
+        "_casts",
         "_device",
         "_dtype",
         "_full",
@@ -101,6 +103,8 @@ class Contraction:
         order: str,
         layout: str,
         dtype: Any,
+        *,
+        probe_autocast: bool = True,
     ) -> None:
         self.basis, self.layout = basis, layout
         self._kind, self._operand_shapes, self._rank = theta
@@ -120,7 +124,9 @@ class Contraction:
         self._device: Any = None  # bound by the first call, after the full checks
         self._verified = False
         self._last: Param | None = None  # the last single-array parameter read
-        self._autocast: Any = None  # bound by the first call, for x's device
+        self._autocast: Any = None  # bound by the first call, for x's device (never, for a cast twin)
+        self._casts: dict[Any, Contraction] | None = {} if probe_autocast else None
+        self._backend: Any = None  # bound by the first call
 
     @property
     def order(self) -> str:
@@ -138,9 +144,11 @@ class Contraction:
             self._verify(b, x, theta, bias)
         elif x.shape != self._x_shape or x.dtype != self._dtype or x.device != self._device:
             raise self._mismatch(x)
-        if not placed_as_compiled or (self._autocast is not None and self._autocast()):
+        if self._autocast is not None and self._autocast():
+            return self._autocast_run(x, theta, bias, basis)
+        if not placed_as_compiled:
             return self._general(b, x, theta, bias)  # operands converted, or refused, by conv's rules
-        prm = self._param(theta)
+        prm = self._param(self._operands(theta))
         if bias is not None and (bias.shape != self._bias_shape or bias.dtype != self._dtype):
             raise self._bias_mismatch(bias)
         return self._run(b, x, prm, bias)
@@ -163,16 +171,20 @@ class Contraction:
         """
         if not self._verified:
             return self(x, theta, bias=bias, basis=basis)
-        b = self.basis if basis is None else basis
-        if (self._autocast is not None and self._autocast()) or (
-            basis is not None and (basis.dtype, basis.device) != self._placement
-        ):
-            return self._general(b, x, theta, bias)
-        prm = self._param(theta)  # shape, dtype and device: a weight changed in place is caught too
+        if self._autocast is not None and self._autocast():
+            return self._autocast_run(x, theta, bias, basis)
+        if basis is not None and (basis.dtype, basis.device) != self._placement:
+            return self._general(basis, x, theta, bias)
+        return self._run_keyed(x, self._operands(theta), bias, basis)
+
+    def _run_keyed(self, x: Array, ops: tuple[Array, ...], bias: Array | None, basis: Basis | None) -> Array:
+        prm = self._param(ops)  # shape, dtype and device: a weight changed in place is caught too
         if bias is not None and (bias.shape != self._bias_shape or bias.dtype != self._dtype):
             raise self._bias_mismatch(bias)
         bound = self._bound
-        return bound(x, prm, bias) if bound is not None and basis is None else self._run(b, x, prm, bias)
+        if bound is not None and basis is None:
+            return bound(x, prm, bias)
+        return self._run(self.basis if basis is None else basis, x, prm, bias)
 
     def _run(self, basis: Basis, x: Array, prm: Param, bias: Array | None) -> Array:
         """The bound order on checked operands, in the compiled layout, plus ``bias``."""
@@ -208,14 +220,19 @@ class Contraction:
         if bias is not None:
             prepare_bias(bias, x, self._bias_shape)
         self._device = x.device
-        self._autocast = of(x).autocast_probe(x)
+        self._backend = of(x)
+        if self._casts is not None:
+            self._autocast = self._backend.autocast_probe(x)
         self._verified = True
 
-    def _param(self, theta: Theta) -> Param:
-        kind = self._kind
-        ops = kind.compiled_operands(theta)
+    def _operands(self, theta: Theta) -> tuple[Array, ...]:
+        ops = self._kind.compiled_operands(theta)
         if ops is None:
-            raise TypeError(f"theta must be a {kind.name} parameter as compiled, got {type(theta).__name__}")
+            raise TypeError(f"theta must be a {self._kind.name} parameter as compiled, got {type(theta).__name__}")
+        return ops
+
+    def _param(self, ops: tuple[Array, ...]) -> Param:
+        kind = self._kind
         if len(ops) == 1:
             op = ops[0]
             if op.shape != self._operand_shapes[0] or op.dtype != self._dtype or op.device != self._device:
@@ -255,8 +272,40 @@ class Contraction:
             "compile another contraction for these inputs"
         )
 
+    def _autocast_run(self, x: Array, theta: Theta, bias: Array | None, basis: Basis | None) -> Array:
+        """Under torch autocast: the operands in the autocast dtype, through this order compiled for it.
+
+        The conversions are :func:`~structconv.conv`'s (:func:`~structconv.engine.operands.autocast`);
+        the contraction they feed, the *cast twin*, is compiled once per autocast dtype with this
+        plan's order, so a call under autocast costs the casts and the bound order, not
+        :func:`~structconv.conv`'s checks and plan lookup every time.
+        """
+        backend = self._backend
+        dtype = backend.autocast_dtype(x)
+        xd = backend.autocast_to(x, dtype)
+        if xd.dtype != dtype or self._casts is None:  # float64 stays: conv's rules convert or refuse
+            return self._general(self.basis if basis is None else basis, x, theta, bias)
+        ops = tuple(backend.autocast_to(op, dtype) for op in self._operands(theta))
+        bias_d = None if bias is None else bias.to(dtype)
+        basis_d = None if basis is None else basis.placed_like(xd)
+        twin = self._casts.get(dtype)
+        if twin is not None:
+            return twin._run_keyed(xd, ops, bias_d, basis_d)
+        twin = Contraction(
+            self.basis.placed_like(xd),
+            self._x_shape,
+            (self._kind, self._operand_shapes, self._rank),
+            self.plan.chosen,
+            self.layout,
+            dtype,
+            probe_autocast=False,
+        )
+        y = twin(xd, self._kind.from_operands(ops, self._rank), bias=bias_d, basis=basis_d)  # conv's checks, once
+        self._casts[dtype] = twin
+        return y
+
     def _general(self, basis: Basis, x: Array, theta: Theta, bias: Array | None) -> Array:
-        """Under torch autocast: :func:`~structconv.conv`'s conversions, then the same layout."""
+        """A basis placed otherwise, or float64 under autocast: :func:`~structconv.conv`'s conversions, same layout."""
         full = self._kind.as_theta(theta, self._rank)
         if self.layout == "rows":
             y = conv(basis, x, full, order=self.plan.requested)

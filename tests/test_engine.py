@@ -281,6 +281,37 @@ def test_every_order_of_every_kind_equals_the_dense_reference_of_its_full_theta(
         np.testing.assert_allclose(np.asarray(conv(basis, x, theta, order=order)), expected, rtol=1e-9, atol=1e-9)
 
 
+@given(
+    kernel=st.sampled_from([(3, 3), (9,), (1, 9), (9, 1), (9, 1, 1), (3, 1, 3)]),
+    groups=st.sampled_from([1, 2]),
+    layout=st.sampled_from(["rows", "channels_first"]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_conv_weight_of_any_kernel_shape_is_its_full_theta_in_every_order(
+    kernel: tuple[int, ...], groups: int, layout: str, seed: int
+) -> None:
+    """A kernel numbers its entries row-major, as a 3x3 box numbers its taps: any shape of 9 entries is one map.
+
+    The native order takes the weight as a kernel over the box, so it reshapes it (it failed inside
+    torch before); every other order forms the full Θ.
+    """
+    rng = np.random.default_rng(seed)
+    A = grid_basis((5, 6), 3, padding=1)
+    w = torch.from_numpy(rng.normal(size=(4, 4 // groups, *kernel)))
+    theta = ConvWeight(w, groups=groups)
+    x = torch.from_numpy(rng.normal(size=(2, A.M, 4)))
+    A = A.placed_like(x)
+    expected = dense_reference(A, x, theta)
+    image = x.transpose(1, 2).reshape(2, 4, 5, 6)
+    for order in (*explain(A, x, theta).orders, "auto"):
+        torch.testing.assert_close(conv(A, x, theta, order=order), expected)
+        if layout == "channels_first":
+            c = contraction(A, image, theta, order=order, layout="channels_first")
+            for _ in range(2):  # the checked first call, then the bound run
+                got = c(image, w)
+                torch.testing.assert_close(got.flatten(2).transpose(1, 2), expected)
+
+
 # --- a new kind is one class ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Scaled:

@@ -78,8 +78,9 @@ class OwnOrder:
         the ``"channels_first"`` layout (:func:`structconv.contraction`) calls it with no
         reshaping; elsewhere the engine frames ``x`` and ``y`` around it.
     bind_image
-        ``bind_image(basis, groups) -> run(x, weight, bias)``, or ``None``: ``run_image`` with the
-        basis and ``groups`` bound once, its per-call arithmetic done now.  A compiled
+        ``bind_image(basis, groups, weight_shape) -> run(x, weight, bias)``, or ``None``:
+        ``run_image`` with the basis, ``groups`` and the weight's shape bound once, its per-call
+        arithmetic done now.  A compiled
         contraction keeps the result and calls it on every run.
     """
 

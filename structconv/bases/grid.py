@@ -405,11 +405,25 @@ class GridBasis(Basis):
     def _run_native(self, x: Array, theta: Array) -> Array:
         return self._scaled(self._impl.native_stencil(x, self._tap_thetas(theta), self.geometry))
 
+    def _box_kernel(self, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """A weight of ``shape`` ``(Q, P/G, *kernel)`` as a kernel over the box, or ``None`` if it is one.
+
+        The members are the box's taps in row-major order, as a :class:`~structconv.ConvWeight`
+        numbers its kernel's entries, so a kernel of another shape with as many entries is the
+        same map, reshaped.
+        """
+        box = tuple(self.geometry.box[2])
+        return None if tuple(shape[2:]) == box else (*shape[:2], *box)
+
     def _run_image(self, x: Array, weight: Array, groups: int, bias: Array | None) -> Array:
+        box = self._box_kernel(tuple(int(s) for s in weight.shape))
+        weight = weight if box is None else weight.reshape(box)
         return self._impl.native_image(x, weight, self.geometry, bias, groups)
 
-    def _bind_image(self, groups: int) -> Callable[[Array, Array, Array | None], Array]:
-        return self._impl.bind_native_image(self.geometry, groups)
+    def _bind_image(self, groups: int, shape: tuple[int, ...]) -> Callable[[Array, Array, Array | None], Array]:
+        run = self._impl.bind_native_image(self.geometry, groups)
+        box = self._box_kernel(shape)
+        return run if box is None else lambda x, weight, bias: run(x, weight.reshape(box), bias)
 
     def _run_shift_ax(self, x: Array, theta: Array) -> Array:
         return self._scaled(shift_then_gemm(x, self._tap_thetas(theta), self.geometry))

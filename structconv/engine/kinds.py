@@ -203,7 +203,7 @@ class _OwnImage(_Own):
     def bind_image(self, basis: Basis, prm: Param) -> Callable[[Array, Param, Array | None], Array]:
         if self.own.bind_image is None:
             return super().bind_image(basis, prm)
-        run = self.own.bind_image(basis, prm.R)
+        run = self.own.bind_image(basis, prm.R, tuple(int(s) for s in prm.operands[0].shape))
         return lambda x, p, bias: run(x, p.operands[0], bias)
 
 

@@ -16,11 +16,13 @@ from hypothesis import strategies as st
 
 from structconv import (
     BiAffine,
+    DenseBasis,
     LowRank,
     PositionScores,
     RelativeAttention,
     attention_basis,
     conv,
+    explain,
     gaussian_scores,
     grid_basis,
     learned_scores,
@@ -590,3 +592,29 @@ def test_the_weakest_column_of_a_concave_head_is_a_corner(seed: int, grid: list[
 def test_a_grid_that_is_not_positive_integers_is_refused_not_truncated(grid: Any, error: type, message: str) -> None:
     with pytest.raises(error, match=f"PositionalAttention: {message}"):
         snn.PositionalAttention(grid, 4, 2)
+
+
+def test_heads_dropped_per_image_are_planned_not_forced() -> None:
+    """Per-image dropped heads are stored ``(B, M, K, N)``: ``auto`` picks x·Θ first, which reads them in place."""
+    torch.manual_seed(0)
+    layer = snn.PositionalAttention((6, 6), 32, 3, attention_dropout=0.1, dropout_shared=False, threshold=None)
+    x = torch.randn(2, 36, 32)
+    layer.train()(x)
+    (run,) = layer._runs.values()
+    assert run.plan.requested == "auto" and run.order == "xtheta"
+    assert run.basis.instance_rows
+
+
+def test_the_memory_order_of_a_per_instance_basis_is_part_of_its_plan() -> None:
+    """The same (B, K, M, N) entries in two memory orders: x·Θ first copies one of them, so they plan apart."""
+    weights = torch.rand(2, 36, 3, 36)
+    stored_by_rows = DenseBasis(weights.permute(0, 2, 1, 3))
+    by_members = DenseBasis(weights.permute(0, 2, 1, 3).contiguous())
+    assert stored_by_rows.instance_rows and not by_members.instance_rows
+    assert stored_by_rows.plan_key() != by_members.plan_key()
+    x, theta = torch.randn(2, 36, 4), torch.randn(3, 4, 4)
+    by_rows, by_copy = (explain(b, x, theta) for b in (stored_by_rows, by_members))
+    cost = {b: {c.order: c.memory for c in plan.candidates} for b, plan in (("rows", by_rows), ("copy", by_copy))}
+    assert cost["copy"]["xtheta"] - cost["rows"]["xtheta"] == 2 * 3 * 36 * 36  # one copy of the basis
+    assert cost["copy"]["ax"] == cost["rows"]["ax"]
+    torch.testing.assert_close(conv(stored_by_rows, x, theta, order="xtheta"), conv(by_members, x, theta, order="ax"))

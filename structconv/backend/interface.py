@@ -90,6 +90,10 @@ class Backend(Kernels):
         """
 
     @abstractmethod
+    def strides(self, a: Array) -> tuple[int, ...]:
+        """The strides of ``a`` in elements (its memory order)."""
+
+    @abstractmethod
     def move(self, a: Array, device: Any = None, dtype: Any = None, *, what: str = "array") -> Array:
         """``a`` moved to ``device`` and cast to ``dtype``: what :meth:`structconv.Basis.to` does to its arrays.
 

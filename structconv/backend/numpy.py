@@ -156,6 +156,9 @@ class NumpyBackend(Backend):
         index = np.stack(np.nonzero(a)).astype(np.int64)
         return index, a[tuple(index)], tuple(int(s) for s in a.shape)
 
+    def strides(self, a: Array) -> tuple[int, ...]:
+        return tuple(s // a.itemsize for s in a.strides)
+
     def move(self, a: Array, device: Any = None, dtype: Any = None, *, what: str = "array") -> Array:
         if device not in (None, "cpu"):
             raise ValueError(

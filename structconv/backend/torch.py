@@ -193,6 +193,9 @@ class TorchBackend(Backend):
         index = a.nonzero().T
         return index, a[tuple(index)], tuple(int(s) for s in a.shape)
 
+    def strides(self, a: Array) -> tuple[int, ...]:
+        return tuple(a.stride())
+
     def move(self, a: Array, device: Any = None, dtype: Any = None, *, what: str = "array") -> Array:
         return a.to(device=device, dtype=dtype)
 

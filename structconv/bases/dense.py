@@ -80,6 +80,24 @@ class DenseBasis(Basis):
     def to_dense(self) -> Array:
         return self._array
 
+    @property
+    def instance_rows(self) -> bool:
+        """Whether a per-instance basis is stored in ``(B, M, K, N)`` memory order, each instance ``(M K, N)``.
+
+        :class:`~structconv.nn.PositionalAttention` stores its heads dropped out per image so; the
+        x·Θ-first order then reads them without a copy.
+        """
+        a = self._array
+        if a.ndim != 4:
+            return False
+        _, K, M, N = self.shape
+        strides = of(a).strides(a)
+        return (K == 1 or strides[1] == N) and (M == 1 or strides[2] == K * N) and (N == 1 or strides[3] == 1)
+
+    def plan_key(self) -> tuple[Any, ...]:
+        # The memory order decides which order copies the basis (DenseOrder.cost).
+        return (type(self).__name__, self.shape, self.instance_rows)
+
     def transpose(self) -> DenseBasis:
         return DenseBasis.of_weights(self._array.swapaxes(-1, -2))  # the same (checked) entries
 

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, NamedTuple
 from ..backend import Array, einsum, einsum_path, of, x_theta
 from ..backend.checks import check_array
 from ..bases.base import Basis, Cost, OwnOrder
+from ..bases.dense import DenseBasis
 
 #: The triangle's orders for a full parameter, and for a factorised one.
 BASE_ORDERS = ("ax", "xtheta", "atheta")
@@ -204,6 +205,10 @@ class Kind:
         """The dense order ``name`` as the backend's plain GEMMs, or ``None`` (then by einsum, the default)."""
         return None
 
+    def dense_copies(self, name: str, basis: Basis, batch: int, prm: Param) -> Cost:
+        """Elements the dense order ``name`` copies beyond its path's (:meth:`dense_gemms`' layouts)."""
+        return Cost()
+
     def __repr__(self) -> str:
         return self.name
 
@@ -345,7 +350,7 @@ class DenseOrder(Order):
 
     def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
         shapes = (basis.shape, (batch, basis.M, prm.P)) + tuple(tuple(int(s) for s in op.shape) for op in prm.operands)
-        return _path_cost(self.equation, shapes, self.path)
+        return _path_cost(self.equation, shapes, self.path) + self.kind.dense_copies(self.name, basis, batch, prm)
 
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
         a = basis.to_dense()
@@ -404,6 +409,22 @@ class _Full(Kind):
 
     def dense_gemms(self, name: str, a: Array, x: Array, operands: tuple[Array, ...]) -> Array | None:
         return of(a).dense_gemms(name, a, x, operands[0])
+
+    def dense_copies(self, name: str, basis: Basis, batch: int, prm: Param) -> Cost:
+        """What the GEMMs of a per-instance basis copy (:func:`structconv.backend.torch._instance_gemms`).
+
+        x·Θ first reads each instance as an ``(M K, N)`` matrix: a copy of the basis unless it is
+        stored so (:attr:`~structconv.DenseBasis.instance_rows`).  A·x first permutes its
+        :math:`K`-fold intermediate ``(B, K, N, P)`` before the product with Θ.  (Measured with
+        ``K = 9``, ``M = N = 256``: x·Θ first is the faster at ``P = Q = 400`` in both layouts,
+        the one this model picks.)
+        """
+        if basis.batch is None or name not in ("ax", "xtheta"):
+            return Cost()
+        if name == "ax":
+            return Cost(0.0, float(batch * basis.K * basis.N * prm.P))
+        rows = isinstance(basis, DenseBasis) and basis.instance_rows
+        return Cost(0.0, 0.0 if rows else float(batch * basis.K * basis.M * basis.N))
 
 
 FULL = _Full()

@@ -381,12 +381,6 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         self.prepare_outside_graph(x)
         flat = self._flat(x)
         check_input_dtype(flat, self.weight if self.head_dim is None else self.value, type(self).__name__)
-        built = self.basis(flat)
-        basis = self.dropped(built, int(flat.shape[0]))
-        # Heads dropped out per image are stored for the x-Theta-first order's batched GEMM, which
-        # reads them in place (see structconv.backend.torch._instance_gemms); otherwise the engine plans.
-        per_image = isinstance(basis, DenseBasis) and basis is not built and basis.batch is not None
-        per_image = per_image and self.head_dim is None
-        order = "xtheta" if per_image else "auto"
+        basis = self.dropped(self.basis(flat), int(flat.shape[0]))
         # Under autocast the bias joins y's dtype, as torch.nn.Linear's does: no float32 copy.
-        return self.contract(basis, flat, self.theta(), bias=self.bias, order=order).reshape(x.shape)
+        return self.contract(basis, flat, self.theta(), bias=self.bias).reshape(x.shape)

@@ -167,6 +167,7 @@ SMOKE: dict[str, tuple[list[str], str, list[pytest.MarkDecorator]]] = {
     "bench_overhead": (["--repeats", "1", "--calls", "1"], "overhead_cpu", [needs_cora]),
     "bench_graph": (["--only", "GCN", "--skip-scaling", "--repeats", "1"], "graph_cpu_gcn", [needs_cora]),
     "bench_cifar": (["--batch", "2", "--rounds", "1"], "cifar_cpu", []),
+    "bench_gaussian_forms": (["--sides", "4", "--width", "8", "--repeats", "1"], "gaussian_forms_cpu", []),
 }
 
 

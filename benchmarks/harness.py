@@ -145,20 +145,24 @@ class _Hold:
     def __init__(self, flush: bool | None) -> None:
         chosen = _ENVIRONMENT[0].measured if _ENVIRONMENT else None
         self.flush = flush if flush is not None else (chosen if chosen is not None else thread_flushes())
-        set_subnormal_flush(self.flush)  # every thread, once: the state at entry may be the main thread's alone
+        self._set()  # every thread, once: the state at entry may be the main thread's alone
         self.flush = thread_flushes()  # a CPU that cannot flush keeps them whatever was asked
+
+    def _set(self) -> None:
+        """Set the held setting on every thread and measure it there (a product per thread: once per set)."""
+        set_subnormal_flush(self.flush)
+        self.every = all_threads_flush()  # None (some threads only) counts as unflushed
 
     def before(self) -> None:
         """Just before a timed call: the setting is the held one, counted under what every thread does."""
         if thread_flushes() != self.flush:
-            set_subnormal_flush(self.flush)
-        every = all_threads_flush()  # None (some threads only) counts as unflushed: not every variant flushed
-        _LEDGER["flushed" if every else "unflushed"] += 1
+            self._set()
+        _LEDGER["flushed" if self.every else "unflushed"] += 1
 
     def after(self, name: str) -> None:
         """Just after ``name``'s call: if it changed the setting, say so and put it back."""
         if thread_flushes() != self.flush:
-            set_subnormal_flush(self.flush)
+            self._set()
             if name not in _LEDGER["changed_by"]:
                 _LEDGER["changed_by"].append(name)
                 warnings.warn(

@@ -116,3 +116,47 @@ class _Grid(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.layer(x)
         return out
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize(
+    "make, shape",
+    [
+        (lambda: snn.GridConv2d(3, 4, 3, padding=1), (2, 3, 6, 6)),
+        (lambda: snn.PositionalAttention((4, 4), 8, 3), (2, 16, 8)),
+    ],
+    ids=["conv2d", "positional"],
+)
+def test_a_compiled_call_writes_no_python_state(
+    make: Callable[[], nn.Module], shape: tuple[int, ...], autocast: bool
+) -> None:
+    """The code torch.compile runs around the graph only reads: no cache reordered, no attribute set.
+
+    Every write the traced forward made to a Python object would be replayed after the graph on
+    every call (a reordered cache dictionary was rebuilt entry by entry, a layer at a time).
+    """
+    import dis
+
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    torch._dynamo.reset()  # the cases share call's code object, whose entries would pile up
+    torch.manual_seed(0)
+    layer = make()
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = layer(x)
+        return out
+
+    x = torch.randn(*shape)
+    compiled = torch.compile(call, dynamic=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        layer(x)  # eager first: the caches filled as a training loop fills them
+        compiled(x)
+        compiled(x)
+    (entry,) = _debug_get_cache_entry_list(call.__code__)
+    writes = [
+        f"{i.opname} {i.argval}"
+        for i in dis.get_instructions(entry.code)
+        if i.opname in ("STORE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR") or i.argval in ("clear", "move_to_end")
+    ]
+    assert writes == []

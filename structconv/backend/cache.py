@@ -15,6 +15,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+import torch
+
 V = TypeVar("V")
 
 
@@ -45,9 +47,13 @@ class BoundedCache(Generic[V]):
         self._items: OrderedDict[Hashable, V] = OrderedDict()
 
     def find(self, key: Hashable) -> V | None:
-        """The entry under ``key`` (now the most recently used), or ``None``."""
+        """The entry under ``key`` (now the most recently used, except under ``torch.compile``), or ``None``.
+
+        Traced, the order is left alone: a reordered dictionary is a side effect that the compiled
+        code would replay, rebuilding the dictionary, on every call.
+        """
         found = self._items.get(key)
-        if found is not None:
+        if found is not None and not torch.compiler.is_compiling():
             self._items.move_to_end(key)
         return found
 

@@ -237,6 +237,8 @@ class Contraction:
             op = ops[0]
             if op.shape != self._operand_shapes[0] or op.dtype != self._dtype or op.device != self._device:
                 raise self._theta_mismatch(op)
+            if self._backend.traced():  # kept, it would be a side effect replayed after every compiled call
+                return Param(kind, (op,), *self._full, self._rank)
             last = self._last
             if last is not None and last.operands[0] is op:  # a layer's parameter: the same tensor every call
                 return last

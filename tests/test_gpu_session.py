@@ -234,3 +234,44 @@ def test_slug() -> None:
     assert slug("NVIDIA H200") == "nvidia-h200"
     assert slug("CPU (2 threads)") == "cpu-2-threads"
     assert slug("") == "device"
+
+
+def _recording(session: Session, statuses: list[str]) -> list[list[str]]:
+    """Replace ``session.run`` by one that records each command and answers ``statuses`` in turn."""
+    from structconv.experiments.cifar.session import Step
+
+    commands: list[list[str]] = []
+
+    def run(name: str, command: list[str], seconds: float, env: dict[str, str] | None = None) -> Step:
+        commands.append(command)
+        return Step(statuses[len(commands) - 1], 1.0)
+
+    session.run = run  # type: ignore[method-assign]
+    return commands
+
+
+def test_a_run_that_cannot_finish_is_not_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partial run is no result (and the paper preset's first epoch runs at learning rate 0)."""
+    from structconv.experiments.cifar import session as module
+
+    monkeypatch.setattr(module, "RUNS", tmp_path / "runs")  # no complete row: every row missing
+    session = Session(tmp_path, budget=400.0, dry_run=False, data=tmp_path, commit="abc")
+    session.record["bench_compiled"] = {"images_per_second": {"resnet18": 1000.0, "sa-quadratic": 100.0}}
+    commands = _recording(session, [])
+    module._train(session, "cuda")
+    assert commands == []
+    (run,) = session.record["runs"]
+    assert run["status"] == "not started" and run["model"] == "sa-quadratic" and run["estimate_s"] > 400
+
+
+def test_compiled_pairs_that_ran_out_of_time_run_again_with_what_is_left(tmp_path: Path) -> None:
+    from structconv.experiments.cifar import session as module
+
+    session = Session(tmp_path, budget=400.0, dry_run=False, data=tmp_path, commit="abc")
+    session.record["bench_compiled"] = {"status": ["timed out", "ok"], "seconds": 100.0, "images_per_second": {},
+                                        "targets": []}  # fmt: skip
+    commands = _recording(session, ["ok"])
+    module._bench(session, "cuda", True, again=True)
+    (command,) = commands
+    assert command[command.index("--only") + 1] == "sa-quadratic,sa-quadratic paper-dense" and "--compile" in command
+    assert session.record["bench_compiled"]["status"] == ["ok", "ok"]

@@ -68,6 +68,14 @@ def _lines(path: Path, record: dict[str, Any]) -> list[str]:
                 lines.append(f"- {what}: {t['name']}: {t['value']:,.2f} against {t['goal']:,.2f}, {verdict}")
         lines.append("")
     for run in record.get("runs", []):
+        if run.get("status") == "not started":
+            estimate = run.get("estimate_s")
+            lines.append(
+                f"Training: not started; the whole ``{run['model']}`` run with the ``{run['preset']}`` preset "
+                + (f"would take about {estimate / 60:.0f} min." if estimate else "had no measured rate.")
+            )
+            lines.append("")
+            continue
         acc = run.get("test_acc") or []
         state = "complete" if run.get("complete") else "partial, not a result"
         lines.append(

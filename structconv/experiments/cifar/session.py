@@ -11,10 +11,14 @@ leases).  Within a time budget (``--budget`` seconds, 540 by default: a lease's 
 3. measures every model's training step (``structconv cifar bench``): eagerly for every variant,
    then compiled (:class:`~.train.CompiledStep`, CUDA graphs) for the four the targets compare,
    each against :data:`~.throughput.GOALS`;
-4. trains with the time that is left: ResNet18's ``paper`` preset for all 300 epochs when the
-   measured rate makes them fit, otherwise as many epochs as fit of the first model of Table 1
-   whose row is missing (a *partial* run, never counted as a result);
-5. writes the record, ``<UTC date and time>-<device>.json``, after every step (a session cut
+4. trains with the time that is left, when a whole run fits it: ResNet18's ``paper`` preset for
+   all 300 epochs when the measured rate makes them fit (else the first model of Table 1 whose
+   row is missing, if its run fits); a run that cannot finish is not started (it would be no
+   result, and the ``paper`` preset's first epoch runs at learning rate 0), unless ``--model``
+   names one;
+5. gives what is left to the compiled benchmark's pairs that ran out of time, again (the
+   compiler's caches on disk, filled by the first try, make the second shorter);
+6. writes the record, ``<UTC date and time>-<device>.json``, after every step (a session cut
    short still leaves one), with the raw outputs beside it (the log, the tests' JUnit XML, the
    benchmarks' JSON, each run's metrics and a figure).
 
@@ -117,8 +121,8 @@ def choose_run(
 
     ResNet18, when its row is missing and its whole run fits the measured rate (training images
     and a test pass each epoch, the test pass at a third of a training image's cost); otherwise
-    the first missing row of Table 1 after ResNet18's, which runs as far as it gets (a partial
-    ResNet18 run would add nothing a whole one will not).  With no other row missing, ResNet18.
+    the first missing row of Table 1 after ResNet18's, whose run the session starts only if it fits
+    too (a partial run is no result).  With no other row missing, ResNet18.
     """
 
     def estimate(model: str) -> float | None:
@@ -297,30 +301,43 @@ def _tests(s: Session, test_device: str) -> None:
     )
 
 
-def _bench(s: Session, device: str, compiled: bool) -> None:
+def _groups(s: Session, compiled: bool) -> list[tuple[str, ...]]:
+    """The benchmark's children: every variant in one (eager), or one per compared pair (compiled)."""
+    if s.dry_run:
+        return [("sa-quadratic",)] if compiled else [()]  # compiling more: minutes here
+    return [COMPILED_VARIANTS[:2], COMPILED_VARIANTS[2:]] if compiled else [()]
+
+
+def _bench(s: Session, device: str, compiled: bool, again: bool = False) -> None:
     """``structconv cifar bench``: every variant eagerly, or the compared pairs compiled, one child each.
 
     Each pair of the compiled benchmark (a model and the peer its target compares it with) is its
     own child process, so that a pair whose compilation outlasts its share loses only itself.
+    ``again``: only the compiled pairs that ran out of time, with all the time that is left.
     """
     key = "bench_compiled" if compiled else "bench"
     if s.dry_run:
         common = ["--batch", "4", "--steps", "1", "--rounds", "1", "--sizes", "smoke", "--profile", "5"]
-        groups: list[tuple[str, ...]] = [("sa-quadratic",)] if compiled else [()]  # compiling more: minutes here
     else:
         common = ["--batch", "100", "--steps", "10" if compiled else "5", "--rounds", "3", "--profile", "12"]
-        groups = [COMPILED_VARIANTS[:2], COMPILED_VARIANTS[2:]] if compiled else [()]
-    share = min(CAPS[key] * (0.5 if s.dry_run else 1.0), s.left() * 0.5)
+    groups = _groups(s, compiled)
     entry: dict[str, Any] = {"status": [], "seconds": 0.0, "images_per_second": {}, "targets": []}
-    for i, only in enumerate(groups):
+    entry = s.record.get(key, entry) if again else entry
+    chosen = [i for i, status in enumerate(entry["status"]) if status == "timed out"] if again else range(len(groups))
+    share = s.left() - 10.0 if again else min(CAPS[key] * (0.5 if s.dry_run else 1.0), s.left() * 0.5)
+    for n, i in enumerate(chosen):
+        only = groups[i]
         out = s.work / f"{key}-{i}"
         command = [s.python, "-m", "structconv", "cifar", "bench", "--device", device, "--out", str(out), *common]
         command += ["--only", ",".join(only)] if only else []
         command += ["--compile"] if compiled else []
-        step = s.run(f"benchmark ({'compiled' if compiled else 'eager'}{', ' + ', '.join(only) if only else ''})",
-                     command, share / (len(groups) - i))  # fmt: skip
+        name = f"benchmark ({'compiled' if compiled else 'eager'}{', ' + ', '.join(only) if only else ''})"
+        step = s.run(name + (", again" if again else ""), command, share / (len(chosen) - n))
         share -= step.seconds
-        entry["status"].append(step.status)
+        if again:
+            entry["status"][i] = step.status
+        else:
+            entry["status"].append(step.status)
         entry["seconds"] = round(entry["seconds"] + step.seconds, 1)
         found = sorted(out.glob("cifar_throughput_*.json"))
         if found:
@@ -368,6 +385,14 @@ def _train(s: Session, device: str, chosen: str | None = None) -> None:
         model, fits, estimate = "resnet18", True, None
     if chosen is not None:
         model, fits, estimate = chosen, False, None
+    elif not fits:  # a run that cannot finish is no result; the time goes to the benchmark instead
+        why = f"would take about {estimate / 60:.0f} min at the measured rate" if estimate else "have no measured rate"
+        s.say(f"training: not started; all {epochs} epochs of {model} {why}")
+        s.record["runs"] = [
+            {"model": model, "preset": preset, "status": "not started", "missing_rows": missing,
+             "estimate_s": None if estimate is None else round(estimate, 1)}
+        ]  # fmt: skip
+        return
     s.say(
         f"training {model} ({preset}): "
         + (f"all {epochs} epochs fit" if fits else "a partial run")
@@ -469,6 +494,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if s.left() > (30.0 if args.dry_run else 90.0):
             s.attempt("bench_compiled" if compiled else "bench", functools.partial(_bench, s, device, compiled))
     s.attempt("training", lambda: _train(s, device, args.model))
+    if "bench" not in skip and s.left() > (30.0 if args.dry_run else 90.0):
+        s.attempt("bench_compiled", functools.partial(_bench, s, device, True, again=True))
     s.record["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     _figure(s)
     path = s.write()

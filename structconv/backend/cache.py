@@ -12,12 +12,14 @@ into an ``lru_cache`` and through the construction behind it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-import torch
-
 V = TypeVar("V")
+
+#: Whether the code runs under a tracer (``torch.compile``): set by the torch backend when it is
+#: loaded, so that a NumPy-only program never imports torch.
+tracing: Callable[[], bool] = bool  # bool() is False: untraced until the torch backend says
 
 
 class BoundedCache(Generic[V]):
@@ -53,7 +55,7 @@ class BoundedCache(Generic[V]):
         code would replay, rebuilding the dictionary, on every call.
         """
         found = self._items.get(key)
-        if found is not None and not torch.compiler.is_compiling():
+        if found is not None and not tracing():
             self._items.move_to_end(key)
         return found
 

@@ -14,7 +14,7 @@ import array_api_compat.torch as xp_torch
 import numpy as np
 import torch
 
-from . import einsum_path, shift_torch
+from . import cache, einsum_path, shift_torch
 from .interface import Array, Backend
 from .torch_autocast import AUTOCAST_DEVICES, autocast_dtype, autocast_off
 
@@ -557,6 +557,7 @@ def _instance_gemms(a: Array, x: Array, theta: Array) -> Array:
 
 
 BACKEND = TorchBackend()
+cache.tracing = torch.compiler.is_compiling  # the caches leave their order alone in a traced call
 
 
 # A pure function of shapes, cached by value: torch.compile calls it as Python (its result a

@@ -128,8 +128,10 @@ def current_environment() -> FloatEnvironment:
 def timed_label() -> str:
     """What the timed calls since :func:`fp_environment` ran under: ``"flushed"``, ``"unflushed"`` or ``"mixed"``.
 
-    From the counts of timed calls (each measured on every thread just before it); with none
-    timed yet, the environment's own :attr:`FloatEnvironment.label`.
+    From the counts of timed calls, each counted under what every thread did when the setting
+    was last set (at a hold's start, and after a variant changed the calling thread's setting:
+    a variant that changes only the workers' goes unseen); with none timed yet, the
+    environment's own :attr:`FloatEnvironment.label`.
     """
     flushed, unflushed = _LEDGER["flushed"], _LEDGER["unflushed"]
     if flushed and unflushed:

@@ -207,7 +207,22 @@ def test_autocast_converts_as_conv_does() -> None:
     torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02)
 
 
+def _autocast_case(structure: str, kind: str, rng: np.random.Generator) -> tuple[Any, Any, int]:
+    """A basis (grid, dense or sparse), a float32 ``theta`` of ``kind`` for it, and P."""
+    P, Q = 3, 2
+    if structure == "grid":
+        A: Any = grid_basis((5, 4), 3, padding=1)
+    else:
+        dense = rng.random((4, 20, 20)) * (rng.random((4, 20, 20)) < 0.3)
+        A = (sc.DenseBasis if structure == "dense" else sc.SparseBasis.from_dense)(torch.from_numpy(dense).float())
+    if kind == "convweight":
+        return A, ConvWeight(torch.from_numpy(rng.standard_normal((Q, P, 3, 3))).float()), P
+    theta = _theta(kind, A.K, P, Q, rng, "torch")
+    return A, kind_of(theta).cast(theta, lambda op: op.float()), P
+
+
 @given(
+    structure=st.sampled_from(["grid", "dense", "sparse"]),
     kind=st.sampled_from(["full", "lowrank", "separable", "convweight"]),
     layout=st.sampled_from(["rows", "channels_first"]),
     x_dtype=st.sampled_from([torch.float32, torch.bfloat16]),
@@ -215,32 +230,53 @@ def test_autocast_converts_as_conv_does() -> None:
     seed=st.integers(0, 2**16),
 )
 def test_under_autocast_every_call_is_conv_under_autocast(
-    kind: str, layout: str, x_dtype: torch.dtype, per_call_basis: bool, seed: int
+    structure: str, kind: str, layout: str, x_dtype: torch.dtype, per_call_basis: bool, seed: int
 ) -> None:
-    """Under autocast, the first call and the later ones (the cast twin) equal ``conv`` under autocast, every order."""
+    """Under autocast the first call and the later ones (the cast twin) are ``conv`` under autocast, bit for bit."""
+    if structure != "grid" and (kind == "convweight" or layout == "channels_first"):
+        return  # a ConvWeight and the image layout are a grid's
     rng = np.random.default_rng(seed)
-    A = grid_basis((5, 4), 3, padding=1)
-    P, Q, B = 3, 2, 2
-    if kind == "convweight":
-        theta: Any = ConvWeight(torch.from_numpy(rng.standard_normal((Q, P, 3, 3))).float())
-    else:
-        theta = _theta(kind, A.K, P, Q, rng, "torch")
-        theta = kind_of(theta).cast(theta, lambda op: op.float())
+    A, theta, P = _autocast_case(structure, kind, rng)
+    B, Q = 2, 2
     bias = torch.from_numpy(rng.standard_normal(Q)).float()
-    image = torch.from_numpy(rng.standard_normal((B, P, 5, 4))).to(x_dtype)
-    rows = image.reshape(B, P, -1).transpose(1, 2)
-    x = image if layout == "channels_first" else rows
+    rows = torch.from_numpy(rng.standard_normal((B, A.M, P))).to(x_dtype)
+    image = rows.transpose(1, 2).reshape(B, P, 5, 4) if layout == "channels_first" else rows
     for order in explain(A, rows.float(), theta).orders:
-        c = contraction(A, x, theta, order=order, layout=layout)
+        c = contraction(A, image, theta, order=order, layout=layout)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            expected = conv(A, rows, theta, order=order) + bias.to(torch.bfloat16)
+            expected = conv(A, rows, theta, order=order)
             if layout == "channels_first":
-                expected = expected.transpose(1, 2).reshape(B, Q, *A.entry_shapes[1])
+                expected = expected.transpose(1, 2).reshape(B, Q, 5, 4)
+                with_bias = expected + bias.to(expected.dtype)[:, None, None]
+            else:
+                with_bias = expected + bias.to(expected.dtype)
             for _ in range(3):  # the first call checks and compiles the twin; the others run it
-                got = c(x, theta, bias=bias, basis=A.placed_like(x) if per_call_basis else None)
-                assert got.dtype == expected.dtype
-                torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02, msg=order)
+                basis = A.placed_like(image) if per_call_basis else None
+                got = c(image, theta, basis=basis)
+                assert got.dtype == expected.dtype and torch.equal(got, expected), order
+                got = c(image, theta, bias=bias, basis=basis)  # torch's convolution fuses the bias
+                torch.testing.assert_close(got, with_bias, **({} if layout == "rows" else {"atol": 0.02, "rtol": 0.02}))
         assert list(c._casts) == [torch.bfloat16]
+
+
+def test_under_autocast_what_conv_refuses_or_converts_goes_through_conv() -> None:
+    """float64 stays float64; a basis placed otherwise and a theta of another backend get conv's messages."""
+    A = sc.DenseBasis(torch.rand(3, 6, 6))
+    x, theta = torch.randn(2, 6, 4), torch.randn(3, 4, 5)
+    c = contraction(A, x, theta)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        c(x, theta)  # the twin exists from here on
+        with pytest.raises(TypeError, match="convert explicitly"):
+            c(x, theta, basis=sc.DenseBasis(torch.rand(3, 6, 6, dtype=D64)))
+        with pytest.raises(TypeError, match="theta"):
+            c(x, theta.numpy())
+        with pytest.raises(ValueError, match="theta"):
+            c(x, torch.randn(3, 4, 6))
+    c64 = contraction(A.to(dtype=D64), x.double(), theta.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(2):
+            got = c64(x.double(), theta.double())
+            assert got.dtype == D64 and torch.equal(got, conv(A.to(dtype=D64), x.double(), theta.double()))
 
 
 def test_under_autocast_later_calls_do_not_check_or_plan_again(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -160,3 +160,17 @@ def test_a_compiled_call_writes_no_python_state(
         if i.opname in ("STORE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR") or i.argval in ("clear", "move_to_end")
     ]
     assert writes == []
+
+
+@pytest.mark.parametrize("name", ["gcn", "cheb", "gat"])
+def test_a_first_call_compiled_under_autocast_is_one_graph(name: str) -> None:
+    """No eager call first: the layers' contractions and their cast twins are built while tracing, in one graph."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = MODELS[name]().eval()
+    x = torch.randn(NODES, 4)
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = compiled(x, EDGE_INDEX)
+        expected = model(x, EDGE_INDEX)
+    torch.testing.assert_close(got.float(), expected.float(), atol=0.05, rtol=0.05)

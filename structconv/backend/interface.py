@@ -91,7 +91,13 @@ class Backend(Kernels):
 
     @abstractmethod
     def strides(self, a: Array) -> tuple[int, ...]:
-        """The strides of ``a`` in elements (its memory order)."""
+        """The strides of ``a`` in elements (its memory order).
+
+        Parameters
+        ----------
+        a
+            An array of this backend.
+        """
 
     @abstractmethod
     def move(self, a: Array, device: Any = None, dtype: Any = None, *, what: str = "array") -> Array:

@@ -29,7 +29,7 @@ from ..bases.base import Basis
 from ..bases.convert import as_basis
 from ..bases.factor import Theta
 from .contract import _check_memory, _plan, conv
-from .operands import FULL, Kind, Param, Shaped, as_param, autocast, placed, prepare
+from .operands import FULL, Kind, Param, Shaped, as_param, autocast, autocast_basis, placed, prepare
 
 LAYOUTS = ("rows", "channels_first")
 
@@ -69,6 +69,10 @@ class Contraction:
         is the order every call runs.
     layout
         ``"rows"`` or ``"channels_first"`` (see :mod:`structconv.engine.compiled`).
+
+    Under torch autocast a call casts the operands as :func:`~structconv.conv` does and runs a
+    *cast twin*, the same order compiled for the autocast dtype (made once, with
+    ``probe_autocast=False``: its operands arrive cast).
     """
 
     __slots__ = (
@@ -237,7 +241,9 @@ class Contraction:
             op = ops[0]
             if op.shape != self._operand_shapes[0] or op.dtype != self._dtype or op.device != self._device:
                 raise self._theta_mismatch(op)
-            if self._backend.traced():  # kept, it would be a side effect replayed after every compiled call
+            if self._casts is None or self._backend.traced():
+                # A twin's operands are new casts every call; traced, keeping one would be a side
+                # effect replayed after every compiled call.
                 return Param(kind, (op,), *self._full, self._rank)
             last = self._last
             if last is not None and last.operands[0] is op:  # a layer's parameter: the same tensor every call
@@ -261,8 +267,9 @@ class Contraction:
     def _same_structure(self, basis: Basis) -> tuple[Basis, bool]:
         if not isinstance(basis, Basis) or basis.plan_key() != self._key:
             raise ValueError(
-                f"basis must have the structure the contraction was compiled for ({self.basis!r}); "
-                f"got {basis!r}: compile another contraction for it"
+                f"basis must have the structure the contraction was compiled for ({self.basis!r}, plan key "
+                f"{self._key}); got {basis!r} (plan key {basis.plan_key() if isinstance(basis, Basis) else None}): "
+                "compile another contraction for it"
             )
         return basis, (basis.dtype, basis.device) == self._placement
 
@@ -278,32 +285,44 @@ class Contraction:
         """Under torch autocast: the operands in the autocast dtype, through this order compiled for it.
 
         The conversions are :func:`~structconv.conv`'s (:func:`~structconv.engine.operands.autocast`);
-        the contraction they feed, the *cast twin*, is compiled once per autocast dtype with this
-        plan's order, so a call under autocast costs the casts and the bound order, not
-        :func:`~structconv.conv`'s checks and plan lookup every time.
+        the contraction they feed, the *cast twin*, is compiled once per autocast dtype for the
+        same order, so a call under autocast costs the casts and the bound order, not
+        :func:`~structconv.conv`'s checks and plan lookup every time.  What conv's rules would
+        convert otherwise or refuse (a float64 operand, a basis placed otherwise, a theta that is
+        no array of the compiled kind and shapes) goes through them.
         """
-        backend = self._backend
+        backend, casts = self._backend, self._casts
+        assert casts is not None  # a twin never probes autocast
         dtype = backend.autocast_dtype(x)
-        xd = backend.autocast_to(x, dtype)
-        if xd.dtype != dtype or self._casts is None:  # float64 stays: conv's rules convert or refuse
+        ops = self._kind.compiled_operands(theta)
+        if (
+            ops is None
+            or not all(backend.owns(op) for op in ops)
+            or (basis is not None and (basis.dtype, basis.device) != self._placement)
+        ):
             return self._general(self.basis if basis is None else basis, x, theta, bias)
-        ops = tuple(backend.autocast_to(op, dtype) for op in self._operands(theta))
+        for op, shape in zip(ops, self._operand_shapes, strict=True):
+            if op.shape != shape:
+                raise self._theta_mismatch(op)
+        xd, cast = backend.autocast_to(x, dtype), tuple(backend.autocast_to(op, dtype) for op in ops)
+        if xd.dtype != dtype or any(op.dtype != dtype for op in cast):  # float64 is left as it is
+            return self._general(self.basis if basis is None else basis, x, theta, bias)
         bias_d = None if bias is None else bias.to(dtype)
-        basis_d = None if basis is None else basis.placed_like(xd)
-        twin = self._casts.get(dtype)
+        basis_d = None if basis is None else autocast_basis(basis, dtype)
+        twin = casts.get(dtype)
         if twin is not None:
-            return twin._run_keyed(xd, ops, bias_d, basis_d)
+            return twin._run_keyed(xd, cast, bias_d, basis_d)
         twin = Contraction(
-            self.basis.placed_like(xd),
+            autocast_basis(self.basis, dtype),
             self._x_shape,
             (self._kind, self._operand_shapes, self._rank),
-            self.plan.chosen,
+            self.plan.requested,  # the same plan ("auto" plans the same: a plan's key holds no dtype)
             self.layout,
             dtype,
             probe_autocast=False,
         )
-        y = twin(xd, self._kind.from_operands(ops, self._rank), bias=bias_d, basis=basis_d)  # conv's checks, once
-        self._casts[dtype] = twin
+        y = twin(xd, self._kind.from_operands(cast, self._rank), bias=bias_d, basis=basis_d)  # conv's checks, once
+        casts[dtype] = twin
         return y
 
     def _general(self, basis: Basis, x: Array, theta: Theta, bias: Array | None) -> Array:

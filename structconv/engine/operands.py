@@ -8,6 +8,8 @@ which registers each as the reader of its class of parameter objects (:func:`kin
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..backend import Array, autocast_dtype, autocast_to, device_of, dtype_name, of, shape_str
 from ..backend.checks import check_array, check_same_placement
 from ..bases.base import Basis
@@ -33,11 +35,15 @@ def autocast(a: Basis | Array, x: Array, theta: Theta) -> tuple[Basis | Array, A
     if dtype is None:
         return a, x, theta
     theta = kind_of(theta).cast(theta, lambda op: autocast_to(op, dtype))
-    if not isinstance(a, Basis):
-        a = autocast_to(a, dtype)
-    elif a.dtype.is_floating_point and a.dtype.itemsize == 4 and a.dtype != dtype:
-        a = a.to(dtype=dtype)
+    a = autocast_to(a, dtype) if not isinstance(a, Basis) else autocast_basis(a, dtype)
     return a, autocast_to(x, dtype), theta
+
+
+def autocast_basis(basis: Basis, dtype: Any) -> Basis:
+    """``basis`` in the autocast ``dtype`` where its entries are 4-byte floats (autocast leaves float64 alone)."""
+    if basis.dtype.is_floating_point and basis.dtype.itemsize == 4 and basis.dtype != dtype:
+        return basis.to(dtype=dtype)
+    return basis
 
 
 def placed(a: Basis | Array, x: Array) -> Basis | Array:

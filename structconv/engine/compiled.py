@@ -177,7 +177,7 @@ class Contraction:
             return self(x, theta, bias=bias, basis=basis)
         if self._autocast is not None and self._autocast():
             return self._autocast_run(x, theta, bias, basis)
-        if basis is not None and (basis.dtype, basis.device) != self._placement:
+        if basis is not None and self._placed_otherwise(basis):
             return self._general(basis, x, theta, bias)
         return self._run_keyed(x, self._operands(theta), bias, basis)
 
@@ -271,7 +271,11 @@ class Contraction:
                 f"{self._key}); got {basis!r} (plan key {basis.plan_key() if isinstance(basis, Basis) else None}): "
                 "compile another contraction for it"
             )
-        return basis, (basis.dtype, basis.device) == self._placement
+        return basis, not self._placed_otherwise(basis)
+
+    def _placed_otherwise(self, basis: Basis | None) -> bool:
+        """Whether a per-call ``basis`` has another dtype or device than the compiled one (``None``: it has not)."""
+        return basis is not None and (basis.dtype, basis.device) != self._placement
 
     def _mismatch(self, x: Array) -> ValueError:
         return ValueError(
@@ -291,27 +295,25 @@ class Contraction:
         convert otherwise or refuse (a float64 operand, a basis placed otherwise, a theta that is
         no array of the compiled kind and shapes) goes through them.
         """
-        backend, casts = self._backend, self._casts
-        assert casts is not None  # a twin never probes autocast
+        backend = self._backend
         dtype = backend.autocast_dtype(x)
         ops = self._kind.compiled_operands(theta)
-        if (
-            ops is None
-            or not all(backend.owns(op) for op in ops)
-            or (basis is not None and (basis.dtype, basis.device) != self._placement)
-        ):
-            return self._general(self.basis if basis is None else basis, x, theta, bias)
-        for op, shape in zip(ops, self._operand_shapes, strict=True):
-            if op.shape != shape:
-                raise self._theta_mismatch(op)
-        xd, cast = backend.autocast_to(x, dtype), tuple(backend.autocast_to(op, dtype) for op in ops)
-        if xd.dtype != dtype or any(op.dtype != dtype for op in cast):  # float64 is left as it is
-            return self._general(self.basis if basis is None else basis, x, theta, bias)
-        bias_d = None if bias is None else bias.to(dtype)
-        basis_d = None if basis is None else autocast_basis(basis, dtype)
-        twin = casts.get(dtype)
+        if ops is not None and all(backend.owns(op) for op in ops) and not self._placed_otherwise(basis):
+            for op, shape in zip(ops, self._operand_shapes, strict=True):
+                if op.shape != shape:
+                    raise self._theta_mismatch(op)
+            xd, cast = backend.autocast_to(x, dtype), tuple(backend.autocast_to(op, dtype) for op in ops)
+            if xd.dtype == dtype and all(op.dtype == dtype for op in cast):  # float64 is left as it is
+                bias_d = None if bias is None else bias.to(dtype)
+                return self._twin_run(dtype, xd, cast, bias_d, None if basis is None else autocast_basis(basis, dtype))
+        return self._general(self.basis if basis is None else basis, x, theta, bias)
+
+    def _twin_run(self, dtype: Any, x: Array, ops: tuple[Array, ...], bias: Array | None, basis: Basis | None) -> Array:
+        """Operands already in ``dtype`` through the cast twin for it, compiled (and checked) on its first call."""
+        assert self._casts is not None  # a twin never probes autocast
+        twin = self._casts.get(dtype)
         if twin is not None:
-            return twin._run_keyed(xd, cast, bias_d, basis_d)
+            return twin._run_keyed(x, ops, bias, basis)
         twin = Contraction(
             autocast_basis(self.basis, dtype),
             self._x_shape,
@@ -321,8 +323,8 @@ class Contraction:
             dtype,
             probe_autocast=False,
         )
-        y = twin(xd, self._kind.from_operands(cast, self._rank), bias=bias_d, basis=basis_d)  # conv's checks, once
-        casts[dtype] = twin
+        y = twin(x, self._kind.from_operands(ops, self._rank), bias=bias, basis=basis)  # conv's checks, once
+        self._casts[dtype] = twin
         return y
 
     def _general(self, basis: Basis, x: Array, theta: Theta, bias: Array | None) -> Array:

@@ -22,10 +22,10 @@ from .structures.graph import PolynomialBasis, gcn_basis, graph_basis
 from .structures.grid import apply_shifts, avg_pool_basis, grid_basis, shift_matrix
 from .structures.positional import (
     PositionScores,
-    RelativeAttention,
     gaussian_scores,
     learned_scores,
     quadratic_scores,
+    relative_attention,
 )
 from .theory.algebra import combine, compose, decompose
 
@@ -47,7 +47,6 @@ __all__ = [
     "Plan",
     "PolynomialBasis",
     "PositionScores",
-    "RelativeAttention",
     "SelectBasis",
     "Separable",
     "SoftmaxEdgeBasis",
@@ -70,6 +69,7 @@ __all__ = [
     "learned_scores",
     "masked_softmax",
     "quadratic_scores",
+    "relative_attention",
     "shift_matrix",
 ]
 

@@ -19,7 +19,6 @@ from structconv import (
     DenseBasis,
     LowRank,
     PositionScores,
-    RelativeAttention,
     attention_basis,
     conv,
     explain,
@@ -27,6 +26,7 @@ from structconv import (
     grid_basis,
     learned_scores,
     quadratic_scores,
+    relative_attention,
 )
 from structconv import nn as snn
 from structconv.structures.positional import relative_offsets
@@ -179,7 +179,7 @@ def test_relative_attention_has_the_four_terms_of_eq5(seed: int, boundary: str) 
     rel_key = torch.randn(H, sum(widths), D, generator=g, dtype=D64)
     u, v = torch.randn(H, D, generator=g, dtype=D64), torch.randn(H, D, generator=g, dtype=D64)
     x = torch.randn(2, 12, P, generator=g, dtype=D64)
-    mech = RelativeAttention(
+    mech = relative_attention(
         grid, tables, key=key, query=query, rel_key=rel_key, u=u, v=v, boundary=boundary, scale=0.5
     )
     k, q = torch.einsum("bmp,hpd->bhmd", x, key), torch.einsum("bnp,hpd->bhnd", x, query)
@@ -191,10 +191,6 @@ def test_relative_attention_has_the_four_terms_of_eq5(seed: int, boundary: str) 
         + torch.einsum("hd,hmnd->hmn", v, r_hat)[None]
     )
     torch.testing.assert_close(mech.scores(x, x), 0.5 * ref)
-    # Only the position term: the same scores as learned_scores with t_h = W_hat_h v_h.
-    only = RelativeAttention(grid, tables, rel_key=rel_key, v=v, boundary=boundary)
-    learned = learned_scores(grid, tables, torch.einsum("hcd,hd->hc", rel_key, v), boundary)
-    torch.testing.assert_close(only.scores(x, x)[0], learned.dense_scores())
 
 
 def _mechanisms(grid: tuple[int, ...], boundary: str, seed: int) -> dict[str, Any]:
@@ -287,7 +283,7 @@ def test_relative_attention_and_combined_mechanisms_gradcheck() -> None:
     theta = torch.randn(H, P, 2, generator=g, dtype=D64)
 
     def f(x: torch.Tensor, key: torch.Tensor, query: torch.Tensor, rel: torch.Tensor, u: Any, v: Any) -> Any:
-        mech = RelativeAttention(grid, tables, key=key, query=query, rel_key=rel, u=u, v=v, scale=0.7)
+        mech = relative_attention(grid, tables, key=key, query=query, rel_key=rel, u=u, v=v, scale=0.7)
         return conv(attention_basis(x, mechanism=mech), x, theta)
 
     assert torch.autograd.gradcheck(f, (x, *parts, u, v))
@@ -352,8 +348,13 @@ def test_positional_errors() -> None:
         PositionScores((3, 3), per_axis=())
     with pytest.raises(ValueError, match=r"give exactly one of per_axis and per_offset"):
         PositionScores((3, 3))
-    with pytest.raises(ValueError, match=r"RelativeAttention needs one of"):
-        RelativeAttention((3, 3), (torch.ones(5, 2), torch.ones(5, 2)), key=torch.ones(2, 3, 2))
+    eq5 = {"key": torch.ones(2, 3, 2), "query": torch.ones(2, 3, 2), "u": torch.ones(2, 2), "v": torch.ones(2, 2)}
+    with pytest.raises(ValueError, match=r"rel_key must have shape \(K, D_p, D\) = \(2, 4, 2\)"):
+        relative_attention((3, 3), (torch.ones(5, 2), torch.ones(5, 2)), rel_key=torch.ones(2, 3, 2), **eq5)
+    with pytest.raises(ValueError, match=r"v must have the shape \(K, D\) of u, \(2, 2\), got \(2, 3\)"):
+        relative_attention(
+            (3, 3), (torch.ones(5, 2),) * 2, rel_key=torch.ones(2, 4, 2), **{**eq5, "v": torch.ones(2, 3)}
+        )
 
 
 # --- the layer ---------------------------------------------------------------------------------------

@@ -27,10 +27,10 @@ from ..structures.attention import BiAffine, Mechanism
 from ..structures.grid import BOUNDARIES
 from ..structures.positional import (
     PositionScores,
-    RelativeAttention,
     gaussian_scores,
     learned_scores,
     quadratic_scores,
+    relative_attention,
     relative_offsets,
 )
 from ._module import NotScriptable
@@ -374,7 +374,7 @@ class LearnedHeads(PositionalHeads):
     a row of each axis' table (``(L_i, D_i)``, :math:`N(0, 1)`, :math:`D_p` split evenly over the
     axes), scored by :math:`t_h` (``weight``, ``torch.nn.Linear``'s initialisation).  With
     ``relative_terms=True`` and content, the heads are the four terms of Cordonnier et al.'s
-    Eq. 5 instead (:class:`~structconv.RelativeAttention`): ``rel_key`` :math:`\hat W` and the
+    Eq. 5 instead (:func:`~structconv.relative_attention`): ``rel_key`` :math:`\hat W` and the
     biases ``u``, ``v`` (started at zero) replace ``weight``.
 
     Parameters
@@ -456,7 +456,7 @@ class LearnedHeads(PositionalHeads):
             return super().with_content(content)
         self._check_bound()
         assert content.key_dim is not None  # resolved when bound
-        return RelativeAttention(
+        return relative_attention(
             self.grid, tuple(self.tables), key=content.key, query=content.query, rel_key=self.rel_key,
             u=self.u, v=self.v, boundary=self.boundary, scale=1.0 / math.sqrt(content.key_dim),
         )  # fmt: skip

@@ -1,26 +1,23 @@
-r"""Relative offsets on a grid, and relative-position attention with content (Cordonnier et al. Eq. 5).
+r"""Relative offsets on a grid: its distinct offsets :math:`\delta = \mathrm{pos}(m) - \mathrm{pos}(n)`, per axis.
 
-:func:`relative_offsets` gives a grid's distinct offsets :math:`\delta = \mathrm{pos}(m) - \mathrm{pos}(n)`
-and which one joins two positions, per axis; both it and its copies on a backend (:func:`table_on`)
-are cached by value, so they never go stale.  :class:`RelativeAttention` scores content and
-learned relative positions together.
+:func:`relative_offsets` and its copies on a backend (:func:`table_on`) are cached by value, so
+they never go stale.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from ..backend import Array, dtype_name, einsum, namespace, of, shape_str
+from ..backend import Array, dtype_name, of, shape_str
 from ..backend.cache import BoundedCache
 from ..backend.checks import check_array, check_memory
 from ..bases.grid import BOUNDARIES, _grid
-from .attention import Mechanism
 
 
 @dataclass(frozen=True)
@@ -219,138 +216,3 @@ def _split(a: Array, widths: tuple[int, ...], axis: int) -> list[Array]:
         out.append(a[tuple(index)])
         start += w
     return out
-
-
-@dataclass(frozen=True, eq=False)
-class RelativeAttention(Mechanism):
-    r"""Content and learned relative position together, the four terms of Eq. 5.
-
-    .. math:: a_{hmn} = \mathrm{scale}\,\big(q_n\cdot k_m + q_n\cdot\hat r_{\delta_{mn}} + u_h\cdot k_m
-              + v_h\cdot\hat r_{\delta_{mn}}\big),
-
-    with keys :math:`k_m = x_m W^k_h`, queries :math:`q_n = z_n W^q_h` and the projected
-    embedding :math:`\hat r_\delta = \hat W_h^\top r_\delta` (:math:`r_\delta` from per-axis
-    ``tables``, as in :func:`~structconv.learned_scores`).  A term is present when its parameters
-    are given (``key`` and ``query``; ``query`` and ``rel_key``; ``key`` and ``u``; ``rel_key``
-    and ``v``); the query-position term is computed per axis, never through ``(M, N, D)``
-    embeddings.
-
-    Parameters
-    ----------
-    grid
-        Grid sizes :math:`(S_1, \dots, S_d)`; the tokens are its positions, row-major.
-    tables
-        One ``(L_i, D_i)`` table per axis (:attr:`RelativeOffsets.lengths`).
-    key, query
-        :math:`W^k`, :math:`W^q`, ``(K, P, D)``; keyword-only, as all that follow.
-    rel_key
-        :math:`\hat W`, ``(K, D_p, D)``, :math:`D_p = \sum_i D_i`.
-    u, v
-        ``(K, D)`` each.
-    boundary
-        ``"zero"`` or ``"periodic"``.
-    scale
-        The factor of the scores, e.g. :math:`1/\sqrt D`.
-    """
-
-    grid: tuple[int, ...]
-    tables: tuple[Array, ...]
-    _: KW_ONLY
-    key: Array | None = None
-    query: Array | None = None
-    rel_key: Array | None = None
-    u: Array | None = None
-    v: Array | None = None
-    boundary: str = "zero"
-    scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "grid", _grid(self.grid))
-        object.__setattr__(self, "tables", tuple(self.tables))
-        widths = _check_tables(self.tables, relative_offsets(self.grid, self.boundary))
-        terms = self._terms()
-        if not any(terms):
-            raise ValueError("RelativeAttention needs one of: key+query, query+rel_key, key+u, rel_key+v")
-        named = (("key", self.key), ("query", self.query), ("rel_key", self.rel_key))
-        given = {n: a for n, a in named if a is not None}
-        for name, a in given.items():
-            check_array(a, name, (3,), (f"(K, {'D_p' if name == 'rel_key' else 'P'}, D)",))
-        dims = {(int(a.shape[0]), int(a.shape[2])) for a in given.values()}
-        for name, a in (("u", self.u), ("v", self.v)):
-            if a is not None:
-                check_array(a, name, (2,), ("(K, D)",))
-                dims.add((int(a.shape[0]), int(a.shape[1])))
-        if len(dims) != 1:
-            raise ValueError(f"key, query, rel_key, u and v must share (K, D), got {sorted(dims)}")
-        if self.rel_key is not None and int(self.rel_key.shape[1]) != sum(widths):
-            raise ValueError(
-                f"rel_key must have shape (K, D_p, D) with D_p = {sum(widths)} (the tables' widths), "
-                f"got {shape_str(tuple(self.rel_key.shape))}"
-            )
-
-    def _terms(self) -> tuple[bool, bool, bool, bool]:
-        k, q, r = self.key is not None, self.query is not None, self.rel_key is not None
-        return k and q, q and r, k and self.u is not None, r and self.v is not None
-
-    @property
-    def heads(self) -> int:
-        for a in (self.key, self.query, self.rel_key, self.u, self.v):
-            if a is not None:
-                return int(a.shape[0])
-        raise AssertionError("unreachable: __post_init__ requires a term")
-
-    @property
-    def relative(self) -> RelativeOffsets:
-        return relative_offsets(self.grid, self.boundary)
-
-    def _projected_tables(self) -> list[Array]:
-        """Per axis :math:`\\hat W_h^{(i)\\top} r^{(i)}`, ``(K, L_i, D)``."""
-        assert self.rel_key is not None
-        widths = tuple(int(t.shape[1]) for t in self.tables)
-        parts = _split(self.rel_key, widths, 1)
-        return [einsum("le,ked->kld", t, w) for t, w in zip(self.tables, parts, strict=True)]
-
-    def scores(self, x: Array, z: Array) -> Array:
-        rel = self.relative
-        check_positions(rel, x, z, "RelativeAttention")
-        content, query_pos, key_bias, position = self._terms()
-        keys = einsum("bmp,kpd->bkmd", x, self.key) if self.key is not None else None
-        queries = einsum("bnp,kpd->bknd", z, self.query) if self.query is not None else None
-        B, K = int(x.shape[0]), self.heads
-        total: Any = 0.0
-        if content:
-            assert keys is not None and queries is not None
-            total = total + keys @ queries.swapaxes(-1, -2)
-        if key_bias:
-            total = total + einsum("bkmd,kd->bkm", keys, self.u)[..., None]
-        if query_pos or position:
-            projected = self._projected_tables()
-        if query_pos:
-            total = total + self._query_position(queries, projected, B, K)
-        if position:
-            per_axis = [einsum("kld,kd->kl", t, self.v) for t in projected]
-            total = total + rel.gather(_axis_sum(per_axis, rel.lengths))[None]
-        return total * self.scale if self.scale != 1.0 else total
-
-    def _query_position(self, queries: Array, projected: list[Array], B: int, K: int) -> Array:
-        r""":math:`q_n\cdot\hat r_{\delta_{mn}}`, ``(B, K, M, N)``, one axis at a time.
-
-        Axis :math:`i` scores each query against the :math:`L_i` offsets of the axis
-        (``(B, K, N, L_i)``), picks for it the :math:`S_i` differences :math:`m_i - n_i`
-        (``(B, K, N, S_i)``) and broadcasts them over the keys' other coordinates: no
-        ``(M, N)`` index and no ``(M, N, D)`` embeddings are built.
-        """
-        rel, d, grid = self.relative, len(self.grid), self.grid
-        xp = namespace(queries)
-        total: Any = None
-        for i, table in enumerate(projected):
-            per_offset = einsum("bknd,kld->bknl", queries, table).reshape(B, K, *grid, -1)  # (B, K, n..., L_i)
-            index = table_on(rel, f"axis_index{i}", per_offset).swapaxes(0, 1)  # (n_i, m_i)
-            shape = [1, 1] + [grid[j] if j == i else 1 for j in range(d)] + [grid[i]]
-            target = (B, K, *grid, grid[i])
-            picked = xp.take_along_axis(per_offset, xp.broadcast_to(index.reshape(shape), target), axis=-1)
-            # (B, K, n_1..n_d, m_i) -> (B, K, [m: m_i only], n_1..n_d): broadcast over the other m_j
-            keys_first = xp.moveaxis(picked, -1, 2).reshape(B, K, *[grid[j] if j == i else 1 for j in range(d)], *grid)
-            total = keys_first if total is None else total + keys_first
-        assert total is not None
-        return xp.broadcast_to(total, (B, K, *grid, *grid)).reshape(B, K, rel.positions, rel.positions)

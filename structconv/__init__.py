@@ -25,8 +25,8 @@ from .structures.positional import (
     gaussian_scores,
     learned_scores,
     quadratic_scores,
-    relative_attention,
 )
+from .structures.relative_attention import relative_attention
 from .theory.algebra import combine, compose, decompose
 
 __all__ = [

@@ -30,6 +30,7 @@ from structconv import (
 )
 from structconv import nn as snn
 from structconv.structures.positional import relative_offsets
+from structconv.structures.shift_heads import _column_ids, _weakest_best
 from structconv.theory.conv_attention import positional_basis
 
 D64 = torch.float64
@@ -58,20 +59,20 @@ grids = st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple)
 @given(grid=grids, boundary=st.sampled_from(["zero", "periodic"]))
 def test_relative_offsets_index_every_pair(grid: tuple[int, ...], boundary: str) -> None:
     rel = relative_offsets(grid, boundary)
-    np.testing.assert_array_equal(rel.offsets[rel.index], _naive_delta(grid, boundary))
+    np.testing.assert_array_equal(rel.offsets[rel.gather(np.arange(len(rel.offsets)))], _naive_delta(grid, boundary))
     assert len(rel.offsets) == math.prod(rel.lengths)
 
 
 @given(seed=st.integers(0, 2**31), grid=grids, boundary=st.sampled_from(["zero", "periodic"]))
 def test_per_axis_tables_gather_every_pair_as_a_dense_index(seed: int, grid: tuple[int, ...], boundary: str) -> None:
-    """``gather`` and ``column_index`` (built from per-axis tables) equal indexing by the naive (M, N) offsets."""
+    """``gather`` and the shift form's column ids (from per-axis tables) equal indexing by the naive (M, N) offsets."""
     rel = relative_offsets(grid, boundary)
     delta = _naive_delta(grid, boundary)
     ids = np.ravel_multi_index(tuple(np.moveaxis(delta - np.asarray(rel.lows), -1, 0)), rel.lengths)
     scores = torch.from_numpy(np.random.default_rng(seed).normal(size=(2, 3, len(rel.offsets))))
     torch.testing.assert_close(rel.gather(scores), scores[..., torch.from_numpy(ids)], rtol=0, atol=0)
     columns = np.random.default_rng(seed).integers(0, math.prod(grid), size=3)
-    np.testing.assert_array_equal(rel.column_index(columns), ids[:, columns])
+    np.testing.assert_array_equal(_column_ids(rel, columns), ids[:, columns])
     stored = sum(a.size for a in rel.axis_ids)
     assert stored == sum(2 * s - 1 for s in grid)  # O(S_i) per axis: no table of pairs is kept
 
@@ -578,7 +579,8 @@ def test_the_weakest_column_of_a_concave_head_is_a_corner(seed: int, grid: list[
         mech = gaussian_scores(tuple(grid), centres, torch.randn(3, d, d, generator=g, dtype=D64))
     dense = mech.dense_scores().numpy()
     expected = dense.max(axis=1).min(axis=1)
-    np.testing.assert_allclose(mech._weakest_best(mech.offset_scores().numpy()), expected, rtol=1e-12, atol=1e-12)
+    floor = _weakest_best(mech.offset_scores().numpy(), mech.relative, mech.concave)
+    np.testing.assert_allclose(floor, expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(

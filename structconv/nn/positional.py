@@ -14,9 +14,8 @@ from ..backend.torch_autocast import autocast_dtype, autocast_off, check_input_d
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
-from ..bases.grid_args import _grid, _ints
+from ..bases.grid_args import _check_boundary, _grid, _ints
 from ..structures.attention import AttentionBasis, Mechanism, attention_basis
-from ..structures.grid import BOUNDARIES
 from ..structures.positional import PositionScores, inner_positions
 from ..structures.relative import check_host_memory
 from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, refuse_jit_trace
@@ -33,11 +32,9 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         y = \sum_h A_h^\top x\,\Theta_h + \beta, \qquad
         (A_h)_{mn} = \operatorname{softmax}_m\bigl(a_{hmn}\bigr),
 
-    the score :math:`a_{hmn}` of key :math:`m` for query :math:`n` given by the ``encoding`` as a
-    function of their offset :math:`\delta_{mn}`, plus, with ``content``, a score of their
-    features.  The basis is the heads, ``(K, M, M)`` shared by the batch or ``(B, K, M, M)``
-    with content; Θ is ``(K, E, E)``, of rank ``head_dim`` when set.  ``docs/attention.rst``
-    derives the representations of the heads and the orders that run them.
+    the score :math:`a_{hmn}` of key :math:`m` for query :math:`n` a function of their offset
+    :math:`\delta_{mn}` (the ``encoding``), plus, with ``content``, a score of their features.
+    The heads are the basis (``docs/attention.rst`` derives their forms and orders).
 
     Parameters
     ----------
@@ -48,28 +45,24 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
     num_heads : int
         :math:`K`.
     encoding : PositionalHeads or {"quadratic", "gaussian", "learned"}
-        The heads' relative-position encoding (a name: that encoding at its defaults); the layer
-        binds a copy, :attr:`encoding`.
+        The relative-position encoding (a name: at its defaults); the layer binds a copy.
     content : ContentHeads, optional
-        Content scores added to the positional ones (with ``LearnedHeads(relative_terms=True)``,
-        the four terms of Eq. 5); bound as :attr:`content`.
+        Content scores added to the positional ones (Eq. 5 with ``LearnedHeads(relative_terms=True)``).
     attention_dropout : float, default 0.0
-        Dropout of the attention weights in training, after the softmax (scaled by :math:`1/(1-p)`).
+        Dropout of the attention weights in training, after the softmax.
     dropout_shared : bool, optional
-        ``None`` or ``True``: as Cordonnier et al.'s code, one mask per step shared by the batch
-        for position-only heads, one per image with content; ``False``: one per image always.
+        ``None``/``True``: one mask per step for position-only heads, one per image with content
+        (as Cordonnier et al.'s code); ``False``: one per image always.
     head_dim : int, optional
         The rank of each :math:`\Theta_h` (``value`` and ``out``); ``None``: the full ``weight``.
     bias : bool, default True
         Whether to add the output bias :math:`\beta`.
     boundary : {"zero", "periodic"}
-        The grid's offsets: within its box, or wrapped around it.
+        Offsets within the grid's box, or wrapped around it.
     threshold : float or None, default 1e-7
-        The truncation of position-only :class:`GaussianHeads` to shift bases (``None``, and
-        under ``torch.compile``: exact).
+        Position-only :class:`GaussianHeads` truncated to shift bases (``None`` and compiled: exact).
     padding : int or tuple of int, default 0
-        Zero tokens around the grid per side and axis (``boundary="zero"`` only): keys that are
-        no outputs, over which the softmax still normalises (:meth:`from_conv`).
+        Zero tokens around the grid per side and axis (``boundary="zero"``): keys only.
 
     Shapes
     ------
@@ -116,9 +109,11 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        try:
+        try:  # the layer's name first, as in its other messages
             self.grid = _grid(grid)
-        except (TypeError, ValueError) as error:  # the layer's name first, like its other arguments
+            self.padding = _ints(padding, len(self.grid), "padding", 0)
+            _check_boundary(boundary)
+        except (TypeError, ValueError) as error:
             raise type(error)(f"{name}: {error}") from None
         E = self.embed_dim = positive_int(embed_dim, "embed_dim", where=name)
         H = self.num_heads = positive_int(num_heads, "num_heads", where=name)
@@ -127,12 +122,6 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
             raise TypeError(
                 f"{name}: content must be None or a ContentHeads, got {type(content).__name__} {content!r:.60}"
             )
-        if boundary not in BOUNDARIES:
-            raise ValueError(f"{name}: boundary must be one of {BOUNDARIES}, got {boundary!r}")
-        try:
-            self.padding = _ints(padding, len(self.grid), "padding", 0)
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"{name}: {error}") from None
         if boundary == "periodic" and any(self.padding):
             raise ValueError(
                 f"{name}: padding={padding!r} adds zero tokens beyond the grid, and a periodic grid has no beyond; "
@@ -178,10 +167,9 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
     ) -> PositionalAttention:
         r"""The layer that computes what the convolution ``conv`` computes, one quadratic head per kernel position.
 
-        Cordonnier et al.'s construction: :func:`~structconv.theory.conv_module_heads` gives the
-        heads and states what ``conv`` may be (stride 1, size-keeping padding, any dilation and
-        groups, as many input as output channels, ``padding_mode`` other than ``"reflect"``).
-        The layer is channels-last: ``layer(x.movedim(1, -1)).movedim(-1, 1)`` equals ``conv(x)``.
+        Cordonnier et al.'s construction, by :func:`~structconv.theory.conv_module_heads` (which
+        states what ``conv`` may be and raises for the rest).  The layer is channels-last:
+        ``layer(x.movedim(1, -1)).movedim(-1, 1)`` equals ``conv(x)``.
 
         Parameters
         ----------
@@ -190,25 +178,10 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         grid : tuple of int
             The grid the layer runs on.
         alpha : float, optional
-            The heads' inverse width :math:`\alpha > 0`; ``None``: :math:`\alpha` =
-            :data:`~structconv.theory.conv_attention.ONE_HOT_ALPHA`, one-hot to the last bit, so
-            the layer equals the convolution up to the rounding of its sums.
+            The heads' inverse width; ``None``: one-hot to the last bit
+            (:data:`~structconv.theory.conv_attention.ONE_HOT_ALPHA`).
         head_dim : int, optional
             Heads of this width, at least the channels (Lemma 1); ``None``: the full :math:`\Theta_h`.
-
-        Returns
-        -------
-        PositionalAttention
-            With :math:`K = k_1 \cdots k_d` heads of :class:`~structconv.nn.QuadraticHeads`, the
-            convolution's dtype and device, ``bias`` iff ``conv`` has one.
-
-        Raises
-        ------
-        TypeError
-            If ``conv`` is not one of the convolutions above.
-        ValueError
-            As :func:`~structconv.theory.conv_module_heads` (naming the argument), or for a
-            non-positive ``alpha``.
 
         Examples
         --------

@@ -1,15 +1,8 @@
 r"""The encodings of :class:`~structconv.nn.PositionalAttention`: its heads' relative positions and content.
 
-An encoding is built from its own options and holds no parameter; the layer binds a copy of it
-to its grid, heads and width (:meth:`PositionalHeads.bind`), which creates the parameters, so
-one encoding can configure many layers.
-
-======================  ===================================================================
-:class:`QuadraticHeads` isotropic Gaussians :math:`-\alpha_h\lVert\delta - \Delta_h\rVert^2`
-:class:`GaussianHeads`  non-isotropic Gaussians :math:`-\tfrac12\lVert S_h(\delta - \Delta_h)\rVert^2`
-:class:`LearnedHeads`   learned per-axis relative embeddings scored by one vector per head
-:class:`ContentHeads`   queries and keys of the input, added to the positional scores
-======================  ===================================================================
+An encoding holds its options and no parameter; the layer binds a copy of it to its grid, heads
+and width (:meth:`PositionalHeads.bind`), which creates the parameters, so one encoding can
+configure many layers.
 """
 
 from __future__ import annotations
@@ -30,9 +23,9 @@ from ..structures.positional import (
     gaussian_scores,
     learned_scores,
     quadratic_scores,
-    relative_attention,
     relative_offsets,
 )
+from ..structures.relative_attention import relative_attention
 from ._module import NotScriptable
 
 __all__ = ["ContentHeads", "Encoding", "GaussianHeads", "LearnedHeads", "PositionalHeads", "QuadraticHeads", "heads_of"]
@@ -156,11 +149,7 @@ class ContentHeads(Encoding):
 
 
 class PositionalHeads(Encoding):
-    """An encoding of the heads' relative positions, the base of :class:`QuadraticHeads` and its siblings.
-
-    A subclass sets :attr:`name`, creates its parameters in :meth:`_build` and gives its scores
-    by :meth:`mechanism`.
-    """
+    """The base of the relative-position encodings: parameters by :meth:`_build`, scores by :meth:`mechanism`."""
 
     #: The ``encoding=`` name of this encoding at its defaults.
     name: ClassVar[str] = ""
@@ -209,7 +198,8 @@ class PositionalHeads(Encoding):
 
     def positional_parameters(self) -> list[nn.Parameter]:
         """The centres and widths of Gaussian heads (kept out of weight decay in the CIFAR study)."""
-        return []
+        self._check_bound()
+        return [p for n, p in self.named_parameters() if n in ("centres", "log_alpha", "spread", "inv_sqrt_cov")]
 
 
 class QuadraticHeads(PositionalHeads):
@@ -301,10 +291,6 @@ class QuadraticHeads(PositionalHeads):
         alpha = self.alpha()  # positive by construction: positive=True reads no value back from a GPU
         return quadratic_scores(self.grid, self.centres, alpha, self.boundary, positive=True)
 
-    def positional_parameters(self) -> list[nn.Parameter]:
-        self._check_bound()
-        return [self.centres, self.log_alpha if self.width == "exp" else self.spread]
-
 
 class GaussianHeads(PositionalHeads):
     r"""Non-isotropic Gaussian heads, :math:`a_{hmn} = -\tfrac12\lVert S_h(\delta_{mn} - \Delta_h)\rVert^2`.
@@ -361,10 +347,6 @@ class GaussianHeads(PositionalHeads):
     def mechanism(self) -> PositionScores:
         self._check_bound()
         return gaussian_scores(self.grid, self.centres, self.inv_sqrt_cov, self.boundary)
-
-    def positional_parameters(self) -> list[nn.Parameter]:
-        self._check_bound()
-        return [self.centres, self.inv_sqrt_cov]
 
 
 class LearnedHeads(PositionalHeads):

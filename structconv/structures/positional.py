@@ -20,9 +20,9 @@ from ..backend.checks import check_array
 from ..bases.attention import masked_softmax
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
-from ..bases.grid import GridBasis, _grid
+from ..bases.grid import _grid
 from ..bases.kronecker import KroneckerBasis
-from .attention import BiAffine, Mechanism
+from .attention import Mechanism
 from .relative import (
     RelativeOffsets,
     _axis_sum,
@@ -33,6 +33,7 @@ from .relative import (
     relative_offsets,
     table_on,
 )
+from .shift_heads import shift_heads
 
 __all__ = [
     "PositionScores",
@@ -40,19 +41,8 @@ __all__ = [
     "gaussian_scores",
     "learned_scores",
     "quadratic_scores",
-    "relative_attention",
     "relative_offsets",
 ]
-
-#: Log-range of a head's weights beyond which the shift form is refused (it holds the weights
-#: relative to one shift, which must not under- or overflow).
-_LOG_RANGE = 60.0
-
-#: A tap of the shift form (a depthwise convolution) is a memory-bound read of the activations
-#: while a dense entry is a GEMM flop: a kept offset is costed as 40 dense entries per position.
-#: Measured with subnormals flushed (benchmarks/bench_positional.py, Gaussian heads at 32x32, 1/16
-#: of the entries kept): forward and backward through shifts took 2.3 times the dense softmax's.
-_SHIFT_COST = 40
 
 
 def _detached(a: Array) -> np.ndarray:
@@ -198,53 +188,15 @@ class PositionScores(Mechanism):
             return KroneckerBasis.of_weights(factors)  # softmaxes of finite scores: no host read
         if form == "kronecker":
             raise ValueError("these heads are not separable by axis; use representation='shifts' or 'dense'")
-        return inner_positions(self._unseparated(threshold, form), self.grid, pads)
-
-    def _unseparated(self, threshold: float | None, form: str) -> Basis:
-        """:meth:`basis` over every token, dense or as shifts."""
-        scores = self.offset_scores()
-        rel = self.relative
         if threshold is None and form == "shifts":
             raise ValueError("the shift form needs a threshold in (0, 1)")
-        if threshold is None or form == "dense":
-            return DenseBasis.of_weights(masked_softmax(rel.gather(scores)))
-        flat = _detached(scores)
-        floor = self._weakest_best(flat)
-        keep = flat >= (floor + math.log(threshold))[:, None]
-        K, M = int(scores.shape[0]), rel.positions
-        too_wide = bool((flat.max(axis=1) - floor > _LOG_RANGE).any())
-        if too_wide and form == "shifts":
-            raise ValueError(
-                f"a head's weights span more than e^{_LOG_RANGE:g} across columns; the shift form would "
-                "under- or overflow (use the dense form)"
-            )
-        if too_wide or (form == "auto" and _SHIFT_COST * int(keep.sum()) >= K * M):
-            return DenseBasis.of_weights(masked_softmax(rel.gather(scores)))
-        from ..bases.composite import ConcatBasis
-
-        lib = namespace(scores)
-        heads = []
-        for h in range(K):
-            chosen = np.flatnonzero(keep[h])
-            weights = lib.exp(scores[h, as_index(chosen, scores)] - float(floor[h]))[None]
-            heads.append(
-                GridBasis(
-                    self.grid, self.grid, rel.offsets[chosen], boundary=self.boundary, weights=weights, normalize=True
-                )
-            )
-        return ConcatBasis(heads)
-
-    def _weakest_best(self, flat: np.ndarray) -> np.ndarray:
-        """Per head, :math:`\\min_n \\max_m a_{hmn}` from the offset scores ``flat`` (``(K, O)``).
-
-        The best score over a column's box of offsets is quasi-concave in the column when the
-        score is concave, so only the :math:`2^d` corner columns are read; a torus' columns see all.
-        """
-        rel = self.relative
-        if rel.boundary == "periodic":
-            return np.asarray(flat.max(axis=1))
-        columns = _corner_columns(self.grid) if self.concave else np.arange(rel.positions)
-        return np.asarray(flat[:, rel.column_index(columns)].max(axis=1).min(axis=1))
+        if threshold is not None and form != "dense":
+            scores = self.offset_scores()
+            shifted = shift_heads(scores, self.relative, threshold, concave=self.concave, forced=form == "shifts")
+            if shifted is not None:
+                return inner_positions(shifted, self.grid, pads)
+        dense = DenseBasis.of_weights(masked_softmax(self.relative.gather(self.offset_scores())))
+        return inner_positions(dense, self.grid, pads)
 
 
 def quadratic_scores(
@@ -318,111 +270,6 @@ def learned_scores(grid: Any, tables: Sequence[Array], weight: Array, boundary: 
     return PositionScores(g, boundary, per_axis=tuple(w @ t.T for w, t in zip(parts, tables, strict=True)))
 
 
-def relative_attention(
-    grid: Any,
-    tables: Sequence[Array],
-    *,
-    key: Array,
-    query: Array,
-    rel_key: Array,
-    u: Array,
-    v: Array,
-    boundary: str = "zero",
-    scale: float = 1.0,
-) -> Mechanism:
-    r"""Content and learned relative position together, the four terms of Cordonnier et al.'s Eq. 5.
-
-    .. math:: a_{hmn} = s\,\big(q_n\cdot k_m + q_n\cdot\hat r_{\delta_{mn}} + u_h\cdot k_m
-              + v_h\cdot\hat r_{\delta_{mn}}\big),
-
-    :math:`k_m = x_m W^k_h`, :math:`q_n = z_n W^q_h`, :math:`\hat r_\delta = \hat W_h^\top r_\delta`
-    (:math:`r_\delta` from the per-axis ``tables``, as in :func:`learned_scores`).  The sum of
-    three mechanisms: the content with :math:`u_h` as the queries' bias, :func:`learned_scores`
-    with :math:`t_h = s\,\hat W_h v_h`, and the query-position term, computed per axis (never
-    through ``(M, N, D)`` embeddings).
-
-    Parameters
-    ----------
-    grid, tables, boundary
-        As for :func:`learned_scores`.
-    key, query
-        :math:`W^k`, :math:`W^q`, ``(K, P, D)``.
-    rel_key
-        :math:`\hat W`, ``(K, D_p, D)``, :math:`D_p` the tables' summed widths.
-    u, v
-        ``(K, D)`` each.
-    scale
-        :math:`s`, e.g. :math:`1/\sqrt D`.
-    """
-    g = _grid(grid)
-    query_position = _QueryPosition(g, tuple(tables), query, rel_key, boundary, scale)
-    content = BiAffine(key=key, query=query, query_bias=u, scale=scale)  # (k + 0)·(q + u): q·k + u·k
-    check_array(v, "v", (2,), ("(K, D)",))
-    if tuple(v.shape) != tuple(u.shape):
-        raise ValueError(
-            f"v must have the shape (K, D) of u, {shape_str(tuple(u.shape))}, got {shape_str(tuple(v.shape))}"
-        )
-    position = learned_scores(g, tables, einsum("kpd,kd->kp", rel_key, v) * content.scale, boundary)
-    return content + position + query_position
-
-
-@dataclass(frozen=True, eq=False)
-class _QueryPosition(Mechanism):
-    r""":math:`s\,q_n\cdot\hat r_{\delta_{mn}}`, the query-position term of :func:`relative_attention`."""
-
-    grid: tuple[int, ...]
-    tables: tuple[Array, ...]
-    query: Array
-    rel_key: Array
-    boundary: str
-    scale: float
-
-    def __post_init__(self) -> None:
-        widths = _check_tables(self.tables, self.relative)
-        check_array(self.query, "query", (3,), ("(K, P, D)",))
-        check_array(self.rel_key, "rel_key", (3,), ("(K, D_p, D)",))
-        want = (int(self.query.shape[0]), sum(widths), int(self.query.shape[2]))
-        if tuple([int(s) for s in self.rel_key.shape]) != want:
-            raise ValueError(
-                f"rel_key must have shape (K, D_p, D) = {want} (D_p: the tables' widths, K and D: the query's), "
-                f"got {shape_str(tuple(self.rel_key.shape))}"
-            )
-
-    @property
-    def heads(self) -> int:
-        return int(self.query.shape[0])
-
-    @property
-    def relative(self) -> RelativeOffsets:
-        return relative_offsets(self.grid, self.boundary)
-
-    def scores(self, x: Array, z: Array) -> Array:
-        r"""``(B, K, M, N)``, one axis at a time.
-
-        Axis :math:`i` scores each query against the :math:`L_i` offsets of the axis
-        (``(B, K, N, L_i)``), picks for it the :math:`S_i` differences :math:`m_i - n_i` and
-        broadcasts them over the keys' other coordinates: no ``(M, N)`` index is built.
-        """
-        rel, grid, d = self.relative, self.grid, len(self.grid)
-        check_positions(rel, x, z, "relative_attention")
-        queries = einsum("bnp,kpd->bknd", z, self.query)
-        B, K = int(z.shape[0]), self.heads
-        xp = namespace(queries)
-        parts = _split(self.rel_key, tuple([int(t.shape[1]) for t in self.tables]), 1)
-        total: Any = None
-        for i, (table, part) in enumerate(zip(self.tables, parts, strict=True)):
-            per_offset = einsum("bknd,le,ked->bknl", queries, table, part).reshape(B, K, *grid, -1)
-            index = table_on(rel, f"axis_index{i}", per_offset).swapaxes(0, 1)  # (n_i, m_i)
-            shape = [1, 1] + [grid[j] if j == i else 1 for j in range(d)] + [grid[i]]
-            target = xp.broadcast_to(index.reshape(shape), (B, K, *grid, grid[i]))
-            picked = xp.take_along_axis(per_offset, target, axis=-1)
-            # (B, K, n_1..n_d, m_i) -> (B, K, [m: m_i only], n_1..n_d): broadcast over the other m_j
-            keys_first = xp.moveaxis(picked, -1, 2).reshape(B, K, *[grid[j] if j == i else 1 for j in range(d)], *grid)
-            total = keys_first if total is None else total + keys_first
-        out = xp.broadcast_to(total, (B, K, *grid, *grid)).reshape(B, K, rel.positions, rel.positions)
-        return out * self.scale if self.scale != 1.0 else out
-
-
 def _pads(padding: tuple[int, ...] | None, tokens: tuple[int, ...], boundary: str) -> tuple[int, ...]:
     """``padding`` checked against the grid of ``tokens`` it lies within (``None``: none)."""
     if padding is None:
@@ -450,12 +297,6 @@ def inner_positions(basis: Basis, tokens: tuple[int, ...], padding: tuple[int, .
     flat = np.arange(math.prod(tokens)).reshape(tokens)[tuple(spans)].reshape(-1)
     index = as_index(flat, weights)
     return DenseBasis.of_weights(weights[..., index, :][..., index])
-
-
-def _corner_columns(grid: tuple[int, ...]) -> np.ndarray:
-    """The flat indices of the :math:`2^d` corners of ``grid``."""
-    corners = np.stack(np.meshgrid(*[np.unique([0, s - 1]) for s in grid], indexing="ij"), -1).reshape(-1, len(grid))
-    return np.asarray(np.ravel_multi_index(tuple(corners.T), grid))
 
 
 def _check_centres(centres: Array, d: int, name: str = "centres") -> int:

@@ -63,24 +63,6 @@ class RelativeOffsets:
         size = self.grid[i]
         return np.asarray(self.axis_ids[i][np.subtract.outer(np.arange(size), np.arange(size)) + size - 1])
 
-    def column_index(self, columns: np.ndarray) -> np.ndarray:
-        r"""``(M, len(columns))``: the offset id of :math:`\mathrm{pos}(m) - \mathrm{pos}(n)`, ``n`` in ``columns``."""
-        check_host_memory(self.grid, "the offset ids of these columns", 8.0 * self.positions * len(columns))
-        coords = np.unravel_index(np.asarray(columns, dtype=np.int64), self.grid)
-        ids = np.zeros((1, len(columns)), dtype=np.int64)
-        for i, size in enumerate(self.grid):
-            along = self.axis_ids[i][np.arange(size)[:, None] - coords[i][None, :] + size - 1]  # (S_i, C)
-            shape = [1] * len(self.grid) + [len(columns)]
-            shape[i] = size
-            ids = ids * self.lengths[i] + along.reshape(shape)
-        return ids.reshape(self.positions, len(columns))
-
-    @property
-    def index(self) -> np.ndarray:
-        """``(M, N)``: the offset id of every pair, built now (:math:`O(MN)`; for analyses of dense heads only)."""
-        _check_pairs(self.grid, "an (M, N) offset index")
-        return self.column_index(np.arange(self.positions))
-
     def gather(self, scores: Array) -> Array:
         """Per-offset ``scores`` ``(..., O)`` at every pair of positions, ``(..., M, N)``, by per-axis indices."""
         lead = tuple(int(v) for v in scores.shape[:-1])
@@ -90,7 +72,7 @@ class RelativeOffsets:
                 f"scores must have {math.prod(self.lengths)} offsets of the grid {self.grid} on its last axis, "
                 f"got {shape_str(tuple(scores.shape))}"
             )
-        _check_pairs(self.grid, "dense scores of every pair", per_pair=max(1, math.prod(lead)) * 8)
+        check_host_memory(self.grid, "dense scores of every pair", self.positions**2 * max(1, math.prod(lead)) * 8)
         per_axis = scores.reshape(*lead, *self.lengths)
         index = []
         for i in range(d):
@@ -117,11 +99,6 @@ def check_positions(rel: RelativeOffsets, x: Array, z: Array, who: str) -> None:
             f"{who} on the grid {rel.grid} needs {M} positions, "
             f"got x with {int(x.shape[1])} and z with {int(z.shape[1])}"
         )
-
-
-def _check_pairs(grid: tuple[int, ...], what: str, per_pair: int = 8) -> None:
-    """:func:`check_host_memory` for ``per_pair`` bytes per pair of positions."""
-    check_host_memory(grid, what, math.prod(grid) ** 2 * per_pair)
 
 
 #: The tables of the 64 grids used last (:func:`relative_offsets`).

@@ -556,7 +556,7 @@ def nearest_convolution(basis: Basis | Array, grid: Any, *, padding_mode: str = 
     K = mean.shape[0]
     offsets = np.zeros((K, len(g)), dtype=np.int64)
     mass = np.zeros(K)
-    index = rel.index.reshape(-1)  # O(MN), as the dense heads read here
+    index = rel.gather(np.arange(len(rel.offsets))).reshape(-1)  # the offset id of every pair: O(MN), as dense
     for k in range(K):
         per_offset = np.bincount(index, weights=mean[k].reshape(-1), minlength=len(rel.offsets))
         best = int(per_offset.argmax())

@@ -408,7 +408,10 @@ def test_positional_layer_errors() -> None:
     with pytest.raises(ValueError, match=r"x must have shape \(B, 16, 8\) or \(B, 4, 4, 8\)"):
         layer(torch.randn(2, 15, 8))
     assert isinstance(layer.encoding, QuadraticHeads)
-    assert {id(p) for p in layer.positional_parameters()} == {id(layer.encoding.centres), id(layer.encoding.log_alpha)}
+    assert {id(p) for p in layer.encoding.positional_parameters()} == {
+        id(layer.encoding.centres),
+        id(layer.encoding.log_alpha),
+    }
 
 
 # --- the converse: attention heads back to a convolution ------------------------------------------------

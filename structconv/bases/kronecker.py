@@ -1,9 +1,6 @@
-r"""Kronecker bases: members that act on each axis of a grid separately.
+r"""Kronecker bases, :math:`A_k = A^{(1)}_k\otimes\cdots\otimes A^{(d)}_k`: members acting on each grid axis apart.
 
-:math:`A_k = A^{(1)}_k\otimes\cdots\otimes A^{(d)}_k`, factors ``(K, m_i, n_i)``, entries row-major
-over the grid; a member costs :math:`\sum_i m_i\prod_{j\ne i}(\cdot)` per channel instead of
-:math:`MN`.  Position-only heads whose scores are a sum of per-axis terms have this form after
-the softmax (:meth:`structconv.PositionScores.basis`).
+Separable position-only heads have this form (:meth:`structconv.PositionScores.basis`).
 """
 
 from __future__ import annotations
@@ -114,10 +111,7 @@ class KroneckerBasis(Basis):
 
     def to(self, device: Any = None, dtype: Any = None) -> KroneckerBasis:
         # Each factor moves as a dense basis of its own would (same rules and messages).
-        def move(f: Array) -> Array:
-            return DenseBasis.of_weights(f).to(device, dtype).to_dense()
-
-        return KroneckerBasis.of_weights([move(f) for f in self._factors])
+        return KroneckerBasis.of_weights([DenseBasis.of_weights(f).to(device, dtype).to_dense() for f in self._factors])
 
     # --- the per-axis passes: every product one (batched) GEMM on row-major views, rows in the order
     # (n_1, B, n_2, ..., n_d) with the members outermost, so no K-fold intermediate is copied to

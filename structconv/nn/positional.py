@@ -73,19 +73,13 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
     --------
     >>> import torch
     >>> from structconv.nn import PositionalAttention, QuadraticHeads
-    >>> layer = PositionalAttention((8, 8), 64, 9, encoding=QuadraticHeads(alpha=1.0))
-    >>> layer  # doctest: +NORMALIZE_WHITESPACE
-    PositionalAttention(grid=(8, 8), embed_dim=64, num_heads=9,
-                        encoding=QuadraticHeads(alpha=1.0, width='exp'),
-                        content=None, head_dim=None)
-    >>> x = torch.randn(2, 8, 8, 64)
-    >>> layer(x).shape
-    torch.Size([2, 8, 8, 64])
     >>> from structconv import conv
-    >>> flat = x.reshape(2, 64, 64)
+    >>> layer = PositionalAttention((8, 8), 64, 9, encoding=QuadraticHeads(alpha=1.0))
+    >>> x = torch.randn(2, 8, 8, 64)
+    >>> flat = x.reshape(2, 64, 64)  # (B, M, E): the grid's positions row-major
     >>> y = conv(layer.basis(flat), flat, layer.theta()) + layer.bias
-    >>> torch.allclose(y, layer(flat), atol=1e-6)
-    True
+    >>> layer(x).shape, torch.allclose(y, layer(flat), atol=1e-6)
+    (torch.Size([2, 8, 8, 64]), True)
     """
 
     encoding: PositionalHeads
@@ -259,10 +253,6 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         """The grid of tokens the heads score: :attr:`grid` with :attr:`padding` zero tokens on each side."""
         return tuple(s + 2 * p for s, p in zip(self.grid, self.padding, strict=True))
 
-    def positional_parameters(self) -> list[nn.Parameter]:
-        """The centres and widths of Gaussian heads (kept out of weight decay in the CIFAR study)."""
-        return self.encoding.positional_parameters()
-
     def mechanism(self) -> Mechanism:
         """The heads' mechanism: position-only, or content and position (on :attr:`tokens`, padding included)."""
         if self.content is None:
@@ -272,10 +262,6 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
     def theta(self) -> torch.Tensor | LowRank:
         r""":math:`\Theta`: ``(H, E, E)``, or ``LowRank(value, out)`` when ``head_dim`` is set."""
         return self.weight if self.head_dim is None else LowRank(self.value, self.out)
-
-    def theta_device(self) -> torch.device:
-        """The device of the layer's parameters."""
-        return next(self.parameters()).device
 
     def _flat(self, x: torch.Tensor) -> torch.Tensor:
         M = math.prod(self.grid)
@@ -293,8 +279,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
     def basis(self, x: torch.Tensor | None = None) -> Basis:
         """The heads: shared ``(K, M, M)`` without content, ``(B, K, M, M)`` for ``x`` with content.
 
-        With :attr:`padding` the heads attend over :attr:`tokens`; the basis keeps the rows and
-        columns of the grid's own tokens (the zero tokens add nothing to a sum and are not outputs).
+        With :attr:`padding` the heads attend over :attr:`tokens`; the basis keeps the grid's own.
         """
         mech = self.mechanism()
         if isinstance(mech, PositionScores):
@@ -303,8 +288,8 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
             # The shift form takes its structure from the heads' values (a host read): compiled,
             # the layer runs the exact heads, one graph for any parameters.
             threshold = None if torch.compiler.is_compiling() else self.threshold
-            with autocast_off(self.theta_device().type):
-                return mech.basis(threshold, padding=self.padding)
+            with autocast_off(next(self.parameters()).device.type):
+                return inner_positions(mech.basis(threshold), self.tokens, self.padding)
         if x is None:
             raise ValueError(f"{type(self).__name__}: content attention needs x to build its heads")
         return inner_positions(attention_basis(self._padded(self._flat(x)), mechanism=mech), self.tokens, self.padding)
@@ -313,9 +298,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         """``flat`` ``(B, M, E)`` among the zero tokens of :attr:`padding`, ``(B, prod(tokens), E)``."""
         if not any(self.padding):
             return flat
-        pads: list[int] = [0, 0]  # F.pad lists the last axis first: the features, then the grid's axes backwards
-        for p in reversed(self.padding):
-            pads += [p, p]
+        pads = [0, 0] + [q for p in reversed(self.padding) for q in (p, p)]  # F.pad: the features first, axes backwards
         framed = F.pad(flat.reshape(flat.shape[0], *self.grid, self.embed_dim), pads)
         return framed.reshape(flat.shape[0], -1, self.embed_dim)
 

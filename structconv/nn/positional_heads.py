@@ -15,9 +15,8 @@ import torch
 from torch import nn
 
 from ..backend.checks import flag, positive_int, real_number
-from ..bases.grid_args import _grid
+from ..bases.grid_args import _check_boundary, _grid
 from ..structures.attention import BiAffine, Mechanism
-from ..structures.grid import BOUNDARIES
 from ..structures.positional import (
     PositionScores,
     gaussian_scores,
@@ -34,8 +33,13 @@ __all__ = ["ContentHeads", "Encoding", "GaussianHeads", "LearnedHeads", "Positio
 class Encoding(NotScriptable, nn.Module):
     """A module given by the keyword options of its constructor (:meth:`options`), bound later to a layer."""
 
-    #: Options the representation shows even at their defaults.
+    #: Options the representation shows even at their defaults; the layer's keyword that takes it.
     shown: tuple[str, ...] = ()
+    argument = "encoding"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads = 0  # 0 until bound to a layer
 
     def options(self) -> dict[str, Any]:
         """The constructor's keyword arguments that give this encoding (once bound: defaults resolved)."""
@@ -45,13 +49,10 @@ class Encoding(NotScriptable, nn.Module):
         """A new, unbound encoding of this class: this one's options, ``changes`` replacing some."""
         return type(self)(**{**self.options(), **changes})
 
-    #: The layer's keyword that takes this encoding.
-    argument = "encoding"
-
     @property
     def bound(self) -> bool:
         """Whether this encoding is bound to a layer (and holds its parameters)."""
-        raise NotImplementedError
+        return self.num_heads > 0
 
     def _check_bound(self) -> None:
         if not self.bound:
@@ -70,16 +71,13 @@ class Encoding(NotScriptable, nn.Module):
 class ContentHeads(Encoding):
     r"""Content scores of every head, :math:`(x W^q_h + b^q_h)\cdot(x W^k_h + b^k_h)/\sqrt D`.
 
-    Given as ``PositionalAttention(content=...)``, they are added to the positional scores before
-    the softmax (with ``LearnedHeads(relative_terms=True)``, they are part of Eq. 5 instead), and
-    the layer's basis becomes one ``(B, K, M, M)`` tensor per batch.  The projections start as
-    ``torch.nn.Linear(E, K D)``'s.
+    Added to the positional scores before the softmax (part of Eq. 5 with
+    ``LearnedHeads(relative_terms=True)``); projections start as ``torch.nn.Linear(E, K D)``'s.
 
     Parameters
     ----------
     key_dim : int, optional
-        :math:`D`, the width of a head's queries and keys; ``None``: ``embed_dim // num_heads``
-        (at least 1).
+        :math:`D`; ``None``: ``embed_dim // num_heads`` (at least 1).
     bias : bool, default False
         Whether the queries and keys have biases :math:`b^q_h, b^k_h` (the paper's code has them).
 
@@ -95,8 +93,6 @@ class ContentHeads(Encoding):
     >>> layer = PositionalAttention((4, 4), 8, 2, content=content)
     >>> layer.content, layer.content.query.shape
     (ContentHeads(key_dim=3, bias=True), torch.Size([2, 8, 3]))
-    >>> layer(torch.randn(5, 16, 8)).shape
-    torch.Size([5, 16, 8])
     """
 
     shown = ("key_dim", "bias")
@@ -111,14 +107,9 @@ class ContentHeads(Encoding):
         name = type(self).__name__
         self.key_dim = None if key_dim is None else positive_int(key_dim, "key_dim", where=name)
         self.bias = flag(bias, "bias", where=name)
-        self.num_heads = 0  # 0 until bound to a layer
 
     def options(self) -> dict[str, Any]:
         return {"key_dim": self.key_dim, "bias": self.bias}
-
-    @property
-    def bound(self) -> bool:
-        return self.num_heads > 0
 
     def key_width(self, num_heads: int, embed_dim: int) -> int:
         """:math:`D` for a layer of ``num_heads`` heads of width ``embed_dim``."""
@@ -157,32 +148,24 @@ class PositionalHeads(Encoding):
     def __init__(self) -> None:
         super().__init__()
         self.grid: tuple[int, ...] = ()  # () until bound to a layer
-        self.num_heads, self.embed_dim, self.boundary = 0, 0, "zero"
+        self.embed_dim, self.boundary = 0, "zero"
 
     def bind(
         self, grid: Any, num_heads: int, embed_dim: int, boundary: str = "zero", *, content: ContentHeads | None = None
     ) -> Self:
-        """A new encoding of these options with its parameters for a layer's sizes (this one is left as it is).
-
-        ``content`` is the layer's (unbound) content terms, whose key width ``relative_terms`` take.
-        """
+        """A new encoding of these options with parameters for a layer's sizes (``content``: the layer's, unbound)."""
         name = type(self).__name__
         try:
             sizes = _grid(grid)
+            _check_boundary(boundary)
         except (TypeError, ValueError) as error:
             raise type(error)(f"{name}: {error}") from None
         H = positive_int(num_heads, "num_heads", where=name)
         E = positive_int(embed_dim, "embed_dim", where=name)
-        if boundary not in BOUNDARIES:
-            raise ValueError(f"{name}: boundary must be one of {BOUNDARIES}, got {boundary!r}")
         bound: Self = self.with_options()
         bound.grid, bound.num_heads, bound.embed_dim, bound.boundary = sizes, H, E, boundary
         bound._build(content)
         return bound
-
-    @property
-    def bound(self) -> bool:
-        return bool(self.grid)
 
     def _build(self, content: ContentHeads | None) -> None:
         """Create the parameters at their initial values (the sizes are set)."""
@@ -205,21 +188,18 @@ class PositionalHeads(Encoding):
 class QuadraticHeads(PositionalHeads):
     r"""Isotropic Gaussian heads, :math:`a_{hmn} = -\alpha_h\lVert\delta_{mn} - \Delta_h\rVert^2` (Lemma 2).
 
-    Scores by :func:`~structconv.quadratic_scores`, separable by axis; centres start at
-    :math:`\mathcal N(0, \mathrm{centre\_var}\,I)`.
+    Scores by :func:`~structconv.quadratic_scores` (separable by axis).
 
     Parameters
     ----------
     alpha : float, default 1.0
         The initial :math:`\alpha_h > 0` of every head.
     width : {"exp", "spread"}
-        ``"exp"`` learns :math:`\log\alpha_h`; ``"spread"`` learns :math:`s_h`,
-        :math:`\alpha_h = s_h^2/2`, started at :math:`\sqrt{2\alpha} + \mathcal N(0, \mathrm{width\_noise}^2)`
-        as Cordonnier et al.'s code does.
+        Learn :math:`\log\alpha_h`, or :math:`s_h` with :math:`\alpha_h = s_h^2/2` (Cordonnier et al.'s code).
     width_noise : float, default 0.0
-        The spread of the initial :math:`s_h` (``width="spread"`` only).
+        The standard deviation of the initial :math:`s_h` about :math:`\sqrt{2\alpha}` (``"spread"`` only).
     centre_var : float, default 2.0
-        The variance of the initial centres.
+        The variance of the initial centres, :math:`\mathcal N(0, \mathrm{centre\_var}\,I)`.
 
     Shapes
     ------
@@ -295,19 +275,16 @@ class QuadraticHeads(PositionalHeads):
 class GaussianHeads(PositionalHeads):
     r"""Non-isotropic Gaussian heads, :math:`a_{hmn} = -\tfrac12\lVert S_h(\delta_{mn} - \Delta_h)\rVert^2`.
 
-    Scores by :func:`~structconv.gaussian_scores`, not separable by axis (a dense softmax, or
-    shift bases under the layer's ``threshold``).  :math:`S_h` starts at
-    :math:`\sqrt{2\alpha}\,I + \mathcal N(0, \mathrm{width\_noise}^2)` per entry, the centres at
-    :math:`\mathcal N(0, \mathrm{centre\_var}\,I)`.
+    Scores by :func:`~structconv.gaussian_scores` (not separable by axis).
 
     Parameters
     ----------
     alpha : float, default 1.0
-        The initial isotropic width.
+        The initial isotropic width: :math:`S_h = \sqrt{2\alpha}\,I` plus noise.
     width_noise : float, default 0.0
-        The spread of the initial entries of :math:`S_h`.
+        The standard deviation of the noise of each entry of :math:`S_h`.
     centre_var : float, default 2.0
-        The variance of the initial centres.
+        The variance of the initial centres, :math:`\mathcal N(0, \mathrm{centre\_var}\,I)`.
 
     Shapes
     ------
@@ -352,19 +329,16 @@ class GaussianHeads(PositionalHeads):
 class LearnedHeads(PositionalHeads):
     r"""Learned relative embeddings, :math:`a_{hmn} = t_h\cdot r_{\delta_{mn}}`, one table per grid axis.
 
-    Scores by :func:`~structconv.learned_scores`, separable by axis: :math:`r_\delta` concatenates
-    a row of each axis' table (``(L_i, D_i)``, :math:`N(0, 1)`, :math:`D_p` split evenly over the
-    axes), scored by :math:`t_h` (``weight``, ``torch.nn.Linear``'s initialisation).  With
-    ``relative_terms=True`` and content, the heads are the four terms of Cordonnier et al.'s
-    Eq. 5 instead (:func:`~structconv.relative_attention`): ``rel_key`` :math:`\hat W` and the
-    biases ``u``, ``v`` (started at zero) replace ``weight``.
+    Scores by :func:`~structconv.learned_scores` (separable by axis); tables start at
+    :math:`N(0, 1)`, :math:`D_p` split evenly over the axes.
 
     Parameters
     ----------
     positional_dim : int, optional
         :math:`D_p`, at least the grid's dimension; ``None``: the layer's ``embed_dim``.
     relative_terms : bool, default False
-        The four terms of Eq. 5; needs ``ContentHeads(bias=False)``, whose key width they take.
+        The four terms of Eq. 5 (:func:`~structconv.relative_attention`) with ``ContentHeads(bias=False)``:
+        ``rel_key`` :math:`\hat W`, ``u`` and ``v`` replace ``weight``.
 
     Shapes
     ------

@@ -1,9 +1,7 @@
-r"""Relative-position heads on grids: scores of the offset alone, and the heads' basis (Cordonnier et al. §3).
+r"""Relative-position heads on grids (Cordonnier et al. §3): scores of the offset alone, and the heads' basis.
 
-A relative-position head scores the offset :math:`\delta = \mathrm{pos}(m) - \mathrm{pos}(n)` from
-query :math:`n` to key :math:`m` alone.  One function per encoding gives the scores as a
-:class:`PositionScores` mechanism (per axis where separable): :func:`quadratic_scores`,
-:func:`gaussian_scores`, :func:`learned_scores`; :meth:`PositionScores.basis` builds the heads.
+One function per encoding gives the scores of the offset :math:`\delta = \mathrm{pos}(m) - \mathrm{pos}(n)`
+as a :class:`PositionScores` mechanism (per axis where separable); :meth:`PositionScores.basis` builds the heads.
 """
 
 from __future__ import annotations
@@ -67,8 +65,7 @@ class PositionScores(Mechanism):
     per_offset
         ``(K, O)``, one score per offset of :attr:`RelativeOffsets.offsets`; exactly one of the two.
     concave
-        Whether every head's score is a concave function of the offset (Gaussians), which lets
-        the shift form read only the grid's corner columns to find each head's weakest column.
+        Whether every head's score is concave in the offset (Gaussians): the shift form then reads corners only.
 
     Examples
     --------
@@ -150,17 +147,12 @@ class PositionScores(Mechanism):
         check_positions(self.relative, x, z, "a positional mechanism")
         return self.dense_scores()[None]
 
-    def basis(
-        self, threshold: float | None = None, *, representation: str = "auto", padding: tuple[int, ...] | None = None
-    ) -> Basis:
+    def basis(self, threshold: float | None = None, *, representation: str = "auto") -> Basis:
         r"""The heads, the column-wise softmax of the scores, as one ``(K, M, N)`` basis shared by the batch.
 
-        Separable heads are the Kronecker product of their per-axis softmaxes (exact).  Other
-        heads are a dense softmax or, with a ``threshold`` in ``(0, 1)``, one renormalised weighted
-        :class:`~structconv.GridBasis` per head keeping the offsets scored at least
-        :math:`\min_n \max_m a_{hmn} + \ln(\mathrm{threshold})`.  ``"auto"`` takes the shift form
-        when its taps number under 1/40 of the dense entries and its weights' range fits the
-        dtype.  Gradients flow to the scores either way.
+        Separable heads are the Kronecker product of their per-axis softmaxes (exact); others a
+        dense softmax or, with a ``threshold``, shift bases where that is worth it
+        (:mod:`~structconv.structures.shift_heads`).  Gradients flow to the scores either way.
 
         Parameters
         ----------
@@ -168,35 +160,29 @@ class PositionScores(Mechanism):
             The truncation of non-separable heads to shifts, in ``(0, 1)``, or ``None`` (exact).
         representation
             ``"auto"``, ``"kronecker"``, ``"shifts"`` or ``"dense"``.
-        padding
-            Tokens on each side of each axis that are keys only (zero features), ``"zero"`` grids only.
         """
         form = representation
         if form not in ("auto", "shifts", "dense", "kronecker"):
             raise ValueError(f"representation must be 'auto', 'kronecker', 'shifts' or 'dense', got {form!r}")
         if threshold is not None and not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must lie in (0, 1) or be None, got {threshold!r}")
-        pads = _pads(padding, self.grid, self.boundary)
         if self.per_axis is not None and form in ("kronecker", "auto"):
             # Per axis an int64 index and a factor of at most 8 bytes an entry.
             check_host_memory(self.grid, "its per-axis softmaxes", 16 * self.heads * sum([s * s for s in self.grid]))
             factors = []
-            for size, scores, p in zip(self.grid, self.per_axis, pads, strict=True):
-                index = table_on(relative_offsets((size,), self.boundary), "axis_index0", scores)
-                factor = masked_softmax(scores[:, index])
-                factors.append(factor[:, p : size - p, p : size - p] if p else factor)
+            for size, scores in zip(self.grid, self.per_axis, strict=True):
+                index = table_on(relative_offsets((size,), self.boundary), "axis_index0", scores)  # (m_i, n_i)
+                factors.append(masked_softmax(scores[:, index]))
             return KroneckerBasis.of_weights(factors)  # softmaxes of finite scores: no host read
         if form == "kronecker":
             raise ValueError("these heads are not separable by axis; use representation='shifts' or 'dense'")
         if threshold is None and form == "shifts":
             raise ValueError("the shift form needs a threshold in (0, 1)")
+        scores = self.offset_scores()
+        shifted = None
         if threshold is not None and form != "dense":
-            scores = self.offset_scores()
             shifted = shift_heads(scores, self.relative, threshold, concave=self.concave, forced=form == "shifts")
-            if shifted is not None:
-                return inner_positions(shifted, self.grid, pads)
-        dense = DenseBasis.of_weights(masked_softmax(self.relative.gather(self.offset_scores())))
-        return inner_positions(dense, self.grid, pads)
+        return DenseBasis.of_weights(masked_softmax(self.relative.gather(scores))) if shifted is None else shifted
 
 
 def quadratic_scores(
@@ -206,14 +192,10 @@ def quadratic_scores(
 
     Parameters
     ----------
-    grid
-        The grid's sizes.
-    centres
-        :math:`\Delta_h`, ``(K, d)``.
-    alpha
-        :math:`\alpha_h > 0`, ``(K,)``.
-    boundary
-        ``"zero"`` or ``"periodic"``.
+    grid, boundary
+        The grid's sizes, and ``"zero"`` or ``"periodic"``.
+    centres, alpha
+        :math:`\Delta_h`, ``(K, d)``, and :math:`\alpha_h > 0`, ``(K,)``.
     positive
         ``True`` when ``alpha`` is positive by construction: its values are not read back (from a GPU).
     """
@@ -270,23 +252,11 @@ def learned_scores(grid: Any, tables: Sequence[Array], weight: Array, boundary: 
     return PositionScores(g, boundary, per_axis=tuple(w @ t.T for w, t in zip(parts, tables, strict=True)))
 
 
-def _pads(padding: tuple[int, ...] | None, tokens: tuple[int, ...], boundary: str) -> tuple[int, ...]:
-    """``padding`` checked against the grid of ``tokens`` it lies within (``None``: none)."""
-    if padding is None:
-        return (0,) * len(tokens)
-    if boundary == "periodic" and any([int(p) for p in padding]):
-        raise ValueError(f"padding={padding} adds zero tokens beyond the grid, and a periodic grid has no beyond")
-    # Lists, not generators: torch.compile traces a layer's forward through here.
-    pads = tuple([int(p) for p in padding])
-    if len(pads) != len(tokens) or any([p < 0 or 2 * p >= s for p, s in zip(pads, tokens, strict=True)]):
-        raise ValueError(f"padding must give each axis of the grid {tokens} fewer than half its tokens, got {padding}")
-    return pads
-
-
 def inner_positions(basis: Basis, tokens: tuple[int, ...], padding: tuple[int, ...]) -> Basis:
     """``basis`` over the grid ``tokens`` restricted to the positions ``padding`` away from its borders.
 
     The tokens beyond are keys of zero features and no outputs; they stay in each column's softmax.
+    ``padding`` is the caller's to check (fewer than half the tokens of each axis, a ``"zero"`` grid).
     """
     if not any(padding):
         return basis

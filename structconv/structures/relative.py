@@ -17,15 +17,12 @@ import numpy as np
 from ..backend import Array, dtype_name, of, shape_str
 from ..backend.cache import BoundedCache
 from ..backend.checks import check_array, check_memory
-from ..bases.grid import BOUNDARIES, _grid
+from ..bases.grid_args import _check_boundary, _grid
 
 
 @dataclass(frozen=True)
 class RelativeOffsets:
-    r"""The distinct offsets of a grid, and per axis which one joins two coordinates.
-
-    Only :math:`O(S_i)` numbers per axis are stored; whatever indexes a pair of positions is built
-    from the axes on demand, never stored as an :math:`(M, N)` table.
+    r"""The distinct offsets of a grid, and per axis which one joins two coordinates (:math:`O(S_i)` numbers).
 
     Attributes
     ----------
@@ -34,8 +31,7 @@ class RelativeOffsets:
     lows, lengths
         Per axis, the smallest offset and the number :math:`L_i` of offsets.
     axis_ids
-        Per axis, ``(2 S_i - 1,)`` int64: the position in the axis's range of the difference
-        :math:`j - (S_i - 1)` (wrapped on a torus).
+        Per axis, ``(2 S_i - 1,)`` int64: the position in its range of :math:`j - (S_i - 1)` (wrapped on a torus).
     """
 
     grid: tuple[int, ...]
@@ -117,8 +113,7 @@ def relative_offsets(grid: tuple[int, ...], boundary: str = "zero") -> RelativeO
 
 def _relative_offsets(grid: tuple[int, ...], boundary: str) -> RelativeOffsets:
     g = _grid(grid)
-    if boundary not in BOUNDARIES:
-        raise ValueError(f"boundary must be one of {BOUNDARIES}, got {boundary!r}")
+    _check_boundary(boundary)
     periodic = boundary == "periodic"
     lows = tuple(-(s // 2) if periodic else -(s - 1) for s in g)
     lengths = tuple(s if periodic else 2 * s - 1 for s in g)
@@ -128,8 +123,7 @@ def _relative_offsets(grid: tuple[int, ...], boundary: str) -> RelativeOffsets:
         if periodic:
             delta = (delta + s // 2) % s - s // 2
         axis_ids.append(delta - low)
-    for a in axis_ids:
-        a.setflags(write=False)
+        axis_ids[-1].setflags(write=False)
     return RelativeOffsets(g, boundary, lows, lengths, tuple(axis_ids))
 
 

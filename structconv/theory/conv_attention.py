@@ -29,7 +29,7 @@ from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 from ..bases.grid import GridBasis, _grid
 from ..structures.grid import grid_basis
-from ..structures.positional import _check_centres, _detached, quadratic_scores, relative_offsets
+from ..structures.positional import _check_centres, _detached, inner_positions, quadratic_scores, relative_offsets
 
 #: torch's padding modes (``torch.nn.Conv2d(padding_mode=...)``) that attention heads can read,
 #: and the grid each runs on.  ``"zeros"``: the image, surrounded by zero tokens for soft heads;
@@ -466,7 +466,7 @@ def conv_to_attention(
     basis: Basis
     if padding_mode == "zeros" and alpha is not None:  # soft heads among zero tokens, which are no outputs
         big = tuple(s + 2 * p for s, p in zip(g, heads.margin, strict=True))
-        basis = quadratic_scores(big, centres, widths).basis(representation="dense", padding=heads.margin)
+        basis = inner_positions(quadratic_scores(big, centres, widths).basis(representation="dense"), big, heads.margin)
     elif padding_mode == "replicate" and alpha is None:
         # The hard limit of heads renormalised over the image: one-hot on the nearest pixel.
         basis = positional_basis(g, centres, _like(np.full(K, ONE_HOT_ALPHA), weight), heads.boundary)

@@ -320,7 +320,9 @@ class SelfAttentionNet(nn.Module):
 
 def no_decay_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The attention centres and widths of every positional layer (the paper exempts them from weight decay)."""
-    return [p for m in model.modules() if isinstance(m, PositionalAttention) for p in m.positional_parameters()]
+    return [
+        p for m in model.modules() if isinstance(m, PositionalAttention) for p in m.encoding.positional_parameters()
+    ]
 
 
 @dataclass(frozen=True)

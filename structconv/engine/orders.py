@@ -415,9 +415,7 @@ class _Full(Kind):
 
         x·Θ first reads each instance as an ``(M K, N)`` matrix: a copy of the basis unless it is
         stored so (:attr:`~structconv.DenseBasis.instance_rows`).  A·x first permutes its
-        :math:`K`-fold intermediate ``(B, K, N, P)`` before the product with Θ.  (Measured with
-        ``K = 9``, ``M = N = 256``: x·Θ first is the faster at ``P = Q = 400`` in both layouts,
-        the one this model picks.)
+        :math:`K`-fold intermediate ``(B, K, N, P)`` before the product with Θ (``docs/internals.rst``).
         """
         if basis.batch is None or name not in ("ax", "xtheta"):
             return Cost()

@@ -29,7 +29,7 @@ from structconv import (
     relative_attention,
 )
 from structconv import nn as snn
-from structconv.structures.positional import relative_offsets
+from structconv.structures.positional import inner_positions, relative_offsets
 from structconv.structures.shift_heads import _column_ids, _weakest_best
 from structconv.theory.conv_attention import positional_basis
 
@@ -352,10 +352,17 @@ def test_positional_errors() -> None:
     eq5 = {"key": torch.ones(2, 3, 2), "query": torch.ones(2, 3, 2), "u": torch.ones(2, 2), "v": torch.ones(2, 2)}
     with pytest.raises(ValueError, match=r"rel_key must have shape \(K, D_p, D\) = \(2, 4, 2\)"):
         relative_attention((3, 3), (torch.ones(5, 2), torch.ones(5, 2)), rel_key=torch.ones(2, 3, 2), **eq5)
-    with pytest.raises(ValueError, match=r"v must have the shape \(K, D\) of u, \(2, 2\), got \(2, 3\)"):
-        relative_attention(
-            (3, 3), (torch.ones(5, 2),) * 2, rel_key=torch.ones(2, 4, 2), **{**eq5, "v": torch.ones(2, 3)}
-        )
+    heads = quadratic_scores((6, 6), c, torch.ones(2, dtype=D64)).basis()
+    for padding in [(1,), (-1, 1), (3, 3)]:
+        with pytest.raises(ValueError, match=r"padding must give each axis of the grid \(6, 6\) fewer than half"):
+            inner_positions(heads, (6, 6), padding)
+    tables, rel = (torch.ones(5, 2),) * 2, torch.ones(2, 4, 2)
+    with pytest.raises(ValueError, match=r"must share K heads of width D, got \(K, D\) = .*'v': \(2, 3\)"):
+        relative_attention((3, 3), tables, rel_key=rel, **{**eq5, "v": torch.ones(2, 3)})
+    with pytest.raises(ValueError, match=r"must share K heads of width D, got \(K, D\) = \{'key': \(3, 2\)"):
+        relative_attention((3, 3), tables, rel_key=rel, **{**eq5, "key": torch.ones(3, 3, 2)})
+    with pytest.raises(TypeError, match=r"u must be a numpy.ndarray or a torch.Tensor, got NoneType"):
+        relative_attention((3, 3), tables, rel_key=rel, **{**eq5, "u": None})
 
 
 # --- the layer ---------------------------------------------------------------------------------------

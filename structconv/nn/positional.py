@@ -226,12 +226,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
 
     def extra_repr(self) -> str:
         shown = [
-            f"grid={self.grid}",
-            f"embed_dim={self.embed_dim}",
-            f"num_heads={self.num_heads}",
-            f"encoding={self.encoding!r}",
-            f"content={self.content!r}",
-            f"head_dim={self.head_dim}",
+            f"{k}={getattr(self, k)!r}" for k in ("grid", "embed_dim", "num_heads", "encoding", "content", "head_dim")
         ]
         settings = {
             "attention_dropout": (self.attention_dropout, 0.0),

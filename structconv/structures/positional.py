@@ -256,11 +256,14 @@ def inner_positions(basis: Basis, tokens: tuple[int, ...], padding: tuple[int, .
     """``basis`` over the grid ``tokens`` restricted to the positions ``padding`` away from its borders.
 
     The tokens beyond are keys of zero features and no outputs; they stay in each column's softmax.
-    ``padding`` is the caller's to check (fewer than half the tokens of each axis, a ``"zero"`` grid).
+    A ``"periodic"`` grid has no tokens beyond it: that is the caller's to refuse.
     """
-    if not any(padding):
+    pads = [int(p) for p in padding]  # lists, not generators: torch.compile traces the layer through here
+    if len(pads) != len(tokens) or any([p < 0 or 2 * p >= s for p, s in zip(pads, tokens, strict=False)]):
+        raise ValueError(f"padding must give each axis of the grid {tokens} fewer than half its tokens, got {padding}")
+    if not any(pads):
         return basis
-    spans = [slice(p, s - p) for s, p in zip(tokens, padding, strict=True)]
+    spans = [slice(p, s - p) for s, p in zip(tokens, pads, strict=True)]
     if isinstance(basis, KroneckerBasis):  # the inner tokens are a product set: restrict every factor
         return KroneckerBasis.of_weights([f[:, span, span] for f, span in zip(basis.factors, spans, strict=True)])
     weights = basis.to_dense()
@@ -269,10 +272,10 @@ def inner_positions(basis: Basis, tokens: tuple[int, ...], padding: tuple[int, .
     return DenseBasis.of_weights(weights[..., index, :][..., index])
 
 
-def _check_centres(centres: Array, d: int, name: str = "centres") -> int:
-    check_array(centres, name, (2,), (f"(K, {d})",))
+def _check_centres(centres: Array, d: int) -> int:
+    check_array(centres, "centres", (2,), (f"(K, {d})",))
     if int(centres.shape[1]) != d:
-        raise ValueError(f"{name} must have shape (K, {d}) for a {d}-D grid, got {shape_str(tuple(centres.shape))}")
+        raise ValueError(f"centres must have shape (K, {d}) for a {d}-D grid, got {shape_str(tuple(centres.shape))}")
     return int(centres.shape[0])
 
 

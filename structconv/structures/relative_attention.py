@@ -19,6 +19,8 @@ from .relative import RelativeOffsets, _check_tables, _split, check_positions, r
 
 __all__ = ["relative_attention"]
 
+_SHAPES = {"key": "(K, P, D)", "query": "(K, P, D)", "rel_key": "(K, D_p, D)", "u": "(K, D)", "v": "(K, D)"}
+
 
 def relative_attention(
     grid: Any,
@@ -57,13 +59,14 @@ def relative_attention(
         :math:`s`, e.g. :math:`1/\sqrt D`.
     """
     g = _grid(grid)
+    arrays = {"key": key, "query": query, "rel_key": rel_key, "u": u, "v": v}
+    for name, a in arrays.items():  # named as given: the mechanisms below know them by other names
+        check_array(a, name, (2,) if name in ("u", "v") else (3,), (_SHAPES[name],))
+    sizes = {name: (int(a.shape[0]), int(a.shape[-1])) for name, a in arrays.items()}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"key, query, rel_key, u and v must share K heads of width D, got (K, D) = {sizes}")
     query_position = _QueryPosition(g, tuple(tables), query, rel_key, boundary, scale)
     content = BiAffine(key=key, query=query, query_bias=u, scale=scale)  # (k + 0)·(q + u): q·k + u·k
-    check_array(v, "v", (2,), ("(K, D)",))
-    if tuple(v.shape) != tuple(u.shape):
-        raise ValueError(
-            f"v must have the shape (K, D) of u, {shape_str(tuple(u.shape))}, got {shape_str(tuple(v.shape))}"
-        )
     position = learned_scores(g, tables, einsum("kpd,kd->kp", rel_key, v) * content.scale, boundary)
     return content + position + query_position
 

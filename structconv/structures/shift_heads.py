@@ -1,9 +1,10 @@
-r"""Position-only heads truncated to shift bases: an opt-in form of non-separable heads on large grids.
+r"""Position-only heads truncated to shift bases: the form of non-separable heads on large grids.
 
 A head keeps the offsets scored at least :math:`\min_n \max_m a_{hmn} + \ln(\mathrm{threshold})`
 (every column keeps its best key), as one renormalised weighted :class:`~structconv.GridBasis`:
 a depthwise convolution per head instead of a dense ``(M, N)`` softmax.
-:meth:`~structconv.PositionScores.basis` takes it with a ``threshold`` where it is worth it;
+:meth:`~structconv.PositionScores.basis` takes it with a ``threshold`` where its cost says so (the
+layer's default; ``threshold=None`` leaves it out), and checks the arguments;
 ``docs/attention.rst`` gives the measurements (``benchmarks/bench_gaussian_forms.py``).
 """
 

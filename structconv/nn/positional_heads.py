@@ -144,6 +144,7 @@ class PositionalHeads(Encoding):
 
     #: The ``encoding=`` name of this encoding at its defaults.
     name: ClassVar[str] = ""
+    positional_names: ClassVar[tuple[str, ...]] = ()  # the parameters positional_parameters() returns
 
     def __init__(self) -> None:
         super().__init__()
@@ -182,7 +183,7 @@ class PositionalHeads(Encoding):
     def positional_parameters(self) -> list[nn.Parameter]:
         """The centres and widths of Gaussian heads (kept out of weight decay in the CIFAR study)."""
         self._check_bound()
-        return [p for n, p in self.named_parameters() if n in ("centres", "log_alpha", "spread", "inv_sqrt_cov")]
+        return [p for n, p in self.named_parameters() if n in self.positional_names]
 
 
 class QuadraticHeads(PositionalHeads):
@@ -215,6 +216,7 @@ class QuadraticHeads(PositionalHeads):
     """
 
     name = "quadratic"
+    positional_names = ("centres", "log_alpha", "spread")
     shown = ("alpha", "width")
     centres: nn.Parameter
     log_alpha: nn.Parameter
@@ -301,6 +303,7 @@ class GaussianHeads(PositionalHeads):
     """
 
     name = "gaussian"
+    positional_names = ("centres", "inv_sqrt_cov")
     shown = ("alpha",)
     centres: nn.Parameter
     inv_sqrt_cov: nn.Parameter

@@ -155,12 +155,9 @@ class GATConv(CompiledRuns, PyGState):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for w in (self.weight, self.weight_dst, self.weight_edge, self.res):
+        for w in (self.weight, self.weight_dst, self.weight_edge, self.res, self.att_src, self.att_dst, self.att_edge):
             if w is not None:
                 glorot_(w)
-        for a in (self.att_src, self.att_dst, self.att_edge):
-            if a is not None:
-                glorot_(a[None])
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
@@ -286,25 +283,25 @@ class GATConv(CompiledRuns, PyGState):
         """The edges (with loops), their LeakyReLU scores ``(E, H)`` and the values :math:`x_{src} V_h` of ``theta``."""
         name = "GATConv"
         P, P_dst = _pair(self.in_channels, name)
+
+        def features(t: Any, channels: int, arg: str) -> torch.Tensor:
+            f = _features(t, channels, name, static=False)
+            _check_device(f, self.weight, name, arg)
+            check_input_dtype(f, self.weight, name, arg)
+            return f
+
         if isinstance(x, tuple | list):
             if len(x) != 2:
                 raise ValueError("GATConv: a bipartite x must be a pair (x_src, x_dst)")
-            x_src = _features(x[0], P, name, static=False)
-            _check_device(x_src, self.weight, name, "x[0]")
-            check_input_dtype(x_src, self.weight, name, "x[0]")
-            x_dst = None if x[1] is None else _features(x[1], P_dst, name, static=False)
-            if x_dst is not None:
-                _check_device(x_dst, self.weight, name, "x[1]")
-                check_input_dtype(x_dst, self.weight, name, "x[1]")
+            x_src = features(x[0], P, "x[0]")
+            x_dst = None if x[1] is None else features(x[1], P_dst, "x[1]")
         else:
             if P_dst != P:
                 raise ValueError(
                     f"GATConv: a single x feeds sources and targets, which needs in_channels[0] == in_channels[1]; "
                     f"got in_channels={self.in_channels!r}, pass a pair (x_src, x_dst)"
                 )
-            x_src = x_dst = _features(x, P, name, static=False)
-            _check_device(x_src, self.weight, name)
-            check_input_dtype(x_src, self.weight, name)
+            x_src = x_dst = features(x, P, "x")
         if edge_attr is not None and self.edge_dim is None:
             raise ValueError(
                 "GATConv: edge_attr (the third argument) needs edge_dim; PyG's GATConv would ignore it. "
@@ -369,14 +366,8 @@ class GATConv(CompiledRuns, PyGState):
         r"""Apply the layer to ``x`` (``(N, P)`` or ``(x_src, x_dst)``) on ``edge_index``.
 
         The output is ``conv(basis, x_src, theta())`` (:meth:`basis`, :meth:`theta`), plus
-        ``x_dst @ res`` with ``residual`` and the bias.  The engine picks the basis' ``"segment"``
-        order, one pass over the edges normalised per target.  The values :math:`x W_h` that the
-        scores need are computed once: the basis is handed them with the very ``x`` and
-        :math:`\Theta` passed to :func:`~structconv.conv`
-        (:class:`~structconv.bases.softmax_edges.Projected`), and the order, recognising them,
-        neither recomputes them nor multiplies by the placement :math:`E_h` (a reshape, or the
-        heads' mean).  ``conv(layer.basis(x, ...), x, layer.theta())`` gives the same result,
-        computing :math:`xW` again.
+        ``x_dst @ res`` with ``residual`` and the bias, computing :math:`x W_h` once for the scores
+        and the values (``docs/graph.rst``).
 
         With ``return_attention_weights=True`` it returns ``(out, (edge_index, alpha))`` as PyG
         does: the edges with the added self-loops and their ``(E, H)`` weights, or for a sparse

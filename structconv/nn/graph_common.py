@@ -11,16 +11,9 @@ Every layer takes node features ``x`` of shape ``(N, P)`` and a graph: an ``edge
 normalised basis otherwise, build it once (e.g. :func:`structconv.gcn_basis`) and pass it
 instead of ``edge_index``.
 
-**Orientation.**  As in PyG, row 0 of an ``edge_index`` holds sources and row 1 targets, and a
-matrix graph (torch sparse COO/CSR/CSC, ``scipy.sparse`` or a dense floating matrix) is PyG's
-``adj_t``: entry ``[i, j]`` weighs the edge :math:`j \to i` (row = target, column = source), so
-``layer(x, adj.t())`` equals ``layer(x, edge_index)`` for ``adj`` built from ``edge_index``.
-(The basis builders of :mod:`structconv.structures.graph` read a matrix as the adjacency itself, ``[m, n]``
-for :math:`m \to n`, unless given ``adj_t=True``.)  PyG's ``EdgeIndex`` is an ``edge_index``.
-
-**Self-loops.**  Where a layer adds self-loops (GCN, SG), it follows
-:func:`structconv.structures.graph.gcn_edges`, the one rule that :func:`structconv.gcn_basis`
-follows too: PyG's ``gcn_norm``.
+The graph's orientation (an ``edge_index``'s rows, a matrix read as PyG's ``adj_t``) and the
+self-loops GCN and SG add (PyG's ``gcn_norm``, as :func:`structconv.structures.graph.gcn_edges`)
+are PyG's, as ``docs/graph.rst`` (Layers) sets out.
 """
 
 from __future__ import annotations
@@ -211,11 +204,9 @@ def _graph_size(graph: Any, x: torch.Tensor, edge_weight: torch.Tensor | None) -
 class _CachedGraphLayer(_GraphLayer):
     """A graph layer with PyG's ``cached``: the basis of the first graph seen is kept and reused.
 
-    PyG reuses its cache whatever graph comes later; here a later graph whose form or size (the
-    ``edge_index`` shape or a sparse adjacency's stored entries), number of nodes, ``edge_weight``
-    presence or device differs from the first one's is refused with a ``ValueError``.  (Edges of
-    the same count but different endpoints cannot be told apart without reading them, and are
-    reused as in PyG.)  :meth:`reset_cache` (and :meth:`reset_parameters`, as in PyG) forgets it.
+    A later graph whose form or size, number of nodes, ``edge_weight`` presence or device differs
+    (:func:`_graph_size`) is refused, where PyG reuses its cache whatever comes (``docs/graph.rst``).
+    :meth:`reset_cache` (and :meth:`reset_parameters`, as in PyG) forgets it.
     """
 
     cached: bool = False

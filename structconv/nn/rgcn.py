@@ -129,27 +129,23 @@ class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        glorot_(self.weight)
-        if self.comp is not None:
-            glorot_(self.comp)
-        if self.root is not None:
-            glorot_(self.root)
+        for w in (self.weight, self.comp, self.root):
+            if w is not None:
+                glorot_(w)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
     def theta(self, *, root: bool = True) -> torch.Tensor | Separable:
         """:math:`\\Theta` over the members (relations, then the root if ``root``), full or separable."""
-        R = self.num_relations
         with_root = root and self.root is not None
         if self.comp is not None:
-            B = self.comp.shape[1]
             coef = self.comp.T  # (B, R)
             channel: torch.Tensor = self.weight
             if with_root:
                 assert self.root is not None
                 coef = torch.block_diag(coef, torch.ones(1, 1, dtype=coef.dtype, device=coef.device))  # type: ignore[no-untyped-call]
                 channel = torch.cat([channel, self.root[None]])
-            return Separable(coef if with_root else coef.reshape(B, R), channel)
+            return Separable(coef, channel)
         theta = self.relation_weights()
         if with_root:
             assert self.root is not None

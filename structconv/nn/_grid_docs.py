@@ -151,17 +151,8 @@ _DIVISOR_1D = (
 
 def _fill(template: str, d: int) -> str:
     dim = _DIMENSIONS[d]
-    return template.format(
-        d=d,
-        kernel=dim.kernel,
-        kernel_comma=dim.kernel.replace(" ", ", "),
-        kernel_tuple=dim.kernel_tuple,
-        axes_in=dim.axes_in,
-        axes_out=dim.axes_out,
-        conv_example=dim.conv_example,
-        pool_example=dim.pool_example,
-        divisor_note=_DIVISOR_1D if d == 1 else "",
-    )
+    note = _DIVISOR_1D if d == 1 else ""
+    return template.format(d=d, kernel_comma=dim.kernel.replace(" ", ", "), divisor_note=note, **dim._asdict())
 
 
 def conv_doc(d: int) -> str:

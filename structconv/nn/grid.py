@@ -7,25 +7,16 @@ by :func:`structconv.conv`.  They take torch's layouts (``(B, C, *grid)`` or unb
 ``load_state_dict`` accepts the state of a ``torch.nn.Conv{1,2,3}d``.  The pooling layers over
 the same bases are in ``structconv.nn.pool``.
 
-Every option of torch's layers is expressed in the formula:
-
-* ``groups = G``: a shift basis with a block-diagonal :math:`\Theta_k` (block :math:`g` maps the
-  input channels of group :math:`g` to its output channels); the parameter is stored as torch
-  stores it, ``(Q, P/G, *kernel)``.  The native order passes ``groups`` to ``F.conv{d}d``; the
-  generic orders contract the expanded block-diagonal :math:`\Theta` (zeros included).
-* ``padding_mode="reflect"`` / ``"replicate"`` are not shift bases on the border (a reflected
-  read depends on the grid edge, not on an offset): as torch does, ``x`` is framed explicitly
-  (``F.pad`` with that mode) and the shift basis is built with no padding *on the padded grid*.
-* ``"zeros"`` and ``"circular"`` are the ``"zero"`` and ``"periodic"`` boundaries of the basis.
-* An empty batch (``B = 0``) returns torch's empty output (the engine refuses empty arrays, so
-  it runs the native kernel whatever ``order`` says).
+Every option of torch's layers is expressed in the formula (``groups`` as a block-diagonal
+:math:`\Theta_k`, ``padding_mode`` as the basis' boundary or ``x`` framed by ``F.pad``), as
+``docs/grid.rst`` (Layers) sets out.
 """
 
 from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -60,12 +51,11 @@ class _EmptyBatch:
         return conv_image(x, weight, self.geometry, bias, self.groups)
 
 
-class _Entry:
+class _Entry(NamedTuple):
     """A layer's basis for one input grid, and the framing that goes with it."""
 
-    def __init__(self, basis: GridBasis, pads: list[int] | None = None) -> None:
-        self.basis = basis
-        self.pads = pads  # F.pad's argument for a framed padding mode (the basis is on the padded grid)
+    basis: GridBasis
+    pads: list[int] | None = None  # F.pad's argument for a framed padding mode (the basis is on the padded grid)
 
 
 class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module):

@@ -97,11 +97,7 @@ class _AvgPoolNd(StructureOutsideGraph, NotScriptable, nn.Module):
         return self._bases.find(key) or self._bases.put(key, build())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Average ``x`` of shape ``(B, C, *grid)`` (or unbatched) like ``torch.nn.AvgPool{d}d``.
-
-        A pooling layer has :math:`\\Theta = I` per channel, so it evaluates :math:`A^\\top x`
-        (:func:`structconv.apply_shifts`) instead of spending a GEMM on the identity.
-        """
+        """Average ``x`` of shape ``(B, C, *grid)`` (or unbatched) like ``torch.nn.AvgPool{d}d``: :math:`A^\\top x`."""
         refuse_jit_trace(self)
         self.prepare_outside_graph(x)
         name = type(self).__name__

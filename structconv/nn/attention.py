@@ -26,7 +26,7 @@ from .mha_torch import (
     _NAME,
     append_tokens,
     checked_inputs,
-    extra_rows,
+    head_weights,
     per_head,
     projection,
     projection_bias,
@@ -181,12 +181,8 @@ class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
         With ``add_bias_kv`` or ``add_zero_attn`` its key weight has one row per appended token
         (see the class notes), and the key input must be widened by :func:`~structconv.nn.mha_torch.append_tokens`.
         """
-        key = per_head(self, projection(self, 1))
-        rows = extra_rows(self, 1)
-        if rows is not None:
-            key = torch.cat([key, rows], 1)
         return BiAffine(
-            key=key,
+            key=head_weights(self, 1),
             query=per_head(self, projection(self, 0)),
             key_bias=projection_bias(self, 1),
             query_bias=projection_bias(self, 0),
@@ -195,13 +191,9 @@ class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
 
     def theta(self) -> LowRank:
         r""":math:`\Theta_h = W^v_h W^{o\top}_h` as a :class:`~structconv.LowRank` parameter ``(H, vdim [+ e], E)``."""
-        value = per_head(self, projection(self, 2))
-        rows = extra_rows(self, 2)
-        if rows is not None:
-            value = torch.cat([value, rows], 1)
         E = self.embed_dim
         out = self.out_proj.weight.reshape(E, self.num_heads, self.head_dim).permute(1, 0, 2)
-        return LowRank(value, out)
+        return LowRank(head_weights(self, 2), out)
 
     def _value_bias(self) -> torch.Tensor | None:
         r"""Per-head :math:`W^o_h b^v_h`, ``(H, E)``."""

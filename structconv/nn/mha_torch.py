@@ -107,16 +107,15 @@ def batch_first(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, batched: bool, first: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The inputs as ``(N, L, E)``, ``(N, S, kdim)``, ``(N, S, vdim)``, keeping shared tensors shared."""
-    if not batched:
-        q = query[None]
-        k = q if key is query else key[None]
-        v = k if value is key else (q if value is query else value[None])
-        return q, k, v
-    if first:
+    if batched and first:
         return query, key, value
-    q = query.transpose(0, 1)
-    k = q if key is query else key.transpose(0, 1)
-    v = k if value is key else (q if value is query else value.transpose(0, 1))
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(0, 1) if batched else t[None]
+
+    q = move(query)
+    k = q if key is query else move(key)
+    v = k if value is key else (q if value is query else move(value))
     return q, k, v
 
 
@@ -219,16 +218,17 @@ def per_head(layer: Any, w: torch.Tensor) -> torch.Tensor:
     return w.T.reshape(int(w.shape[1]), layer.num_heads, layer.head_dim).permute(1, 0, 2)
 
 
-def extra_rows(layer: Any, which: int) -> torch.Tensor | None:
-    r"""Projection rows ``(H, e, D)`` of the appended tokens (``bias_k``/``bias_v``, zero attention)."""
+def head_weights(layer: Any, which: int) -> torch.Tensor:
+    r"""Per-head projection ``(H, P [+ e], D)`` of the key (1) or value (2), then the rows of the appended tokens."""
+    weights = per_head(layer, projection(layer, which))
     extra = layer.bias_k if which == 1 else layer.bias_v
-    bias = projection_bias(layer, which)
     rows = []
     if extra is not None:
         rows.append(extra.reshape(layer.num_heads, layer.head_dim))
     if layer.add_zero_attn:
-        rows.append(torch.zeros_like(per_head(layer, projection(layer, which))[:, 0]))
+        rows.append(torch.zeros_like(weights[:, 0]))
     if not rows:
-        return None
+        return weights
     stacked = torch.stack(rows, 1)
-    return stacked if bias is None else stacked - bias[:, None]
+    bias = projection_bias(layer, which)
+    return torch.cat([weights, stacked if bias is None else stacked - bias[:, None]], 1)

@@ -96,6 +96,14 @@ class OwnOrder:
 NO_ORDERS: Mapping[str, OwnOrder] = {}
 
 
+def _member_list(members: Sequence[int]) -> list[int]:
+    """``members`` as a list, refused if empty: what every :meth:`Basis.select` checks first."""
+    index = list(members)
+    if not index:
+        raise ValueError("members must name at least one basis member")
+    return index
+
+
 class Basis(ABC):
     r"""Abstract basis of shape ``(K, M, N)`` or ``(B, K, M, N)``.
 

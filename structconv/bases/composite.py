@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..backend import Array, concatenate, einsum, zeros
-from .base import Basis, Cost
+from .base import Basis, Cost, _member_list
 from .convert import as_basis
 from .dense import DenseBasis
 from .sparse import SparseBasis
@@ -160,9 +160,7 @@ class SelectBasis(_Derived):
     representation = "select"
 
     def __init__(self, parent: Basis, members: Sequence[int]) -> None:
-        members = [int(k) for k in members]
-        if not members:
-            raise ValueError("members must name at least one basis member")
+        members = [int(k) for k in _member_list(members)]
         bad = [k for k in members if not 0 <= k < parent.K]
         if bad:
             raise IndexError(f"members {bad} are out of range for a basis with K={parent.K}")

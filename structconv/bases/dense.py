@@ -12,7 +12,7 @@ from typing import Any
 
 from ..backend import Array, device_of, einsum, of
 from ..backend.checks import check_array, check_finite
-from .base import Basis, Cost
+from .base import Basis, Cost, _member_list
 
 
 class DenseBasis(Basis):
@@ -102,9 +102,7 @@ class DenseBasis(Basis):
         return DenseBasis.of_weights(self._array.swapaxes(-1, -2))  # the same (checked) entries
 
     def select(self, members: Sequence[int]) -> DenseBasis:
-        index = list(members)
-        if not index:
-            raise ValueError("members must name at least one basis member")
+        index = _member_list(members)
         a = self._array
         return DenseBasis(a[:, index] if a.ndim == 4 else a[index])
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..backend import Array, as_index, concatenate, device_of, find, is_integer_array, namespace, of, shape_str
 from ..backend.checks import check_array, check_index_range
-from .base import Basis, Cost
+from .base import Basis, Cost, _member_list
 from .sparse import SparseBasis
 
 
@@ -156,9 +156,7 @@ class EdgeBasis(OnEdgeList):
         return EdgeBasis(self._dst, self._src, self._weights, (self._shape[1], self._shape[0]))
 
     def select(self, members: Sequence[int]) -> EdgeBasis:
-        index = list(members)
-        if not index:
-            raise ValueError("members must name at least one basis member")
+        index = _member_list(members)
         return EdgeBasis(self._src, self._dst, self._weights[:, index], self._shape)
 
     def to(self, device: Any = None, dtype: Any = None) -> EdgeBasis:

@@ -35,7 +35,7 @@ import numpy as np
 from ..backend import Array, as_index, einsum, find, of, shape_str
 from ..backend.checks import check_array
 from ..backend.stencil import Geometry
-from .base import Basis, Cost, OwnOrder
+from .base import Basis, Cost, OwnOrder, _member_list
 from .grid_args import BOUNDARIES, Size, _check_boundary, _grid, _ints, _placement
 from .shift import flat_layout, gather_taps, gemm_then_shift, shift_then_gemm
 from .sparse import SparseBasis
@@ -290,9 +290,7 @@ class GridBasis(Basis):
         return self.to_sparse().transpose()
 
     def select(self, members: Sequence[int]) -> GridBasis:
-        index = list(members)
-        if not index:
-            raise ValueError("members must name at least one basis member")
+        index = _member_list(members)
         geo = self.geometry
         if self.weights is None:
             offsets, weights = geo.offsets[index], None

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import Array, as_index, concatenate, device_of, einsum, namespace, of, x_theta
-from .base import Basis, Cost, OwnOrder
+from .base import Basis, Cost, OwnOrder, _member_list
 from .sparse import Derived, SparseBasis
 
 
@@ -207,9 +207,7 @@ class PolynomialBasis(Basis):
         return PolynomialBasis(self._matrix.transpose(), self._degrees, self._family)
 
     def select(self, members: Sequence[int]) -> PolynomialBasis:
-        if not list(members):
-            raise ValueError("members must name at least one basis member")
-        return PolynomialBasis(self._matrix, [self._degrees[k] for k in members], self._family)
+        return PolynomialBasis(self._matrix, [self._degrees[k] for k in _member_list(members)], self._family)
 
     def to(self, device: Any = None, dtype: Any = None) -> PolynomialBasis:
         return PolynomialBasis(self._matrix.to(device=device, dtype=dtype), self._degrees, self._family)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..backend import Array, device_of, dtype_name, of, shape_str, x_theta
-from .base import Cost, OwnOrder
+from .base import Cost, OwnOrder, _member_list
 from .edges import EdgeBasis, OnEdgeList, cost_each_on_edges, cost_members_on_edges
 
 if TYPE_CHECKING:
@@ -257,9 +257,7 @@ class SoftmaxEdgeBasis(OnEdgeList):
         return self.edges().transpose()
 
     def select(self, members: Sequence[int]) -> SoftmaxEdgeBasis:
-        index = list(members)
-        if not index:
-            raise ValueError("members must name at least one basis member")
+        index = _member_list(members)
         mask = None if self._mask is None else self._mask[:, index]
         return SoftmaxEdgeBasis._of(self._src, self._dst, self._logits[:, index], self._shape, mask)
 

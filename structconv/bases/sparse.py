@@ -32,7 +32,7 @@ from ..backend import (
     sparse_matrix,
 )
 from ..backend.checks import check_finite, check_index_range, check_readable
-from .base import Basis, Cost
+from .base import Basis, Cost, _member_list
 
 #: The most entries (dense positions) a basis may span: each entry's position is an int64.
 MAX_ENTRIES = 2**63 - 1
@@ -240,9 +240,7 @@ class SparseBasis(Basis):
         return SparseBasis(idx[order], self._values, shape)
 
     def select(self, members: Sequence[int]) -> SparseBasis:
-        members = list(members)
-        if not members:
-            raise ValueError("members must name at least one basis member")
+        members = _member_list(members)
         krow = self._indices.shape[0] - 3
         ks = self._indices[krow]
         parts_idx, parts_val = [], []

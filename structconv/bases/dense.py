@@ -10,12 +10,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..backend import Array, device_of, einsum, of
+from ..backend import Array, einsum, of
 from ..backend.checks import check_array, check_finite
-from .base import Basis, Cost, _member_list
+from .base import Cost, _member_list, _PlacedByArray
 
 
-class DenseBasis(Basis):
+class DenseBasis(_PlacedByArray):
     """A basis stored as a dense array of shape ``(K, M, N)`` or ``(B, K, M, N)``.
 
     Parameters
@@ -65,17 +65,8 @@ class DenseBasis(Basis):
     def shape(self) -> tuple[int, ...]:
         return tuple(int(s) for s in self._array.shape)
 
-    @property
-    def backend(self) -> str:
-        return of(self._array).name
-
-    @property
-    def dtype(self) -> Any:
-        return self._array.dtype
-
-    @property
-    def device(self) -> str:
-        return device_of(self._array)
+    def _placed(self) -> Array:
+        return self._array
 
     def to_dense(self) -> Array:
         return self._array

@@ -20,11 +20,11 @@ import numpy as np
 
 from ..backend import Array, as_index, concatenate, device_of, find, is_integer_array, namespace, of, shape_str
 from ..backend.checks import check_array, check_index_range
-from .base import Basis, Cost, _member_list
+from .base import Cost, _member_list, _PlacedByArray
 from .sparse import SparseBasis
 
 
-class OnEdgeList(Basis):
+class OnEdgeList(_PlacedByArray):
     """What a basis carried by one edge list has, whatever its per-edge values mean.
 
     ``src`` and ``dst`` ``(E,)`` name each edge's input and output entry, ``(M, N)`` the entries,
@@ -55,17 +55,8 @@ class OnEdgeList(Basis):
     def shape(self) -> tuple[int, ...]:
         return (int(self._per_edge().shape[1]), *self._shape)
 
-    @property
-    def backend(self) -> str:
-        return of(self._per_edge()).name
-
-    @property
-    def dtype(self) -> Any:
-        return self._per_edge().dtype
-
-    @property
-    def device(self) -> str:
-        return device_of(self._per_edge())
+    def _placed(self) -> Array:
+        return self._per_edge()
 
     def plan_key(self) -> tuple[Any, ...]:
         return (type(self).__name__, self.shape, int(self._per_edge().shape[0]))

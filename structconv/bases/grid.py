@@ -245,14 +245,10 @@ class GridBasis(Basis):
             )
         return 1.0 / total
 
-    def _scaled(self, y: Array, axis_from_end: int = 2) -> Array:
-        """Multiply the output-entry axis (``-axis_from_end``) by the column scale."""
+    def _scaled(self, y: Array) -> Array:
+        """Multiply the output-entry axis (``-2``) by the column scale."""
         c = self.column_scale()
-        if c is None:
-            return y
-        shape = [1] * y.ndim
-        shape[y.ndim - axis_from_end] = self.N
-        return y * c.reshape(shape)
+        return y if c is None else y * c[:, None]
 
     # --- value operations ------------------------------------------------------------------
     def to_sparse(self) -> SparseBasis:

@@ -402,9 +402,6 @@ class AttentionBasis(_PlacedByArray):
     def apply_members(self, s: Array, *, reduce: bool) -> Array:
         return self.weights().apply_members(s, reduce=reduce)
 
-    def apply_combined(self, x: Array, theta: Array) -> Array:
-        return self.weights().apply_combined(x, theta)
-
     def cost_each(self, batch: int, channels: int) -> Cost:
         B, K, M, N = self.shape
         return self._score_cost(batch) + Cost(2.0 * B * K * M * N * channels, float(batch * K * N * channels))

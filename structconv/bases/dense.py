@@ -102,10 +102,6 @@ class DenseBasis(_PlacedByArray):
         # GPU on every autocast call (the engine casts the basis there).
         return DenseBasis.of_weights(of(self._array).move(self._array, device, dtype, what="basis"))
 
-    def energy(self) -> float:
-        a = self._array
-        return float((a * a).sum()) / (self.N * (self.batch or 1))
-
     def _equation(self, rhs: str) -> str:
         lhs = "bkmn" if self.batch is not None else "kmn"
         return f"{lhs},{rhs}"

@@ -285,9 +285,6 @@ class SoftmaxEdgeBasis(OnEdgeList):
     def apply_members(self, s: Array, *, reduce: bool) -> Array:
         return self.edges().apply_members(s, reduce=reduce)
 
-    def apply_combined(self, x: Array, theta: Array) -> Array:
-        return self.edges().apply_combined(x, theta)
-
     def _softmax_cost(self, *, per_edge: bool) -> Cost:
         r"""The softmax's work: maximum, shift, exponential and totals; ``per_edge``: also each edge's weight.
 

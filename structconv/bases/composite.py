@@ -283,9 +283,9 @@ class ComposedBasis(_Derived):
         B, _, M, C = s.shape
         k1, k2 = self.first.K, self.second.K
         n1 = self.first.N
-        s = _swap12(s.reshape(B, k1, k2, M, C)).reshape(B * k2, k1, M, C)
+        s = s.reshape(B, k1, k2, M, C).swapaxes(1, 2).reshape(B * k2, k1, M, C)
         h = self.first.apply_members(s, reduce=False)
-        h = _swap12(h.reshape(B, k2, k1, n1, C)).reshape(B * k1, k2, n1, C)
+        h = h.reshape(B, k2, k1, n1, C).swapaxes(1, 2).reshape(B * k1, k2, n1, C)
         out = self.second.apply_members(h, reduce=reduce)
         if reduce:
             return out.reshape(B, k1, self.N, C).sum(1)
@@ -302,10 +302,6 @@ class ComposedBasis(_Derived):
             + self.second.cost_members(batch * k1, channels, reduce=reduce)
             + shuffle
         )
-
-
-def _swap12(a: Array) -> Array:
-    return a.swapaxes(1, 2)  # NumPy and torch spell it alike
 
 
 def _check_compatible_placement(a: Basis, b: Basis) -> None:

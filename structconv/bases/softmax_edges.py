@@ -373,7 +373,7 @@ class SoftmaxEdgeBasis(OnEdgeList):
         """The softmax without the per-edge weights, the messages (gathered, weighed, added), each target's division."""
         B, E, K, N, C = batch, int(self._logits.shape[0]), self.K, self.N, width
         dropped = Cost(float(E * K), float(E * K)) if self._mask is not None else Cost()
-        messages = Cost(0.0, float(2 * B * E * K * C + B * N * K * C), 2.0 * B * E * K * C)  # as EdgeBasis counts them
+        messages = cost_members_on_edges(E, K, N, B, C, reduce=False)  # gathered, weighed, added, as EdgeBasis
         divide = Cost(float(B * N * K * C), float(B * N * K * C))
         return self._softmax_cost(per_edge=False) + dropped + messages + divide
 

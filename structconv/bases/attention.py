@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from ..backend import Array, concatenate, device_of, dtype_name, namespace, of, shape_str, x_theta, zeros
+from ..backend import Array, concatenate, dtype_name, namespace, of, shape_str, x_theta, zeros
 from ..backend.checks import check_memory
-from .base import NO_ORDERS, Basis, Cost, OwnOrder
+from .base import NO_ORDERS, Basis, Cost, OwnOrder, _PlacedByArray
 from .dense import DenseBasis
 from .scores import allowed_mask, finite_real, normalise
 from .scores import masked_softmax as masked_softmax  # read from here by structures.positional
@@ -180,7 +180,7 @@ def _as_4d(a: Array) -> Array:
     return a.reshape((1,) * (4 - a.ndim) + tuple(int(s) for s in a.shape))
 
 
-class AttentionBasis(Basis):
+class AttentionBasis(_PlacedByArray):
     r"""Softmax attention :math:`A_{bk} = \mathrm{softmax}_m(\mathrm{mask}(a(x_b, z_b; \Xi_k)))`, ``(B, K, M, N)``.
 
     The weights are materialised only when an order needs them (:meth:`to_dense`, the triangle's
@@ -313,17 +313,8 @@ class AttentionBasis(Basis):
     def shape(self) -> tuple[int, ...]:
         return (int(self._x.shape[0]), self._heads, int(self._x.shape[1]), int(self._z.shape[1]))
 
-    @property
-    def backend(self) -> str:
-        return of(self._x).name
-
-    @property
-    def dtype(self) -> Any:
-        return self._x.dtype
-
-    @property
-    def device(self) -> str:
-        return device_of(self._x)
+    def _placed(self) -> Array:
+        return self._x
 
     def weights(self) -> DenseBasis:
         """The weights as a :class:`~structconv.DenseBasis`, normalised from the scores (or projections)."""
@@ -410,9 +401,6 @@ class AttentionBasis(Basis):
 
     def apply_members(self, s: Array, *, reduce: bool) -> Array:
         return self.weights().apply_members(s, reduce=reduce)
-
-    def apply_combined(self, x: Array, theta: Array) -> Array:
-        return self.weights().apply_combined(x, theta)
 
     def cost_each(self, batch: int, channels: int) -> Cost:
         B, K, M, N = self.shape

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..backend import Array, einsum, shape_str
+from ..backend import Array, device_of, einsum, of, shape_str
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,14 @@ class OwnOrder:
 
 #: The default of :meth:`Basis.own_orders`: none.
 NO_ORDERS: Mapping[str, OwnOrder] = {}
+
+
+def _member_list(members: Sequence[int]) -> list[int]:
+    """``members`` as a list, refused if empty: what every :meth:`Basis.select` checks first."""
+    index = list(members)
+    if not index:
+        raise ValueError("members must name at least one basis member")
+    return index
 
 
 class Basis(ABC):
@@ -384,3 +392,25 @@ class Basis(ABC):
             2.0 * b * k * m * n * p * q + 2.0 * batch * m * n * p * q,
             float(b * k * m * n + b * m * n * p * q + batch * n * q),
         )
+
+
+class _PlacedByArray(Basis):
+    """A basis whose backend, dtype and device are those of one array it holds (:meth:`_placed`)."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def _placed(self) -> Array:
+        """The array the basis is placed like."""
+
+    @property
+    def backend(self) -> str:
+        return of(self._placed()).name
+
+    @property
+    def dtype(self) -> Any:
+        return self._placed().dtype
+
+    @property
+    def device(self) -> str:
+        return device_of(self._placed())

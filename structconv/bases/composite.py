@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..backend import Array, concatenate, einsum, zeros
-from .base import Basis, Cost
+from .base import Basis, Cost, _member_list
 from .convert import as_basis
 from .dense import DenseBasis
 from .sparse import SparseBasis
@@ -119,30 +119,23 @@ class ConcatBasis(_Derived):
 
     def apply_members(self, s: Array, *, reduce: bool) -> Array:
         outs = [p.apply_members(si, reduce=reduce) for p, si in zip(self.parts, self._split(s), strict=True)]
-        if reduce:
-            total = outs[0]
-            for o in outs[1:]:
-                total = total + o
-            return total
-        return concatenate(outs, axis=1)
+        return sum(outs[1:], outs[0]) if reduce else concatenate(outs, axis=1)
 
     def apply_combined(self, x: Array, theta: Array) -> Array:
-        total = None
-        start = 0
+        ys, start = [], 0
         for p in self.parts:
-            y = p.apply_combined(x, theta[start : start + p.K])
+            ys.append(p.apply_combined(x, theta[start : start + p.K]))
             start += p.K
-            total = y if total is None else total + y
-        return total
+        return sum(ys[1:], ys[0])
 
     def cost_each(self, batch: int, channels: int) -> Cost:
-        return _sum(p.cost_each(batch, channels) for p in self.parts)
+        return sum((p.cost_each(batch, channels) for p in self.parts), Cost())
 
     def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
-        return _sum(p.cost_members(batch, channels, reduce=reduce) for p in self.parts)
+        return sum((p.cost_members(batch, channels, reduce=reduce) for p in self.parts), Cost())
 
     def cost_combined(self, batch: int, p: int, q: int) -> Cost:
-        return _sum(b.cost_combined(batch, p, q) for b in self.parts)
+        return sum((b.cost_combined(batch, p, q) for b in self.parts), Cost())
 
 
 class SelectBasis(_Derived):
@@ -160,9 +153,7 @@ class SelectBasis(_Derived):
     representation = "select"
 
     def __init__(self, parent: Basis, members: Sequence[int]) -> None:
-        members = [int(k) for k in members]
-        if not members:
-            raise ValueError("members must name at least one basis member")
+        members = [int(k) for k in _member_list(members)]
         bad = [k for k in members if not 0 <= k < parent.K]
         if bad:
             raise IndexError(f"members {bad} are out of range for a basis with K={parent.K}")
@@ -221,10 +212,7 @@ class SelectBasis(_Derived):
             for rnd in rounds
         ]
         if reduce:
-            total = parts[0]
-            for part in parts[1:]:
-                total = total + part
-            return total
+            return sum(parts[1:], parts[0])
         position = [i for rnd in rounds for i in rnd]
         back = sorted(range(len(position)), key=position.__getitem__)  # where each selected member landed
         return concatenate(parts, axis=1)[:, back]
@@ -295,9 +283,9 @@ class ComposedBasis(_Derived):
         B, _, M, C = s.shape
         k1, k2 = self.first.K, self.second.K
         n1 = self.first.N
-        s = _swap12(s.reshape(B, k1, k2, M, C)).reshape(B * k2, k1, M, C)
+        s = s.reshape(B, k1, k2, M, C).swapaxes(1, 2).reshape(B * k2, k1, M, C)
         h = self.first.apply_members(s, reduce=False)
-        h = _swap12(h.reshape(B, k2, k1, n1, C)).reshape(B * k1, k2, n1, C)
+        h = h.reshape(B, k2, k1, n1, C).swapaxes(1, 2).reshape(B * k1, k2, n1, C)
         out = self.second.apply_members(h, reduce=reduce)
         if reduce:
             return out.reshape(B, k1, self.N, C).sum(1)
@@ -316,22 +304,11 @@ class ComposedBasis(_Derived):
         )
 
 
-def _swap12(a: Array) -> Array:
-    return a.swapaxes(1, 2)  # NumPy and torch spell it alike
-
-
 def _check_compatible_placement(a: Basis, b: Basis) -> None:
     if a.backend != b.backend or str(a.dtype) != str(b.dtype) or a.device != b.device:
         raise TypeError(
             f"cannot combine a {a.backend}/{a.dtype}/{a.device} basis with a {b.backend}/{b.dtype}/{b.device} one"
         )
-
-
-def _sum(costs: Any) -> Cost:
-    total = Cost()
-    for c in costs:
-        total = total + c
-    return total
 
 
 def concat(bases: Sequence[Basis | Array]) -> Basis:

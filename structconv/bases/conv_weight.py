@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..backend import Array, einsum, of, shape_str
+from ..backend import Array, device_of, einsum, of, shape_str
 from ..backend.checks import check_array
 
 
@@ -32,12 +32,8 @@ def conv_weight_full(weight: Array, groups: int) -> Array:
         return of(w).namespace().permute_dims(w, (2, 1, 0))
     K = int(w.shape[2])
     blocks = w.reshape(groups, Q // groups, Pg, K)  # (g, o, i, k)
-    eye = of(weight).asarray(_identity(groups), weight)
+    eye = of(weight).namespace().eye(groups, dtype=weight.dtype, device=device_of(weight))
     return einsum("goik,gh->kgiho", blocks, eye).reshape(K, groups * Pg, Q)
-
-
-def _identity(n: int) -> list[list[float]]:
-    return [[float(i == j) for j in range(n)] for i in range(n)]
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,12 +10,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..backend import Array, device_of, einsum, of
+from ..backend import Array, einsum, of
 from ..backend.checks import check_array, check_finite
-from .base import Basis, Cost
+from .base import Cost, _member_list, _PlacedByArray
 
 
-class DenseBasis(Basis):
+class DenseBasis(_PlacedByArray):
     """A basis stored as a dense array of shape ``(K, M, N)`` or ``(B, K, M, N)``.
 
     Parameters
@@ -65,17 +65,8 @@ class DenseBasis(Basis):
     def shape(self) -> tuple[int, ...]:
         return tuple(int(s) for s in self._array.shape)
 
-    @property
-    def backend(self) -> str:
-        return of(self._array).name
-
-    @property
-    def dtype(self) -> Any:
-        return self._array.dtype
-
-    @property
-    def device(self) -> str:
-        return device_of(self._array)
+    def _placed(self) -> Array:
+        return self._array
 
     def to_dense(self) -> Array:
         return self._array
@@ -102,9 +93,7 @@ class DenseBasis(Basis):
         return DenseBasis.of_weights(self._array.swapaxes(-1, -2))  # the same (checked) entries
 
     def select(self, members: Sequence[int]) -> DenseBasis:
-        index = list(members)
-        if not index:
-            raise ValueError("members must name at least one basis member")
+        index = _member_list(members)
         a = self._array
         return DenseBasis(a[:, index] if a.ndim == 4 else a[index])
 
@@ -112,10 +101,6 @@ class DenseBasis(Basis):
         # The entries were checked when the basis was built; checking them again would stall a
         # GPU on every autocast call (the engine casts the basis there).
         return DenseBasis.of_weights(of(self._array).move(self._array, device, dtype, what="basis"))
-
-    def energy(self) -> float:
-        a = self._array
-        return float((a * a).sum()) / (self.N * (self.batch or 1))
 
     def _equation(self, rhs: str) -> str:
         lhs = "bkmn" if self.batch is not None else "kmn"

@@ -20,11 +20,11 @@ import numpy as np
 
 from ..backend import Array, as_index, concatenate, device_of, find, is_integer_array, namespace, of, shape_str
 from ..backend.checks import check_array, check_index_range
-from .base import Basis, Cost
+from .base import Cost, _member_list, _PlacedByArray
 from .sparse import SparseBasis
 
 
-class OnEdgeList(Basis):
+class OnEdgeList(_PlacedByArray):
     """What a basis carried by one edge list has, whatever its per-edge values mean.
 
     ``src`` and ``dst`` ``(E,)`` name each edge's input and output entry, ``(M, N)`` the entries,
@@ -55,17 +55,8 @@ class OnEdgeList(Basis):
     def shape(self) -> tuple[int, ...]:
         return (int(self._per_edge().shape[1]), *self._shape)
 
-    @property
-    def backend(self) -> str:
-        return of(self._per_edge()).name
-
-    @property
-    def dtype(self) -> Any:
-        return self._per_edge().dtype
-
-    @property
-    def device(self) -> str:
-        return device_of(self._per_edge())
+    def _placed(self) -> Array:
+        return self._per_edge()
 
     def plan_key(self) -> tuple[Any, ...]:
         return (type(self).__name__, self.shape, int(self._per_edge().shape[0]))
@@ -156,9 +147,7 @@ class EdgeBasis(OnEdgeList):
         return EdgeBasis(self._dst, self._src, self._weights, (self._shape[1], self._shape[0]))
 
     def select(self, members: Sequence[int]) -> EdgeBasis:
-        index = list(members)
-        if not index:
-            raise ValueError("members must name at least one basis member")
+        index = _member_list(members)
         return EdgeBasis(self._src, self._dst, self._weights[:, index], self._shape)
 
     def to(self, device: Any = None, dtype: Any = None) -> EdgeBasis:

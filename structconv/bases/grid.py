@@ -35,7 +35,7 @@ import numpy as np
 from ..backend import Array, as_index, einsum, find, of, shape_str
 from ..backend.checks import check_array
 from ..backend.stencil import Geometry
-from .base import Basis, Cost, OwnOrder
+from .base import Basis, Cost, OwnOrder, _member_list
 from .grid_args import BOUNDARIES, Size, _check_boundary, _grid, _ints, _placement
 from .shift import flat_layout, gather_taps, gemm_then_shift, shift_then_gemm
 from .sparse import SparseBasis
@@ -245,14 +245,10 @@ class GridBasis(Basis):
             )
         return 1.0 / total
 
-    def _scaled(self, y: Array, axis_from_end: int = 2) -> Array:
-        """Multiply the output-entry axis (``-axis_from_end``) by the column scale."""
+    def _scaled(self, y: Array) -> Array:
+        """Multiply the output-entry axis (``-2``) by the column scale."""
         c = self.column_scale()
-        if c is None:
-            return y
-        shape = [1] * y.ndim
-        shape[y.ndim - axis_from_end] = self.N
-        return y * c.reshape(shape)
+        return y if c is None else y * c[:, None]
 
     # --- value operations ------------------------------------------------------------------
     def to_sparse(self) -> SparseBasis:
@@ -290,9 +286,7 @@ class GridBasis(Basis):
         return self.to_sparse().transpose()
 
     def select(self, members: Sequence[int]) -> GridBasis:
-        index = list(members)
-        if not index:
-            raise ValueError("members must name at least one basis member")
+        index = _member_list(members)
         geo = self.geometry
         if self.weights is None:
             offsets, weights = geo.offsets[index], None

@@ -8,13 +8,13 @@ product itself, through its matrix's hooks; the engine calls it, never the other
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..backend import Array, as_index, concatenate, device_of, einsum, namespace, of, x_theta
-from .base import Basis, Cost, OwnOrder
+from .base import Basis, Cost, OwnOrder, _member_list
 from .sparse import Derived, SparseBasis
 
 
@@ -94,13 +94,14 @@ class PolynomialBasis(Basis):
         r""":math:`S^\top v` for ``v`` of shape ``(B, N, C)``."""
         return self._matrix.apply_each(v)[:, 0]
 
-    def _forward(self, v: Array, upto: int) -> list[Array]:
-        """:math:`p_d(S)^\\top v` for d = 0..upto."""
+    def _forward(self, v: Array, upto: int, step: Callable[[Array], Array] | None = None) -> list[Array]:
+        """:math:`p_d(S)^\\top v` for d = 0..upto; the same recurrence with ``step`` in place of :math:`S^\\top`."""
+        step = step or self._step
         out = [v]
         if upto >= 1:
-            out.append(self._step(v))
+            out.append(step(v))
         for _ in range(2, upto + 1):
-            nxt = self._step(out[-1])
+            nxt = step(out[-1])
             out.append(2 * nxt - out[-2] if self._family == "chebyshev" else nxt)
         return out
 
@@ -196,10 +197,7 @@ class PolynomialBasis(Basis):
         S = self._matrix.to_dense()[0]
         lib = namespace(S)
         eye = lib.eye(S.shape[0], dtype=S.dtype, device=device_of(S))
-        mats = [eye, S]
-        for _ in range(2, max(self._degrees) + 1):
-            nxt = mats[-1] @ S
-            mats.append(2 * nxt - mats[-2] if self._family == "chebyshev" else nxt)
+        mats = self._forward(eye, max(self._degrees), lambda m: m @ S)  # p_d(S) itself
         return lib.stack([mats[d] for d in self._degrees])
 
     def transpose(self) -> PolynomialBasis:
@@ -207,9 +205,7 @@ class PolynomialBasis(Basis):
         return PolynomialBasis(self._matrix.transpose(), self._degrees, self._family)
 
     def select(self, members: Sequence[int]) -> PolynomialBasis:
-        if not list(members):
-            raise ValueError("members must name at least one basis member")
-        return PolynomialBasis(self._matrix, [self._degrees[k] for k in members], self._family)
+        return PolynomialBasis(self._matrix, [self._degrees[k] for k in _member_list(members)], self._family)
 
     def to(self, device: Any = None, dtype: Any = None) -> PolynomialBasis:
         return PolynomialBasis(self._matrix.to(device=device, dtype=dtype), self._degrees, self._family)

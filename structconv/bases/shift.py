@@ -34,21 +34,6 @@ from ..backend import Array, namespace, of
 from ..backend.stencil import Geometry
 
 
-def frame(xg: Array, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> Array:
-    """Pad the grid axes ``1..d`` of ``xg`` with zeros or wrapped entries.
-
-    Parameters
-    ----------
-    xg
-        ``(B, *grid, C)``.
-    lo, hi
-        Entries added before and after, per grid axis.
-    boundary
-        ``"zero"`` pads with zeros; ``"periodic"`` with the entries the grid wraps around to.
-    """
-    return of(xg).frame(xg, lo, hi, boundary)
-
-
 def _tap_slices(geo: Geometry, j: int, lo: tuple[int, ...]) -> tuple[slice, ...]:
     """Slices of the padded frame that tap ``j`` reads for every output."""
     out = []
@@ -58,7 +43,7 @@ def _tap_slices(geo: Geometry, j: int, lo: tuple[int, ...]) -> tuple[slice, ...]
     return tuple(out)
 
 
-def gather_taps(v: Array, geo: Geometry, *, layout: str = "bjnc", diagonal: bool = False) -> Array:
+def gather_taps(v: Array, geo: Geometry, *, diagonal: bool = False) -> Array:
     """Every tap of ``v``: the "A x first" side of the triangle (im2col).
 
     Entry ``[b, j, n, c]`` is ``v[b, m, c]`` for the input ``m`` read by tap ``j`` at output ``n``,
@@ -70,25 +55,19 @@ def gather_taps(v: Array, geo: Geometry, *, layout: str = "bjnc", diagonal: bool
         ``(B, M, C)``, or ``(B, J, M, C)`` with ``diagonal``.
     geo
         The geometry of the shift basis.
-    layout
-        ``"bjnc"`` for a ``(B, J, N, C)`` result, ``"bnjc"`` for ``(B, N, J, C)``.
     diagonal
         ``v`` holds one slice per tap, and tap ``j`` reads slice ``j`` only.
     """
     B, C = int(v.shape[0]), int(v.shape[-1])
     lo, hi = geo.reach
     lead = (B, geo.taps) if diagonal else (B,)
-    padded = frame(v.reshape((math.prod(lead), *geo.grid, C)), lo, hi, geo.boundary)
+    padded = of(v).frame(v.reshape((math.prod(lead), *geo.grid, C)), lo, hi, geo.boundary)
     padded = padded.reshape((*lead, *padded.shape[1:]))
     views = []
     for j in range(geo.taps):
         head: tuple[Any, ...] = (slice(None), j) if diagonal else (slice(None),)
         views.append(padded[head + _tap_slices(geo, j, lo)])
-    N = math.prod(geo.out_grid)
-    xp = namespace(v)
-    if layout == "bnjc":
-        return xp.stack(views, axis=1 + geo.ndim).reshape(B, N, geo.taps, C)
-    return xp.stack(views, axis=1).reshape(B, geo.taps, N, C)
+    return namespace(v).stack(views, axis=1).reshape(B, geo.taps, math.prod(geo.out_grid), C)
 
 
 @dataclass(frozen=True)
@@ -168,7 +147,7 @@ def flat_input(x: Array, geo: Geometry) -> tuple[Array, FlatLayout]:
     xg = x.reshape((B, *geo.grid, C))
     if wrap:
         lo, hi = geo.reach
-        xg = frame(xg, lo, hi, "periodic")
+        xg = of(x).frame(xg, lo, hi, "periodic")
     rows = layout.rows(B)
     total = layout.lead + rows + layout.tail
     inner = tuple(slice(0, g) for g in layout.grid)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..backend import Array, device_of, dtype_name, of, shape_str, x_theta
-from .base import Cost, OwnOrder
+from .base import Cost, OwnOrder, _member_list
 from .edges import EdgeBasis, OnEdgeList, cost_each_on_edges, cost_members_on_edges
 
 if TYPE_CHECKING:
@@ -257,9 +257,7 @@ class SoftmaxEdgeBasis(OnEdgeList):
         return self.edges().transpose()
 
     def select(self, members: Sequence[int]) -> SoftmaxEdgeBasis:
-        index = list(members)
-        if not index:
-            raise ValueError("members must name at least one basis member")
+        index = _member_list(members)
         mask = None if self._mask is None else self._mask[:, index]
         return SoftmaxEdgeBasis._of(self._src, self._dst, self._logits[:, index], self._shape, mask)
 
@@ -286,9 +284,6 @@ class SoftmaxEdgeBasis(OnEdgeList):
 
     def apply_members(self, s: Array, *, reduce: bool) -> Array:
         return self.edges().apply_members(s, reduce=reduce)
-
-    def apply_combined(self, x: Array, theta: Array) -> Array:
-        return self.edges().apply_combined(x, theta)
 
     def _softmax_cost(self, *, per_edge: bool) -> Cost:
         r"""The softmax's work: maximum, shift, exponential and totals; ``per_edge``: also each edge's weight.
@@ -378,7 +373,7 @@ class SoftmaxEdgeBasis(OnEdgeList):
         """The softmax without the per-edge weights, the messages (gathered, weighed, added), each target's division."""
         B, E, K, N, C = batch, int(self._logits.shape[0]), self.K, self.N, width
         dropped = Cost(float(E * K), float(E * K)) if self._mask is not None else Cost()
-        messages = Cost(0.0, float(2 * B * E * K * C + B * N * K * C), 2.0 * B * E * K * C)  # as EdgeBasis counts them
+        messages = cost_members_on_edges(E, K, N, B, C, reduce=False)  # gathered, weighed, added, as EdgeBasis
         divide = Cost(float(B * N * K * C), float(B * N * K * C))
         return self._softmax_cost(per_edge=False) + dropped + messages + divide
 

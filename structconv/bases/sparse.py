@@ -32,7 +32,7 @@ from ..backend import (
     sparse_matrix,
 )
 from ..backend.checks import check_finite, check_index_range, check_readable
-from .base import Basis, Cost
+from .base import Cost, _member_list, _PlacedByArray
 
 #: The most entries (dense positions) a basis may span: each entry's position is an int64.
 MAX_ENTRIES = 2**63 - 1
@@ -42,7 +42,7 @@ _COMBINED_FIXED = 1.0e6
 _COMBINED_PER_PAIR = 6000.0
 
 
-class SparseBasis(Basis):
+class SparseBasis(_PlacedByArray):
     """A basis stored as coordinates and values, of shape ``(K, M, N)`` or ``(B, K, M, N)``.
 
     Parameters
@@ -207,17 +207,8 @@ class SparseBasis(Basis):
     def shape(self) -> tuple[int, ...]:
         return self._shape
 
-    @property
-    def backend(self) -> str:
-        return of(self._values).name
-
-    @property
-    def dtype(self) -> Any:
-        return self._values.dtype
-
-    @property
-    def device(self) -> str:
-        return device_of(self._values)
+    def _placed(self) -> Array:
+        return self._values
 
     def plan_key(self) -> tuple[Any, ...]:
         return (type(self).__name__, self.shape, self.stored)
@@ -240,9 +231,7 @@ class SparseBasis(Basis):
         return SparseBasis(idx[order], self._values, shape)
 
     def select(self, members: Sequence[int]) -> SparseBasis:
-        members = list(members)
-        if not members:
-            raise ValueError("members must name at least one basis member")
+        members = _member_list(members)
         krow = self._indices.shape[0] - 3
         ks = self._indices[krow]
         parts_idx, parts_val = [], []

@@ -233,17 +233,13 @@ def _check_matrix(shape: tuple[int, ...], expect: tuple[int, int] | None, bipart
         if shape != expect:
             raise ValueError(f"the adjacency matrix must have shape {expect}, got {shape_str(shape)}")
         return
-    _square(shape, None if expect is None else expect[0])
-
-
-def _square(shape: tuple[int, ...], num_nodes: int | None) -> None:
     if len(shape) != 2 or shape[0] != shape[1]:
         raise ValueError(
             f"an adjacency matrix must be square (N, N), got shape {shape_str(shape)} "
             "(an edge_index (2, E) must hold integers)"
         )
-    if num_nodes is not None and num_nodes != shape[0]:
-        raise ValueError(f"num_nodes={num_nodes} but the adjacency matrix has {shape[0]} rows")
+    if expect is not None and expect[0] != shape[0]:
+        raise ValueError(f"num_nodes={expect[0]} but the adjacency matrix has {shape[0]} rows")
 
 
 #: An inferred node count is accepted up to this many nodes, or :data:`_NODES_PER_EDGE` per edge.

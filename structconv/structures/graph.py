@@ -50,12 +50,6 @@ KINDS = ("adjacency", "gcn", "powers", "chebyshev", "diffusion", "relational")
 
 
 # --- the builders --------------------------------------------------------------------------------------
-def _check_K(K: Any, minimum: int) -> int:
-    if isinstance(K, bool) or not isinstance(K, int | np.integer) or minimum > K:
-        raise ValueError(f"K must be an integer >= {minimum}, got {K!r}")
-    return int(K)
-
-
 def gcn_edges(
     edges: Edges, *, matrix: bool, weighted: bool, improved: bool, add_self_loops: bool, normalize: bool
 ) -> Edges:
@@ -248,12 +242,15 @@ def graph_basis(
         )  # fmt: skip
         return again.to(device_of(like))
     edges = as_edges(graph, num_nodes, edge_weight, like=like)
+    if kind in ("powers", "diffusion", "chebyshev"):
+        if isinstance(K, bool) or not isinstance(K, int | np.integer) or K < 1:
+            raise ValueError(f"K must be an integer >= 1, got {K!r}")
+        K = int(K)
     if kind == "adjacency":
         return edges.to_basis()
     if kind == "gcn":
         return gcn_normalize(edges).to_basis()
     if kind == "powers":
-        K = _check_K(K, 1)
         if normalization == "sym":
             edges = gcn_normalize(edges, add_self_loops=False)
         elif normalization != "none":
@@ -262,12 +259,10 @@ def graph_basis(
     if kind == "diffusion":
         from ..bases.composite import ConcatBasis
 
-        K = _check_K(K, 1)
         forward = PolynomialBasis(walk_normalize(edges, "forward").to_basis(), range(K + 1), "powers")
         backward = PolynomialBasis(walk_normalize(edges, "backward").to_basis(), range(1, K + 1), "powers")
         return ConcatBasis([forward, backward])
     if kind == "chebyshev":
-        K = _check_K(K, 1)
         laplacian, _ = scaled_laplacian(edges, normalization, lambda_max=lambda_max)
         return PolynomialBasis(laplacian.to_basis(), range(K), "chebyshev")
     return relational_basis(edges, edge_type, num_relations, walks)

@@ -17,8 +17,6 @@ import numpy as np
 
 from ..backend import Array, device_of, dtype_name, of
 from ..backend.checks import check_array
-
-# BOUNDARIES and _grid are read from here by other builders (positional attention, theory).
 from ..bases.grid import BOUNDARIES, GridBasis, Size, _check_boundary, _grid, _ints, _placement
 
 __all__ = [

@@ -23,15 +23,12 @@ def _take(a: Array, index: Array) -> Array:
     return of(a).take(a, index, 0)
 
 
-def _nodes(edges: Edges) -> Array:
-    """``0, 1, ..., N-1`` as indices beside the edges."""
-    return namespace(edges.src).arange(edges.num_nodes, dtype=edges.src.dtype, device=device_of(edges.src))
-
-
-def _loops(edges: Edges, fill: float) -> Array:
-    """A weight ``fill`` for every node, beside the edge weights."""
-    w = edges.weight
-    return namespace(w).full((edges.num_nodes,), fill, dtype=w.dtype, device=device_of(w))
+def _with_loops(edges: Edges, weight: Array, loops: Array) -> Edges:
+    """The edges with ``weight``, then one loop per node with ``loops`` ``(N,)`` (nodes in order)."""
+    nodes = namespace(edges.src).arange(edges.num_nodes, dtype=edges.src.dtype, device=device_of(edges.src))
+    return edges.with_edges(
+        concatenate([edges.src, nodes], 0), concatenate([edges.dst, nodes], 0), concatenate([weight, loops], 0)
+    )
 
 
 def _check_readable(edges: Edges, what: str) -> None:
@@ -120,12 +117,8 @@ def add_self_loops(edges: Edges, *, fill: float = 1.0) -> Edges:
     Edges
         The edges, then one loop per node (nodes in order).
     """
-    nodes = _nodes(edges)
-    return edges.with_edges(
-        concatenate([edges.src, nodes], 0),
-        concatenate([edges.dst, nodes], 0),
-        concatenate([edges.weight, _loops(edges, fill)], 0),
-    )
+    w = edges.weight
+    return _with_loops(edges, w, namespace(w).full((edges.num_nodes,), fill, dtype=w.dtype, device=device_of(w)))
 
 
 def remove_self_loops(edges: Edges) -> Edges:
@@ -265,10 +258,7 @@ def laplacian(edges: Edges, normalization: str | None = "sym") -> Edges:
         diag = namespace(edges.weight).ones_like(deg)
     else:
         off, diag = -edges.weight, deg
-    nodes = _nodes(edges)
-    return edges.with_edges(
-        concatenate([edges.src, nodes], 0), concatenate([edges.dst, nodes], 0), concatenate([off, diag], 0)
-    )
+    return _with_loops(edges, off, diag)
 
 
 def scaled_laplacian(

@@ -12,8 +12,6 @@ r"""The framework's propositions as functions (Andreoli, §1.1–1.2).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ..backend import Array, einsum, namespace, of, shape_str, to_numpy
@@ -195,13 +193,10 @@ def _sparse_product(b1: SparseBasis, b2: SparseBasis) -> SparseBasis:
     b = rows // (K1 * M)
     k = ((rows // M) % K1) * K2 + (cols // N) % K2
     m, n = rows % M, cols % N
+    stack = namespace(values).stack
     if b1.batch is None:
-        return SparseBasis(_stack([k, m, n], values), values, (K1 * K2, M, N))
-    return SparseBasis(_stack([b, k, m, n], values), values, (B, K1 * K2, M, N))
-
-
-def _stack(rows: list[Any], like: Array) -> Array:
-    return namespace(like).stack(rows)
+        return SparseBasis(stack([k, m, n]), values, (K1 * K2, M, N))
+    return SparseBasis(stack([b, k, m, n]), values, (B, K1 * K2, M, N))
 
 
 __all__ = ["combine", "compose", "decompose"]

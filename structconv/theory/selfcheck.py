@@ -86,19 +86,10 @@ def _cases(rng: np.random.Generator, count: int) -> Iterator[dict[str, Any]]:
         }
 
 
-def _named(name: str) -> Backend:
-    """The backend registered as ``name`` (:data:`structconv.backend.REGISTRY`)."""
-    backend: Backend = importlib.import_module(REGISTRY[name][1]).BACKEND
-    return backend
-
-
 def _on(name: str) -> Callable[[np.ndarray], Any]:
-    """The conversion of NumPy test data to backend ``name``."""
-    return _named(name).from_numpy
-
-
-def _max_over(cases: list[dict[str, Any]], fn: Callable[[dict[str, Any]], float]) -> float:
-    return max(fn(c) for c in cases)
+    """The conversion of NumPy test data to the backend registered as ``name`` (:data:`structconv.backend.REGISTRY`)."""
+    backend: Backend = importlib.import_module(REGISTRY[name][1]).BACKEND
+    return backend.from_numpy
 
 
 def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("numpy", "torch")) -> list[CheckResult]:
@@ -129,7 +120,7 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
         rhs_t = a * conv(basis, c["x"], c["theta"]) + b * conv(basis, c["x"], t2)
         return max(_rel_error(lhs_x, rhs_x), _rel_error(lhs_t, rhs_t))
 
-    results.append(CheckResult("linearity in x and in theta", cases, _max_over(data, linearity), tol))
+    results.append(CheckResult("linearity in x and in theta", cases, max(map(linearity, data)), tol))
 
     def agree(c: dict[str, Any], name: str) -> float:
         ys = [
@@ -147,7 +138,7 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
         xt = rng.normal(size=(c["x"].shape[0], A.shape[-1], c["x"].shape[2]))
         return _rel_error(conv(SparseBasis.from_dense(A).T, xt, c["theta"]), dense_reference(At, xt, c["theta"]))
 
-    results.append(CheckResult("transpose swaps inputs and outputs", cases, _max_over(data, transpose), tol))
+    results.append(CheckResult("transpose swaps inputs and outputs", cases, max(map(transpose, data)), tol))
 
     def factorised(c: dict[str, Any]) -> float:
         K, P, Q = c["theta"].shape
@@ -171,7 +162,7 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
             )
         return max(errs)
 
-    results.append(CheckResult("separable / low-rank factors kept", cases, _max_over(data, factorised), tol))
+    results.append(CheckResult("separable / low-rank factors kept", cases, max(map(factorised, data)), tol))
 
     def prop1(_: dict[str, Any]) -> float:
         M, N, P, Q = (int(v) for v in rng.integers(1, 4, size=4))
@@ -180,7 +171,7 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
         theta = decompose(A, phi)
         return max(_rel_error(combine(A, theta), phi), _rel_error(decompose(A, combine(A, theta)), theta))
 
-    results.append(CheckResult("Prop. 1: decompose(combine) round trip", cases, _max_over(data, prop1), 1e-8))
+    results.append(CheckResult("Prop. 1: decompose(combine) round trip", cases, max(map(prop1, data)), 1e-8))
 
     def prop3(c: dict[str, Any]) -> float:
         A1 = c["A"] if c["A"].ndim == 3 else c["A"][0]
@@ -196,7 +187,7 @@ def run_checks(seed: int = 0, cases: int = 12, backends: tuple[str, ...] = ("num
             errs.append(_rel_error(conv(basis, x, theta), expected))
         return max(errs)
 
-    results.append(CheckResult("Prop. 3: compose = sequence", cases, _max_over(data, prop3), tol))
+    results.append(CheckResult("Prop. 3: compose = sequence", cases, max(map(prop3, data)), tol))
 
     results.extend(_grid_checks(rng, cases, backends))
     results.extend(_graph_checks(rng, cases, backends))
@@ -310,7 +301,7 @@ def _grid_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...]
                 dense = basis(c, None).to_dense()
                 return _rel_error(y, dense_reference(dense, c["x"], c["theta"]))
 
-            out.append(CheckResult(f"grid conv = einsum [{backend}, {order}]", count, _max_over(cases, err), tol))
+            out.append(CheckResult(f"grid conv = einsum [{backend}, {order}]", count, max(map(err, cases)), tol))
     for name in backends:  # comparisons with a backend's own convolution
         out.extend(check(cases, basis) for check in _GRID_REFERENCES.get(name, ()))
 
@@ -326,7 +317,7 @@ def _grid_checks(rng: np.random.Generator, count: int, backends: tuple[str, ...]
 
         return _rel_error(conv(A, roll(c["x"]), c["theta"]), roll(conv(A, c["x"], c["theta"])))
 
-    out.append(CheckResult("periodic grid conv is shift-equivariant", count, _max_over(cases, equivariance), tol))
+    out.append(CheckResult("periodic grid conv is shift-equivariant", count, max(map(equivariance, cases)), tol))
     return out
 
 
@@ -350,7 +341,7 @@ def _against_conv2d(cases: list[dict[str, Any]], basis: Callable[[dict[str, Any]
         y = conv(basis(c, x), x, theta)
         return _rel_error(y, ref.flatten(2).transpose(1, 2))
 
-    return CheckResult("grid conv = F.conv2d (zero / circular padding)", len(cases), _max_over(cases, err), 1e-10)
+    return CheckResult("grid conv = F.conv2d (zero / circular padding)", len(cases), max(map(err, cases)), 1e-10)
 
 
 def _gradcheck(cases: list[dict[str, Any]]) -> CheckResult:

@@ -152,10 +152,7 @@ class Contraction:
             return self._autocast_run(x, theta, bias, basis)
         if not placed_as_compiled:
             return self._general(b, x, theta, bias)  # operands converted, or refused, by conv's rules
-        prm = self._param(self._operands(theta))
-        if bias is not None and (bias.shape != self._bias_shape or bias.dtype != self._dtype):
-            raise self._bias_mismatch(bias)
-        return self._run(b, x, prm, bias)
+        return self._run_keyed(x, self._operands(theta), bias, basis)
 
     def _bias_mismatch(self, bias: Array) -> ValueError:
         return ValueError(

@@ -44,6 +44,11 @@ _CONV: dict[int, Callable[..., torch.Tensor]] = {1: F.conv1d, 2: F.conv2d, 3: _c
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
+def _pad_widths(lo: tuple[int, ...], hi: tuple[int, ...]) -> list[int]:
+    """``lo``/``hi`` per axis as ``F.pad`` lists them: the last axis first."""
+    return [w for i in reversed(range(len(lo))) for w in (lo[i], hi[i])]
+
+
 def frame(xg: torch.Tensor, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> torch.Tensor:
     """Pad the grid axes ``1..d`` of ``xg`` (``(B, *grid, C)``) with zeros or, if periodic, wrapped entries.
 
@@ -52,19 +57,15 @@ def frame(xg: torch.Tensor, lo: tuple[int, ...], hi: tuple[int, ...], boundary: 
     xg, lo, hi, boundary
         As for :meth:`structconv.backend.interface.Backend.frame`.
     """
-    d = len(lo)
     if not any(lo) and not any(hi):
         return xg
     if boundary == "periodic":
-        for i in range(d):
+        for i in range(len(lo)):
             size = int(xg.shape[1 + i])
             idx = torch.arange(-lo[i], size + hi[i], device=xg.device) % size
             xg = xg.index_select(1 + i, idx)
         return xg
-    pads: list[int] = [0, 0]  # F.pad lists the last axis first: the channel axis is not padded
-    for i in reversed(range(d)):
-        pads += [lo[i], hi[i]]
-    return F.pad(xg, pads)
+    return F.pad(xg, [0, 0, *_pad_widths(lo, hi)])  # the channel axis, last, is not padded
 
 
 class ShiftGemm(torch.autograd.Function):
@@ -165,10 +166,7 @@ def window_image(x: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, tuple[in
     if w.crop is not None:
         x = x[(slice(None), slice(None), *w.crop)]
     if any(w.frame_lo) or any(w.frame_hi):
-        pads: list[int] = []
-        for i in reversed(range(geo.ndim)):
-            pads += [w.frame_lo[i], w.frame_hi[i]]
-        x = F.pad(x, pads)
+        x = F.pad(x, _pad_widths(w.frame_lo, w.frame_hi))
     return x, w.padding
 
 

@@ -106,9 +106,6 @@ class TorchBackend(Backend):
     def sparse_matrix(self, rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> Any:
         return SparseMatrix(rows, cols, values, shape)
 
-    def scatter_add(self, values: Array, index: Array, size: int) -> Array:
-        return values.new_zeros((size, *values.shape[1:])).index_add(0, index, values)
-
     # --- core/engine -----------------------------------------------------------------------------
     def from_numpy(self, a: np.ndarray) -> Array:
         return torch.from_numpy(a)
@@ -119,8 +116,7 @@ class TorchBackend(Backend):
         L, J, R = shapes
         lhs = torch.sparse_coo_tensor(torch.stack(left[:2]), left[2], (L, J), check_invariants=False).coalesce()
         rhs = torch.sparse_coo_tensor(torch.stack(right[:2]), right[2], (J, R), check_invariants=False).coalesce()
-        with warnings.catch_warnings():  # torch's note that sparse support is in beta
-            warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings(action="ignore", category=UserWarning):  # torch's note: sparse is beta
             prod = torch.sparse.mm(lhs, rhs).coalesce()
         rows, cols = prod.indices()
         return rows, cols, prod.values().clone()  # a view of a sparse base breaks torch.compile
@@ -226,8 +222,7 @@ class TorchBackend(Backend):
         eye = torch.sparse_coo_tensor(torch.stack([nodes, nodes]), ones, (size, size), check_invariants=True)
         mats = [eye.coalesce(), matrix]
         for _ in range(2, max(degrees) + 1):
-            with warnings.catch_warnings():  # torch's note that sparse support is in beta
-                warnings.simplefilter("ignore", UserWarning)
+            with warnings.catch_warnings(action="ignore", category=UserWarning):  # torch's note: sparse is beta
                 nxt = torch.sparse.mm(mats[-1], matrix)
             mats.append((2 * nxt - mats[-2]).coalesce() if family == "chebyshev" else nxt.coalesce())
         out = []
@@ -348,8 +343,7 @@ class SparseMatrix:
             gathered = dense.index_select(0, self.cols) * self.values[:, None]
             return dense.new_zeros((self.shape[0], dense.shape[1])).index_add(0, self.rows, gathered)
         if not dense.requires_grad:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
+            with warnings.catch_warnings(action="ignore", category=UserWarning):
                 return self.csr() @ dense
         return _CsrProduct.apply(self, dense)  # type: ignore[no-untyped-call]
 
@@ -363,8 +357,7 @@ def _csr_from_coordinates(rows: Any, cols: Any, values: Any, shape: tuple[int, i
         # index_select, not ``cols[order]``: advanced indexing costs about 4x more on a graph of
         # Cora's size (and enters a parallel region, slow on a loaded machine).
         cols, values = cols.index_select(0, order), values.index_select(0, order)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings(action="ignore", category=UserWarning):
         return torch.sparse_csr_tensor(crow, cols, values, shape, check_invariants=False)
 
 
@@ -389,8 +382,7 @@ class _CsrProduct(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, matrix: SparseMatrix, dense: Any) -> Any:
         ctx.matrix, ctx.dtype = matrix, dense.dtype
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings(action="ignore", category=UserWarning):
             return matrix.csr() @ dense
 
     @staticmethod
@@ -398,8 +390,7 @@ class _CsrProduct(torch.autograd.Function):
         # A backward run inside torch.autocast may hand a low-precision gradient; torch has no
         # bf16 sparse product on every device, so it runs in the matrix's dtype.
         csr_t = ctx.matrix.csr_t()
-        with warnings.catch_warnings(), autocast_off(grad.device.type):
-            warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings(action="ignore", category=UserWarning), autocast_off(grad.device.type):
             return None, (csr_t @ grad.to(csr_t.dtype)).to(ctx.dtype)
 
 

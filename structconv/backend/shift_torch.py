@@ -3,14 +3,8 @@ r"""The torch shift kernels: framing, fused autograd functions and the native co
 Part of the torch backend (:class:`~structconv.backend.torch.TorchBackend` forwards its grid
 methods here; ``structconv.nn``'s grid layers call :func:`conv_image` directly), so it is
 imported only once a torch tensor is seen and the NumPy path never imports torch.
-
-:class:`ShiftGemm` and :class:`ShiftAdd` have hand-written backward passes because autograd's
-own backward of a row slice allocates a zero tensor the size of the whole input for every tap
-(:math:`J` full-size allocations); here every tap's gradient is accumulated in place into one
-buffer.  The backward passes are written in differentiable torch operations (slices, ``addmm``,
-``stack``), so autograd records them when asked for a graph (``create_graph=True``): double
-backward (gradient penalties, ``gradgradcheck``) is exact through every order.  A first-order
-backward runs with grad mode off and records nothing.
+:class:`ShiftGemm` and :class:`ShiftAdd` have backward passes of their own, differentiable as
+written (``docs/internals.rst``, grid convolution).
 """
 
 from __future__ import annotations

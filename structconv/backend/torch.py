@@ -122,16 +122,13 @@ class TorchBackend(Backend):
         return rows, cols, prod.values().clone()  # a view of a sparse base breaks torch.compile
 
     def dense_gemms(self, order: str, a: Array, x: Array, theta: Array) -> Array | None:
-        r"""Plain GEMMs over the whole batch, nothing broadcast against it.
+        r"""Plain GEMMs over the whole batch, nothing broadcast against it (``docs/internals.rst``).
 
-        The batch is moved next to the channels once (``x`` as :math:`(M, B P)`, a copy of the
-        input only).  ``"ax"``: :math:`R_k = A_k^\top x` for all members in one batched GEMM,
-        then the :math:`K`-fold intermediate as :math:`(N B, K P)` times :math:`\Theta` as
-        :math:`(K P, Q)` in one GEMM.  ``"xtheta"``: :math:`S_k = x\,\Theta_k` in one batched
-        GEMM, then :math:`y = [A_1; \dots; A_K]^\top [S_1; \dots; S_K]` in one GEMM over
-        :math:`(k, m)`.  One GEMM per member instead (accumulated in place) is slower: many small
-        products and per-member gradient copies.  The result is the
-        ``(B, N, Q)`` view of an ``(N, B, Q)`` array.  A per-instance basis runs
+        The batch is moved next to the channels once (``x`` as :math:`(M, B P)`).  ``"ax"``:
+        :math:`R_k = A_k^\top x` in one batched GEMM, then :math:`(N B, K P)` times
+        :math:`\Theta` as :math:`(K P, Q)`.  ``"xtheta"``: :math:`S_k = x\,\Theta_k` in one
+        batched GEMM, then :math:`y = [A_1; \dots; A_K]^\top [S_1; \dots; S_K]` in one GEMM.  The
+        result is the ``(B, N, Q)`` view of an ``(N, B, Q)`` array.  A per-instance basis runs
         :func:`_instance_gemms` (x·Θ first only).
         """
         if order not in ("ax", "xtheta"):
@@ -297,17 +294,10 @@ class TorchBackend(Backend):
 
 
 class SparseMatrix:
-    """A 2-D sparse matrix for ``S @ dense``, from (possibly repeated) coordinates.
+    """A 2-D sparse matrix for ``S @ dense``, from (possibly repeated) coordinates, which add up.
 
-    Two kernels, picked per call:
-
-    * gather-scatter (``index_select``, scale, ``index_add``) whenever the values require grad:
-      their gradient then costs one product (torch's CSR backward for the values is far slower);
-    * otherwise CSR, built once per matrix by a counting sort of the rows (a radix sort on the
-      CPU, so building is cheaper than one gather-scatter), with the transposed CSR built on the
-      first backward pass.
-
-    Repeated coordinates add up in every kernel.
+    Gather-scatter when the values require grad, else CSR built once, its transpose on the first
+    backward pass (the choice: ``docs/internals.rst``, the torch backend).
     """
 
     __slots__ = ("_csr", "_csr_t", "cols", "rows", "shape", "values")
@@ -364,10 +354,8 @@ def _csr_from_coordinates(rows: Any, cols: Any, values: Any, shape: tuple[int, i
 def _stable_order(rows: np.ndarray, size: int) -> Any:
     """The stable sorting permutation of ``rows`` (< ``size``) as a tensor, or ``None`` if they are sorted already.
 
-    Counting the descents first (one pass) picks the cheaper sort: rows already sorted need
-    none (a graph read in target order); a few sorted runs (edges sorted by target, then the
-    self-loops appended) are merged by NumPy's stable sort (timsort) in about a third of the time
-    of a radix sort at Cora's size; anything else takes the radix sort, linear for 16-bit keys.
+    By the number of descents: none, NumPy's timsort for a few, else a radix sort of 16-bit keys
+    (the measurement: ``docs/internals.rst``, the torch backend).
     """
     descents = int(np.count_nonzero(rows[1:] < rows[:-1]))
     if descents == 0:
@@ -404,14 +392,10 @@ def _attention_math(q: Any, k: Any, v: Any, allowed: Any, scale: float) -> Any:
 
 
 class _TwiceDifferentiableSDPA(torch.autograd.Function):
-    """``scaled_dot_product_attention`` whose gradient can be differentiated again.
+    """``scaled_dot_product_attention`` whose gradient can be differentiated again (``docs/internals.rst``).
 
-    torch's fused kernels (flash attention on CPU and GPU) have a backward that is not itself
-    differentiable, so ``create_graph=True`` (``gradgradcheck``, gradient penalties, Hessian-vector
-    products) would stop with "derivative for ..._backward is not implemented".  The forward keeps
-    the fused kernel's own graph; a first-order backward uses it (the fused backward, no
-    recomputation); a backward under ``create_graph=True`` recomputes the attention from
-    differentiable operations instead, so its gradient is differentiable again.
+    A first-order backward is the fused kernel's own; under ``create_graph=True`` the attention is
+    recomputed from differentiable operations.
     """
 
     @staticmethod
@@ -457,18 +441,13 @@ class _BiasedAttention(torch.autograd.Function):
     r"""``scaled_dot_product_attention`` with additive scores :math:`\beta`, whose gradient reaches :math:`\beta`.
 
     For ``(B, H, L, D)`` queries and keys, ``(B, H, S, R)`` values and a finite
-    ``(1 or B, 1 or H, L, S)`` bias.  The forward runs torch's fused kernel with :math:`\beta`
-    taken as a constant (a mask that requires grad sends torch to its math kernel, which stores
-    every score and weight).  The backward recomputes, a few instances at a time
-    (:data:`CHUNK_ENTRIES` scores), the weights
-    :math:`P = \mathrm{softmax}(\mathrm{scale}\,qk^\top + \beta)` and
-    :math:`dS = P\odot(dP - \mathrm{rowsum}(P\odot dP))` with :math:`dP = g v^\top`, from which
+    ``(1 or B, 1 or H, L, S)`` bias.  The forward is torch's fused kernel, :math:`\beta` a
+    constant there; the backward recomputes :data:`CHUNK_ENTRIES` scores at a time (in float32
+    for 16-bit inputs) :math:`P = \mathrm{softmax}(\mathrm{scale}\,qk^\top + \beta)`,
+    :math:`dS = P\odot(dP - \mathrm{rowsum}(P\odot dP))` with :math:`dP = g v^\top`, then
     :math:`dq = \mathrm{scale}\,dS\,k`, :math:`dk = \mathrm{scale}\,dS^\top q`,
-    :math:`dv = P^\top g` and :math:`d\beta = dS` summed over its broadcast axes: five products,
-    as in a fused backward, written into the gradients in place, and never more than one chunk of
-    scores in memory.  Under ``create_graph=True`` the backward recomputes the attention from
-    differentiable operations instead, so its result can be differentiated again.  16-bit inputs
-    are recomputed in float32.
+    :math:`dv = P^\top g` and :math:`d\beta = dS` summed over its broadcast axes; under
+    ``create_graph=True`` it recomputes from differentiable operations (``docs/internals.rst``).
     """
 
     @staticmethod
@@ -533,12 +512,8 @@ def _instance_gemms(a: Array, x: Array, theta: Array) -> Array:
 
     :math:`S_b = x_b [\Theta_1 \cdots \Theta_K]` is one GEMM over the whole batch, laid out as
     :math:`(B, M K, Q)`; then :math:`y_b = A_b'^\top S_b` is one batched GEMM, with
-    :math:`A'_b` the basis of instance :math:`b` read as :math:`(M K, N)`.  That reading is a view
-    when the basis is stored in ``(B, M, K, N)`` memory order (as
-    :class:`~structconv.nn.PositionalAttention` builds its dropped-out heads) and one copy of the
-    basis otherwise, where opt_einsum's ``tensordot`` path permutes both the basis and the
-    :math:`K`-fold intermediate.  (For ``"ax"`` a per-head batched GEMM was slower than
-    opt_einsum, so that order keeps the einsum path.)
+    :math:`A'_b` the basis of instance :math:`b` read as :math:`(M K, N)`: a view when it is
+    stored in ``(B, M, K, N)`` memory order, else one copy (``docs/internals.rst``).
     """
     B, K, M, N = (int(s) for s in a.shape)
     P, Q = int(theta.shape[1]), int(theta.shape[2])

@@ -391,6 +391,12 @@ def _attention_math(q: Any, k: Any, v: Any, allowed: Any, scale: float) -> Any:
     return scores.softmax(-1) @ v
 
 
+def _wanted_grads(out: Any, inputs: tuple[Any, ...], wanted: tuple[bool, ...], grad: Any, **kwargs: Any) -> Any:
+    """The gradients of ``out`` (weighted by ``grad``) for the ``inputs`` ``wanted``, ``None`` for the others."""
+    found = iter(torch.autograd.grad(out, [t for t, w in zip(inputs, wanted, strict=True) if w], grad, **kwargs))
+    return tuple(next(found) if w else None for w in wanted)
+
+
 class _TwiceDifferentiableSDPA(torch.autograd.Function):
     """``scaled_dot_product_attention`` whose gradient can be differentiated again (``docs/internals.rst``).
 
@@ -416,14 +422,10 @@ class _TwiceDifferentiableSDPA(torch.autograd.Function):
             q, k, v = ctx.saved_tensors
             with torch.enable_grad():
                 out = _attention_math(q, k, v, ctx.allowed, ctx.scale)
-                inputs = [t for t, w in zip((q, k, v), wanted, strict=True) if w]
-                found = iter(torch.autograd.grad(out, inputs, grad, create_graph=torch.is_grad_enabled()))
-        else:
-            inputs = [t for t, w in zip(ctx.inner, wanted, strict=True) if w]
-            # retained: a repeated backward (retain_graph=True) gives the same gradient; the fused
-            # graph holds only what the output does, plus the kernel's row statistics
-            found = iter(torch.autograd.grad(ctx.out, inputs, grad, retain_graph=True))
-        return (*(next(found) if w else None for w in wanted), None, None)
+                return (*_wanted_grads(out, (q, k, v), wanted, grad, create_graph=True), None, None)
+        # retained: a repeated backward (retain_graph=True) gives the same gradient; the fused
+        # graph holds only what the output does, plus the kernel's row statistics
+        return (*_wanted_grads(ctx.out, tuple(ctx.inner), wanted, grad, retain_graph=True), None, None)
 
 
 #: Scores recomputed at a time by the backward of :class:`_BiasedAttention` (4 MiB in float32 each):
@@ -464,11 +466,8 @@ class _BiasedAttention(torch.autograd.Function):
         scale, wanted = ctx.scale, ctx.needs_input_grad[:4]
         if torch.is_grad_enabled():  # create_graph=True: a gradient that can be differentiated again
             with torch.enable_grad():
-                scores = (q @ k.transpose(-1, -2)) * scale + bias
-                out = scores.softmax(-1) @ v
-                inputs = [t for t, w in zip((q, k, v, bias), wanted, strict=True) if w]
-                found = iter(torch.autograd.grad(out, inputs, grad, create_graph=True))
-            return (*(next(found) if w else None for w in wanted), None)
+                out = ((q @ k.transpose(-1, -2)) * scale + bias).softmax(-1) @ v
+                return (*_wanted_grads(out, (q, k, v, bias), wanted, grad, create_graph=True), None)
         wide = torch.promote_types(q.dtype, torch.float32)
         B, H, L, S = int(q.shape[0]), int(q.shape[1]), int(q.shape[2]), int(k.shape[2])
         D, R = int(q.shape[3]), int(v.shape[3])

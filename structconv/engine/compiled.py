@@ -154,12 +154,6 @@ class Contraction:
             return self._general(b, x, theta, bias)  # operands converted, or refused, by conv's rules
         return self._run_keyed(x, self._operands(theta), bias, basis)
 
-    def _bias_mismatch(self, bias: Array) -> ValueError:
-        return ValueError(
-            f"bias must have shape {shape_str(self._bias_shape)} and dtype {self._dtype}, got "
-            f"{shape_str(tuple(bias.shape))} and {bias.dtype}"
-        )
-
     def run_keyed(self, x: Array, theta: Theta, bias: Array | None = None, basis: Basis | None = None) -> Array:
         """The call for a caller that keys its contractions by what the call would compare.
 
@@ -181,7 +175,10 @@ class Contraction:
     def _run_keyed(self, x: Array, ops: tuple[Array, ...], bias: Array | None, basis: Basis | None) -> Array:
         prm = self._param(ops)  # shape, dtype and device: a weight changed in place is caught too
         if bias is not None and (bias.shape != self._bias_shape or bias.dtype != self._dtype):
-            raise self._bias_mismatch(bias)
+            raise ValueError(
+                f"bias must have shape {shape_str(self._bias_shape)} and dtype {self._dtype}, got "
+                f"{shape_str(tuple(bias.shape))} and {bias.dtype}"
+            )
         bound = self._bound
         if bound is not None and basis is None:
             return bound(x, prm, bias)

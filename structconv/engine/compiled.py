@@ -215,8 +215,10 @@ class Contraction:
             raise TypeError(f"x has dtype {x.dtype} but the contraction was compiled for {self._dtype}")
         if self.plan.requested != "auto":
             _check_memory(self.plan, x3)
-        if bias is not None:
-            prepare_bias(bias, x, self._bias_shape)
+        if bias is not None and tuple(int(s) for s in bias.shape) != self._bias_shape:
+            raise ValueError(f"bias must have shape {shape_str(self._bias_shape)}, got {shape_str(tuple(bias.shape))}")
+        if bias is not None and device_of(bias) != device_of(x):
+            raise ValueError(f"bias is on {device_of(bias)} but x is on {device_of(x)}")
         self._device = x.device
         self._backend = of(x)
         if self._casts is not None:
@@ -337,13 +339,6 @@ class Contraction:
             f"Contraction({self.basis!r}, x={shape_str(self._x_shape)}, theta={self._kind.name} "
             f"{', '.join(shape_str(s) for s in self._operand_shapes)}, order={self.order!r}, layout={self.layout!r})"
         )
-
-
-def prepare_bias(bias: Array, x: Array, shape: Shape) -> None:
-    if tuple(int(s) for s in bias.shape) != shape:
-        raise ValueError(f"bias must have shape {shape_str(shape)}, got {shape_str(tuple(bias.shape))}")
-    if device_of(bias) != device_of(x):
-        raise ValueError(f"bias is on {device_of(bias)} but x is on {device_of(x)}")
 
 
 def contraction(

@@ -334,11 +334,6 @@ def dense_equation(batched: bool, kind: Kind) -> str:
     return f"{'bkmn' if batched else 'kmn'},bmp,{kind.subscripts}->bnq"
 
 
-def _path_cost(eq: str, shapes: tuple[Shape, ...], path: Path) -> Cost:
-    _, flops, memory = einsum_path(eq, shapes, path)
-    return Cost(flops, memory)
-
-
 class DenseOrder(Order):
     """An order for a dense basis: opt_einsum along the kind's explicit path, costed by its ``PathInfo``."""
 
@@ -352,7 +347,8 @@ class DenseOrder(Order):
 
     def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
         shapes = (basis.shape, (batch, basis.M, prm.P)) + tuple(tuple(int(s) for s in op.shape) for op in prm.operands)
-        return _path_cost(self.equation, shapes, self.path) + self.kind.dense_copies(self.name, basis, batch, prm)
+        _, flops, memory = einsum_path(self.equation, shapes, self.path)
+        return Cost(flops, memory) + self.kind.dense_copies(self.name, basis, batch, prm)
 
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
         a = basis.to_dense()

@@ -183,9 +183,9 @@ class Kernels(ABC):
             As for :meth:`shift_gemm`.
         """
 
-    @abstractmethod
     def native_stencil_ndim(self) -> int:
-        """The most grid dimensions a native convolution of this backend takes (0: none)."""
+        """The most grid dimensions a native convolution of this backend takes (0, the default: none)."""
+        return 0
 
     def native_stencil(self, x: Array, thetas: Array, geo: Geometry) -> Array:
         """A shift basis with one ``(P, Q)`` map per tap as one native convolution: ``(B, M, P) -> (B, N, Q)``.

@@ -122,9 +122,6 @@ class NumpyBackend(Backend):
             y += s[shifts[j] : shifts[j] + rows, j]
         return y
 
-    def native_stencil_ndim(self) -> int:
-        return 0  # NumPy has no convolution kernels; the slicing kernels run instead
-
     # --- structures: graph ---------------------------------------------------------------------
     def default_float(self) -> Any:
         return np.float64

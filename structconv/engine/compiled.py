@@ -232,24 +232,18 @@ class Contraction:
         return ops
 
     def _param(self, ops: tuple[Array, ...]) -> Param:
-        kind = self._kind
-        if len(ops) == 1:
-            op = ops[0]
-            if op.shape != self._operand_shapes[0] or op.dtype != self._dtype or op.device != self._device:
-                raise self._theta_mismatch(op)
-            if self._casts is None or self._backend.traced():
-                # A twin's operands are new casts every call; traced, keeping one would be a side
-                # effect replayed after every compiled call.
-                return Param(kind, (op,), *self._full, self._rank)
-            last = self._last
-            if last is not None and last.operands[0] is op:  # a layer's parameter: the same tensor every call
-                return last
-            self._last = Param(kind, (op,), *self._full, self._rank)
-            return self._last
         for op, shape in zip(ops, self._operand_shapes, strict=True):
             if op.shape != shape or op.dtype != self._dtype or op.device != self._device:
                 raise self._theta_mismatch(op)
-        return Param(kind, ops, *self._full, self._rank)
+        if len(ops) > 1 or self._casts is None or self._backend.traced():
+            # A twin's operands are new casts every call; traced, keeping one would be a side
+            # effect replayed after every compiled call.
+            return Param(self._kind, ops, *self._full, self._rank)
+        last = self._last
+        if last is not None and last.operands[0] is ops[0]:  # a layer's parameter: the same tensor every call
+            return last
+        self._last = Param(self._kind, ops, *self._full, self._rank)
+        return self._last
 
     def _theta_mismatch(self, op: Any) -> ValueError:
         if not hasattr(op, "shape"):

@@ -1,12 +1,9 @@
 r"""Plan once, run many: :func:`contraction` binds a basis, the operands' shapes and an order.
 
-:func:`~structconv.conv` checks its operands, places the basis, reads the parameter and looks its
-plan up on every call.  A layer calls the same contraction with the same shapes thousands of
-times, so :func:`contraction` does that work once and returns a :class:`Contraction`: a callable
-bound to its order whose call compares shapes, dtype and device with what it was compiled for
-and runs the order (opt_einsum's ``contract_expression`` and einops' layers are built the same
-way).  The result is the same as :func:`~structconv.conv`'s, to the last bit, since the same
-order runs.
+It does once what :func:`~structconv.conv` does on every call (checks, placement, plan lookup);
+a call of the :class:`Contraction` compares shapes, dtype and device with the compiled ones and
+runs the same order, so its result is :func:`~structconv.conv`'s to the last bit
+(``docs/engine.rst``, plan once, run many).
 
 Two layouts of ``x`` and ``y``:
 

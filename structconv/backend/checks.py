@@ -34,9 +34,9 @@ def check_array(a: object, arg: str, ranks: tuple[int, ...], names: tuple[str, .
     ValueError
         If it has another rank or an empty dimension.
     """
-    backend = backend_of(a, arg)
+    backend = of(a, arg)
     arr: Any = a
-    if of(arr).is_sparse(arr):  # reshapes and GEMMs need strided memory; a sparse basis is converted instead
+    if backend.is_sparse(arr):  # reshapes and GEMMs need strided memory; a sparse basis is converted instead
         layout = getattr(arr, "layout", "sparse")
         raise TypeError(f"{arg} must be a dense (strided) array, got layout {layout}; call {arg}.to_dense()")
     expected = " or ".join(names)
@@ -46,7 +46,7 @@ def check_array(a: object, arg: str, ranks: tuple[int, ...], names: tuple[str, .
         raise ValueError(f"{arg} has an empty dimension: shape {shape_str(tuple(arr.shape))}, expected {expected}")
     if not is_floating(arr):
         raise TypeError(f"{arg} must hold floating-point numbers, got dtype {dtype_name(arr)}")
-    return backend
+    return backend.name
 
 
 def positive_int(value: object, name: str, *, where: str | None = None) -> int:

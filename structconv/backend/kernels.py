@@ -3,8 +3,9 @@
 Products the engine runs (GEMM layouts, sparse products, scatter-add), the shift kernels of grid
 bases, the graph kernels (gathers, index-adds, sparse polynomials) and fused attention: each is
 an abstract method here, implemented once per backend in ``backend/numpy.py`` and
-``backend/torch.py``.  :class:`~structconv.backend.interface.Backend` adds what an array is and
-where it lives.
+``backend/torch.py``, unless a default serves a backend without it (no GEMM kernel of its own,
+no native convolution; scatter-add as :meth:`Kernels.index_add`).
+:class:`~structconv.backend.interface.Backend` adds what an array is and where it lives.
 """
 
 from __future__ import annotations
@@ -65,9 +66,8 @@ class Kernels(ABC):
             ``(rows, columns)``.
         """
 
-    @abstractmethod
     def scatter_add(self, values: Array, index: Array, size: int) -> Array:
-        """``out[index[i]] += values[i]`` along axis 0 into ``size`` rows of zeros.
+        """``out[index[i]] += values[i]`` along axis 0 into ``size`` rows of zeros (:meth:`index_add` on axis 0).
 
         Parameters
         ----------
@@ -78,6 +78,7 @@ class Kernels(ABC):
         size
             The rows of the result.
         """
+        return self.index_add(values, index, size, 0)
 
     # --- core/engine -----------------------------------------------------------------------------
     @abstractmethod
@@ -107,13 +108,12 @@ class Kernels(ABC):
             ``(L, J, R)``.
         """
 
-    @abstractmethod
     def dense_gemms(self, order: str, a: Array, x: Array, theta: Array) -> Array | None:
         r""":math:`y_b = \sum_k A_k^\top x_b \Theta_k` for a dense basis as plain 2-D GEMMs, or ``None``.
 
         ``order`` is ``"ax"`` or ``"xtheta"``, ``a`` is ``(K, M, N)`` or ``(B, K, M, N)``, ``x``
-        ``(B, M, P)``, ``theta`` ``(K, P, Q)``.  ``None`` where this backend has no such kernel
-        (then the engine contracts by einsum).
+        ``(B, M, P)``, ``theta`` ``(K, P, Q)``.  ``None`` (the default) where this backend has no
+        such kernel: the engine contracts by einsum (NumPy's case: opt_einsum's BLAS path is as fast).
 
         Parameters
         ----------
@@ -126,8 +126,8 @@ class Kernels(ABC):
         theta
             :math:`\Theta`, ``(K, P, Q)``.
         """
+        return None
 
-    @abstractmethod
     def dense_gemms_lowrank(self, a: Array, x: Array, value: Array, out: Array) -> Array | None:
         r"""As :meth:`dense_gemms`, x·Θ first, for :math:`\Theta_k = V_k O_k^\top` and a ``(K, M, N)`` basis.
 
@@ -140,6 +140,7 @@ class Kernels(ABC):
         value, out
             :math:`V` ``(K, P, D)`` and :math:`O` ``(K, Q, D)``.
         """
+        return None
 
     # --- structures: grid (shift kernels) ------------------------------------------------------
     @abstractmethod
@@ -182,11 +183,10 @@ class Kernels(ABC):
             As for :meth:`shift_gemm`.
         """
 
-    @abstractmethod
     def native_stencil_ndim(self) -> int:
-        """The most grid dimensions a native convolution of this backend takes (0: none)."""
+        """The most grid dimensions a native convolution of this backend takes (0, the default: none)."""
+        return 0
 
-    @abstractmethod
     def native_stencil(self, x: Array, thetas: Array, geo: Geometry) -> Array:
         """A shift basis with one ``(P, Q)`` map per tap as one native convolution: ``(B, M, P) -> (B, N, Q)``.
 
@@ -199,6 +199,7 @@ class Kernels(ABC):
         geo
             The basis' geometry (its ``ndim`` at most :meth:`native_stencil_ndim`).
         """
+        raise NotImplementedError(f"{self.name} has no native convolution")
 
     def native_image(self, x: Array, weight: Array, geo: Geometry, bias: Array | None, groups: int) -> Array:
         """Native convolution on the grid layout: ``(B, P, *grid)``, kernel ``(Q, P/G, *box)`` to ``(B, Q, *out)``."""
@@ -219,7 +220,6 @@ class Kernels(ABC):
         """
         return lambda x, weight, bias: self.native_image(x, weight, geo, bias, groups)
 
-    @abstractmethod
     def native_depthwise(self, x: Array, weights: Array, geo: Geometry) -> Array:
         """Each member of a shift basis with ``(K, J)`` tap weights, per channel: ``(B, M, C) -> (B, K, N, C)``.
 
@@ -232,6 +232,7 @@ class Kernels(ABC):
         geo
             The basis' geometry.
         """
+        raise NotImplementedError(f"{self.name} has no native convolution")
 
     # --- structures: graph ---------------------------------------------------------------------
     @abstractmethod

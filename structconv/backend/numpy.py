@@ -82,11 +82,6 @@ class NumpyBackend(Backend):
         matrix.sum_duplicates()
         return _ScipyProduct(matrix, values.dtype if half else None)
 
-    def scatter_add(self, values: Array, index: Array, size: int) -> Array:
-        out = np.zeros((size, *values.shape[1:]), dtype=values.dtype)
-        np.add.at(out, index, values)
-        return out
-
     # --- core/engine -----------------------------------------------------------------------------
     def from_numpy(self, a: np.ndarray) -> Array:
         return np.asarray(a)
@@ -101,12 +96,6 @@ class NumpyBackend(Backend):
         rhs = scipy.sparse.csr_array((right[2], (right[0], right[1])), shape=(J, R))
         prod = scipy.sparse.coo_array(lhs @ rhs)  # a product of CSR arrays holds no duplicates
         return prod.row.astype(np.int64), prod.col.astype(np.int64), prod.data
-
-    def dense_gemms(self, order: str, a: Array, x: Array, theta: Array) -> Array | None:
-        return None  # opt_einsum's BLAS path is as fast on NumPy
-
-    def dense_gemms_lowrank(self, a: Array, x: Array, value: Array, out: Array) -> Array | None:
-        return None
 
     # --- structures: grid (shift kernels) ------------------------------------------------------
     def frame(self, xg: Array, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> Array:
@@ -132,15 +121,6 @@ class NumpyBackend(Backend):
         for j in range(1, J):
             y += s[shifts[j] : shifts[j] + rows, j]
         return y
-
-    def native_stencil_ndim(self) -> int:
-        return 0  # NumPy has no convolution kernels; the slicing kernels run instead
-
-    def native_stencil(self, x: Array, thetas: Array, geo: Any) -> Array:
-        raise NotImplementedError("NumPy has no native convolution (native_stencil_ndim() is 0)")
-
-    def native_depthwise(self, x: Array, weights: Array, geo: Any) -> Array:
-        raise NotImplementedError("NumPy has no native convolution (native_stencil_ndim() is 0)")
 
     # --- structures: graph ---------------------------------------------------------------------
     def default_float(self) -> Any:

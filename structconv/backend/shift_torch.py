@@ -3,14 +3,8 @@ r"""The torch shift kernels: framing, fused autograd functions and the native co
 Part of the torch backend (:class:`~structconv.backend.torch.TorchBackend` forwards its grid
 methods here; ``structconv.nn``'s grid layers call :func:`conv_image` directly), so it is
 imported only once a torch tensor is seen and the NumPy path never imports torch.
-
-:class:`ShiftGemm` and :class:`ShiftAdd` have hand-written backward passes because autograd's
-own backward of a row slice allocates a zero tensor the size of the whole input for every tap
-(:math:`J` full-size allocations); here every tap's gradient is accumulated in place into one
-buffer.  The backward passes are written in differentiable torch operations (slices, ``addmm``,
-``stack``), so autograd records them when asked for a graph (``create_graph=True``): double
-backward (gradient penalties, ``gradgradcheck``) is exact through every order.  A first-order
-backward runs with grad mode off and records nothing.
+:class:`ShiftGemm` and :class:`ShiftAdd` have backward passes of their own, differentiable as
+written (``docs/internals.rst``, grid convolution).
 """
 
 from __future__ import annotations
@@ -44,6 +38,11 @@ _CONV: dict[int, Callable[..., torch.Tensor]] = {1: F.conv1d, 2: F.conv2d, 3: _c
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
+def _pad_widths(lo: tuple[int, ...], hi: tuple[int, ...]) -> list[int]:
+    """``lo``/``hi`` per axis as ``F.pad`` lists them: the last axis first."""
+    return [w for i in reversed(range(len(lo))) for w in (lo[i], hi[i])]
+
+
 def frame(xg: torch.Tensor, lo: tuple[int, ...], hi: tuple[int, ...], boundary: str) -> torch.Tensor:
     """Pad the grid axes ``1..d`` of ``xg`` (``(B, *grid, C)``) with zeros or, if periodic, wrapped entries.
 
@@ -52,19 +51,15 @@ def frame(xg: torch.Tensor, lo: tuple[int, ...], hi: tuple[int, ...], boundary: 
     xg, lo, hi, boundary
         As for :meth:`structconv.backend.interface.Backend.frame`.
     """
-    d = len(lo)
     if not any(lo) and not any(hi):
         return xg
     if boundary == "periodic":
-        for i in range(d):
+        for i in range(len(lo)):
             size = int(xg.shape[1 + i])
             idx = torch.arange(-lo[i], size + hi[i], device=xg.device) % size
             xg = xg.index_select(1 + i, idx)
         return xg
-    pads: list[int] = [0, 0]  # F.pad lists the last axis first: the channel axis is not padded
-    for i in reversed(range(d)):
-        pads += [lo[i], hi[i]]
-    return F.pad(xg, pads)
+    return F.pad(xg, [0, 0, *_pad_widths(lo, hi)])  # the channel axis, last, is not padded
 
 
 class ShiftGemm(torch.autograd.Function):
@@ -165,10 +160,7 @@ def window_image(x: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, tuple[in
     if w.crop is not None:
         x = x[(slice(None), slice(None), *w.crop)]
     if any(w.frame_lo) or any(w.frame_hi):
-        pads: list[int] = []
-        for i in reversed(range(geo.ndim)):
-            pads += [w.frame_lo[i], w.frame_hi[i]]
-        x = F.pad(x, pads)
+        x = F.pad(x, _pad_widths(w.frame_lo, w.frame_hi))
     return x, w.padding
 
 

@@ -106,9 +106,6 @@ class TorchBackend(Backend):
     def sparse_matrix(self, rows: Array, cols: Array, values: Array, shape: tuple[int, int]) -> Any:
         return SparseMatrix(rows, cols, values, shape)
 
-    def scatter_add(self, values: Array, index: Array, size: int) -> Array:
-        return values.new_zeros((size, *values.shape[1:])).index_add(0, index, values)
-
     # --- core/engine -----------------------------------------------------------------------------
     def from_numpy(self, a: np.ndarray) -> Array:
         return torch.from_numpy(a)
@@ -119,23 +116,19 @@ class TorchBackend(Backend):
         L, J, R = shapes
         lhs = torch.sparse_coo_tensor(torch.stack(left[:2]), left[2], (L, J), check_invariants=False).coalesce()
         rhs = torch.sparse_coo_tensor(torch.stack(right[:2]), right[2], (J, R), check_invariants=False).coalesce()
-        with warnings.catch_warnings():  # torch's note that sparse support is in beta
-            warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings(action="ignore", category=UserWarning):  # torch's note: sparse is beta
             prod = torch.sparse.mm(lhs, rhs).coalesce()
         rows, cols = prod.indices()
         return rows, cols, prod.values().clone()  # a view of a sparse base breaks torch.compile
 
     def dense_gemms(self, order: str, a: Array, x: Array, theta: Array) -> Array | None:
-        r"""Plain GEMMs over the whole batch, nothing broadcast against it.
+        r"""Plain GEMMs over the whole batch, nothing broadcast against it (``docs/internals.rst``).
 
-        The batch is moved next to the channels once (``x`` as :math:`(M, B P)`, a copy of the
-        input only).  ``"ax"``: :math:`R_k = A_k^\top x` for all members in one batched GEMM,
-        then the :math:`K`-fold intermediate as :math:`(N B, K P)` times :math:`\Theta` as
-        :math:`(K P, Q)` in one GEMM.  ``"xtheta"``: :math:`S_k = x\,\Theta_k` in one batched
-        GEMM, then :math:`y = [A_1; \dots; A_K]^\top [S_1; \dots; S_K]` in one GEMM over
-        :math:`(k, m)`.  One GEMM per member instead (accumulated in place) is slower: many small
-        products and per-member gradient copies.  The result is the
-        ``(B, N, Q)`` view of an ``(N, B, Q)`` array.  A per-instance basis runs
+        The batch is moved next to the channels once (``x`` as :math:`(M, B P)`).  ``"ax"``:
+        :math:`R_k = A_k^\top x` in one batched GEMM, then :math:`(N B, K P)` times
+        :math:`\Theta` as :math:`(K P, Q)`.  ``"xtheta"``: :math:`S_k = x\,\Theta_k` in one
+        batched GEMM, then :math:`y = [A_1; \dots; A_K]^\top [S_1; \dots; S_K]` in one GEMM.  The
+        result is the ``(B, N, Q)`` view of an ``(N, B, Q)`` array.  A per-instance basis runs
         :func:`_instance_gemms` (x·Θ first only).
         """
         if order not in ("ax", "xtheta"):
@@ -226,8 +219,7 @@ class TorchBackend(Backend):
         eye = torch.sparse_coo_tensor(torch.stack([nodes, nodes]), ones, (size, size), check_invariants=True)
         mats = [eye.coalesce(), matrix]
         for _ in range(2, max(degrees) + 1):
-            with warnings.catch_warnings():  # torch's note that sparse support is in beta
-                warnings.simplefilter("ignore", UserWarning)
+            with warnings.catch_warnings(action="ignore", category=UserWarning):  # torch's note: sparse is beta
                 nxt = torch.sparse.mm(mats[-1], matrix)
             mats.append((2 * nxt - mats[-2]).coalesce() if family == "chebyshev" else nxt.coalesce())
         out = []
@@ -302,17 +294,10 @@ class TorchBackend(Backend):
 
 
 class SparseMatrix:
-    """A 2-D sparse matrix for ``S @ dense``, from (possibly repeated) coordinates.
+    """A 2-D sparse matrix for ``S @ dense``, from (possibly repeated) coordinates, which add up.
 
-    Two kernels, picked per call:
-
-    * gather-scatter (``index_select``, scale, ``index_add``) whenever the values require grad:
-      their gradient then costs one product (torch's CSR backward for the values is far slower);
-    * otherwise CSR, built once per matrix by a counting sort of the rows (a radix sort on the
-      CPU, so building is cheaper than one gather-scatter), with the transposed CSR built on the
-      first backward pass.
-
-    Repeated coordinates add up in every kernel.
+    Gather-scatter when the values require grad, else CSR built once, its transpose on the first
+    backward pass (the choice: ``docs/internals.rst``, the torch backend).
     """
 
     __slots__ = ("_csr", "_csr_t", "cols", "rows", "shape", "values")
@@ -348,8 +333,7 @@ class SparseMatrix:
             gathered = dense.index_select(0, self.cols) * self.values[:, None]
             return dense.new_zeros((self.shape[0], dense.shape[1])).index_add(0, self.rows, gathered)
         if not dense.requires_grad:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
+            with warnings.catch_warnings(action="ignore", category=UserWarning):
                 return self.csr() @ dense
         return _CsrProduct.apply(self, dense)  # type: ignore[no-untyped-call]
 
@@ -363,18 +347,15 @@ def _csr_from_coordinates(rows: Any, cols: Any, values: Any, shape: tuple[int, i
         # index_select, not ``cols[order]``: advanced indexing costs about 4x more on a graph of
         # Cora's size (and enters a parallel region, slow on a loaded machine).
         cols, values = cols.index_select(0, order), values.index_select(0, order)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings(action="ignore", category=UserWarning):
         return torch.sparse_csr_tensor(crow, cols, values, shape, check_invariants=False)
 
 
 def _stable_order(rows: np.ndarray, size: int) -> Any:
     """The stable sorting permutation of ``rows`` (< ``size``) as a tensor, or ``None`` if they are sorted already.
 
-    Counting the descents first (one pass) picks the cheaper sort: rows already sorted need
-    none (a graph read in target order); a few sorted runs (edges sorted by target, then the
-    self-loops appended) are merged by NumPy's stable sort (timsort) in about a third of the time
-    of a radix sort at Cora's size; anything else takes the radix sort, linear for 16-bit keys.
+    By the number of descents: none, NumPy's timsort for a few, else a radix sort of 16-bit keys
+    (the measurement: ``docs/internals.rst``, the torch backend).
     """
     descents = int(np.count_nonzero(rows[1:] < rows[:-1]))
     if descents == 0:
@@ -389,8 +370,7 @@ class _CsrProduct(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, matrix: SparseMatrix, dense: Any) -> Any:
         ctx.matrix, ctx.dtype = matrix, dense.dtype
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings(action="ignore", category=UserWarning):
             return matrix.csr() @ dense
 
     @staticmethod
@@ -398,8 +378,7 @@ class _CsrProduct(torch.autograd.Function):
         # A backward run inside torch.autocast may hand a low-precision gradient; torch has no
         # bf16 sparse product on every device, so it runs in the matrix's dtype.
         csr_t = ctx.matrix.csr_t()
-        with warnings.catch_warnings(), autocast_off(grad.device.type):
-            warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings(action="ignore", category=UserWarning), autocast_off(grad.device.type):
             return None, (csr_t @ grad.to(csr_t.dtype)).to(ctx.dtype)
 
 
@@ -412,15 +391,17 @@ def _attention_math(q: Any, k: Any, v: Any, allowed: Any, scale: float) -> Any:
     return scores.softmax(-1) @ v
 
 
-class _TwiceDifferentiableSDPA(torch.autograd.Function):
-    """``scaled_dot_product_attention`` whose gradient can be differentiated again.
+def _wanted_grads(out: Any, inputs: tuple[Any, ...], wanted: tuple[bool, ...], grad: Any, **kwargs: Any) -> Any:
+    """The gradients of ``out`` (weighted by ``grad``) for the ``inputs`` ``wanted``, ``None`` for the others."""
+    found = iter(torch.autograd.grad(out, [t for t, w in zip(inputs, wanted, strict=True) if w], grad, **kwargs))
+    return tuple(next(found) if w else None for w in wanted)
 
-    torch's fused kernels (flash attention on CPU and GPU) have a backward that is not itself
-    differentiable, so ``create_graph=True`` (``gradgradcheck``, gradient penalties, Hessian-vector
-    products) would stop with "derivative for ..._backward is not implemented".  The forward keeps
-    the fused kernel's own graph; a first-order backward uses it (the fused backward, no
-    recomputation); a backward under ``create_graph=True`` recomputes the attention from
-    differentiable operations instead, so its gradient is differentiable again.
+
+class _TwiceDifferentiableSDPA(torch.autograd.Function):
+    """``scaled_dot_product_attention`` whose gradient can be differentiated again (``docs/internals.rst``).
+
+    A first-order backward is the fused kernel's own; under ``create_graph=True`` the attention is
+    recomputed from differentiable operations.
     """
 
     @staticmethod
@@ -441,14 +422,10 @@ class _TwiceDifferentiableSDPA(torch.autograd.Function):
             q, k, v = ctx.saved_tensors
             with torch.enable_grad():
                 out = _attention_math(q, k, v, ctx.allowed, ctx.scale)
-                inputs = [t for t, w in zip((q, k, v), wanted, strict=True) if w]
-                found = iter(torch.autograd.grad(out, inputs, grad, create_graph=torch.is_grad_enabled()))
-        else:
-            inputs = [t for t, w in zip(ctx.inner, wanted, strict=True) if w]
-            # retained: a repeated backward (retain_graph=True) gives the same gradient; the fused
-            # graph holds only what the output does, plus the kernel's row statistics
-            found = iter(torch.autograd.grad(ctx.out, inputs, grad, retain_graph=True))
-        return (*(next(found) if w else None for w in wanted), None, None)
+                return (*_wanted_grads(out, (q, k, v), wanted, grad, create_graph=True), None, None)
+        # retained: a repeated backward (retain_graph=True) gives the same gradient; the fused
+        # graph holds only what the output does, plus the kernel's row statistics
+        return (*_wanted_grads(ctx.out, tuple(ctx.inner), wanted, grad, retain_graph=True), None, None)
 
 
 #: Scores recomputed at a time by the backward of :class:`_BiasedAttention` (4 MiB in float32 each):
@@ -466,18 +443,13 @@ class _BiasedAttention(torch.autograd.Function):
     r"""``scaled_dot_product_attention`` with additive scores :math:`\beta`, whose gradient reaches :math:`\beta`.
 
     For ``(B, H, L, D)`` queries and keys, ``(B, H, S, R)`` values and a finite
-    ``(1 or B, 1 or H, L, S)`` bias.  The forward runs torch's fused kernel with :math:`\beta`
-    taken as a constant (a mask that requires grad sends torch to its math kernel, which stores
-    every score and weight).  The backward recomputes, a few instances at a time
-    (:data:`CHUNK_ENTRIES` scores), the weights
-    :math:`P = \mathrm{softmax}(\mathrm{scale}\,qk^\top + \beta)` and
-    :math:`dS = P\odot(dP - \mathrm{rowsum}(P\odot dP))` with :math:`dP = g v^\top`, from which
+    ``(1 or B, 1 or H, L, S)`` bias.  The forward is torch's fused kernel, :math:`\beta` a
+    constant there; the backward recomputes :data:`CHUNK_ENTRIES` scores at a time (in float32
+    for 16-bit inputs) :math:`P = \mathrm{softmax}(\mathrm{scale}\,qk^\top + \beta)`,
+    :math:`dS = P\odot(dP - \mathrm{rowsum}(P\odot dP))` with :math:`dP = g v^\top`, then
     :math:`dq = \mathrm{scale}\,dS\,k`, :math:`dk = \mathrm{scale}\,dS^\top q`,
-    :math:`dv = P^\top g` and :math:`d\beta = dS` summed over its broadcast axes: five products,
-    as in a fused backward, written into the gradients in place, and never more than one chunk of
-    scores in memory.  Under ``create_graph=True`` the backward recomputes the attention from
-    differentiable operations instead, so its result can be differentiated again.  16-bit inputs
-    are recomputed in float32.
+    :math:`dv = P^\top g` and :math:`d\beta = dS` summed over its broadcast axes; under
+    ``create_graph=True`` it recomputes from differentiable operations (``docs/internals.rst``).
     """
 
     @staticmethod
@@ -494,11 +466,8 @@ class _BiasedAttention(torch.autograd.Function):
         scale, wanted = ctx.scale, ctx.needs_input_grad[:4]
         if torch.is_grad_enabled():  # create_graph=True: a gradient that can be differentiated again
             with torch.enable_grad():
-                scores = (q @ k.transpose(-1, -2)) * scale + bias
-                out = scores.softmax(-1) @ v
-                inputs = [t for t, w in zip((q, k, v, bias), wanted, strict=True) if w]
-                found = iter(torch.autograd.grad(out, inputs, grad, create_graph=True))
-            return (*(next(found) if w else None for w in wanted), None)
+                out = ((q @ k.transpose(-1, -2)) * scale + bias).softmax(-1) @ v
+                return (*_wanted_grads(out, (q, k, v, bias), wanted, grad, create_graph=True), None)
         wide = torch.promote_types(q.dtype, torch.float32)
         B, H, L, S = int(q.shape[0]), int(q.shape[1]), int(q.shape[2]), int(k.shape[2])
         D, R = int(q.shape[3]), int(v.shape[3])
@@ -542,12 +511,8 @@ def _instance_gemms(a: Array, x: Array, theta: Array) -> Array:
 
     :math:`S_b = x_b [\Theta_1 \cdots \Theta_K]` is one GEMM over the whole batch, laid out as
     :math:`(B, M K, Q)`; then :math:`y_b = A_b'^\top S_b` is one batched GEMM, with
-    :math:`A'_b` the basis of instance :math:`b` read as :math:`(M K, N)`.  That reading is a view
-    when the basis is stored in ``(B, M, K, N)`` memory order (as
-    :class:`~structconv.nn.PositionalAttention` builds its dropped-out heads) and one copy of the
-    basis otherwise, where opt_einsum's ``tensordot`` path permutes both the basis and the
-    :math:`K`-fold intermediate.  (For ``"ax"`` a per-head batched GEMM was slower than
-    opt_einsum, so that order keeps the einsum path.)
+    :math:`A'_b` the basis of instance :math:`b` read as :math:`(M K, N)`: a view when it is
+    stored in ``(B, M, K, N)`` memory order, else one copy (``docs/internals.rst``).
     """
     B, K, M, N = (int(s) for s in a.shape)
     P, Q = int(theta.shape[1]), int(theta.shape[2])

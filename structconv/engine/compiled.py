@@ -1,12 +1,9 @@
 r"""Plan once, run many: :func:`contraction` binds a basis, the operands' shapes and an order.
 
-:func:`~structconv.conv` checks its operands, places the basis, reads the parameter and looks its
-plan up on every call.  A layer calls the same contraction with the same shapes thousands of
-times, so :func:`contraction` does that work once and returns a :class:`Contraction`: a callable
-bound to its order whose call compares shapes, dtype and device with what it was compiled for
-and runs the order (opt_einsum's ``contract_expression`` and einops' layers are built the same
-way).  The result is the same as :func:`~structconv.conv`'s, to the last bit, since the same
-order runs.
+It does once what :func:`~structconv.conv` does on every call (checks, placement, plan lookup);
+a call of the :class:`Contraction` compares shapes, dtype and device with the compiled ones and
+runs the same order, so its result is :func:`~structconv.conv`'s to the last bit
+(``docs/engine.rst``, plan once, run many).
 
 Two layouts of ``x`` and ``y``:
 
@@ -152,16 +149,7 @@ class Contraction:
             return self._autocast_run(x, theta, bias, basis)
         if not placed_as_compiled:
             return self._general(b, x, theta, bias)  # operands converted, or refused, by conv's rules
-        prm = self._param(self._operands(theta))
-        if bias is not None and (bias.shape != self._bias_shape or bias.dtype != self._dtype):
-            raise self._bias_mismatch(bias)
-        return self._run(b, x, prm, bias)
-
-    def _bias_mismatch(self, bias: Array) -> ValueError:
-        return ValueError(
-            f"bias must have shape {shape_str(self._bias_shape)} and dtype {self._dtype}, got "
-            f"{shape_str(tuple(bias.shape))} and {bias.dtype}"
-        )
+        return self._run_keyed(x, self._operands(theta), bias, basis)
 
     def run_keyed(self, x: Array, theta: Theta, bias: Array | None = None, basis: Basis | None = None) -> Array:
         """The call for a caller that keys its contractions by what the call would compare.
@@ -184,7 +172,10 @@ class Contraction:
     def _run_keyed(self, x: Array, ops: tuple[Array, ...], bias: Array | None, basis: Basis | None) -> Array:
         prm = self._param(ops)  # shape, dtype and device: a weight changed in place is caught too
         if bias is not None and (bias.shape != self._bias_shape or bias.dtype != self._dtype):
-            raise self._bias_mismatch(bias)
+            raise ValueError(
+                f"bias must have shape {shape_str(self._bias_shape)} and dtype {self._dtype}, got "
+                f"{shape_str(tuple(bias.shape))} and {bias.dtype}"
+            )
         bound = self._bound
         if bound is not None and basis is None:
             return bound(x, prm, bias)
@@ -221,8 +212,10 @@ class Contraction:
             raise TypeError(f"x has dtype {x.dtype} but the contraction was compiled for {self._dtype}")
         if self.plan.requested != "auto":
             _check_memory(self.plan, x3)
-        if bias is not None:
-            prepare_bias(bias, x, self._bias_shape)
+        if bias is not None and tuple(int(s) for s in bias.shape) != self._bias_shape:
+            raise ValueError(f"bias must have shape {shape_str(self._bias_shape)}, got {shape_str(tuple(bias.shape))}")
+        if bias is not None and device_of(bias) != device_of(x):
+            raise ValueError(f"bias is on {device_of(bias)} but x is on {device_of(x)}")
         self._device = x.device
         self._backend = of(x)
         if self._casts is not None:
@@ -236,24 +229,18 @@ class Contraction:
         return ops
 
     def _param(self, ops: tuple[Array, ...]) -> Param:
-        kind = self._kind
-        if len(ops) == 1:
-            op = ops[0]
-            if op.shape != self._operand_shapes[0] or op.dtype != self._dtype or op.device != self._device:
-                raise self._theta_mismatch(op)
-            if self._casts is None or self._backend.traced():
-                # A twin's operands are new casts every call; traced, keeping one would be a side
-                # effect replayed after every compiled call.
-                return Param(kind, (op,), *self._full, self._rank)
-            last = self._last
-            if last is not None and last.operands[0] is op:  # a layer's parameter: the same tensor every call
-                return last
-            self._last = Param(kind, (op,), *self._full, self._rank)
-            return self._last
         for op, shape in zip(ops, self._operand_shapes, strict=True):
             if op.shape != shape or op.dtype != self._dtype or op.device != self._device:
                 raise self._theta_mismatch(op)
-        return Param(kind, ops, *self._full, self._rank)
+        if len(ops) > 1 or self._casts is None or self._backend.traced():
+            # A twin's operands are new casts every call; traced, keeping one would be a side
+            # effect replayed after every compiled call.
+            return Param(self._kind, ops, *self._full, self._rank)
+        last = self._last
+        if last is not None and last.operands[0] is ops[0]:  # a layer's parameter: the same tensor every call
+            return last
+        self._last = Param(self._kind, ops, *self._full, self._rank)
+        return self._last
 
     def _theta_mismatch(self, op: Any) -> ValueError:
         if not hasattr(op, "shape"):
@@ -343,13 +330,6 @@ class Contraction:
             f"Contraction({self.basis!r}, x={shape_str(self._x_shape)}, theta={self._kind.name} "
             f"{', '.join(shape_str(s) for s in self._operand_shapes)}, order={self.order!r}, layout={self.layout!r})"
         )
-
-
-def prepare_bias(bias: Array, x: Array, shape: Shape) -> None:
-    if tuple(int(s) for s in bias.shape) != shape:
-        raise ValueError(f"bias must have shape {shape_str(shape)}, got {shape_str(tuple(bias.shape))}")
-    if device_of(bias) != device_of(x):
-        raise ValueError(f"bias is on {device_of(bias)} but x is on {device_of(x)}")
 
 
 def contraction(

@@ -76,8 +76,7 @@ def _new_plan(basis: Basis, B: int, prm: Param, order: str, traced: bool) -> tup
     chosen = order if order != "auto" else candidates[scores.index(min(scores))].order
     equation = orders[0].equation if isinstance(orders[0], DenseOrder) else ""
     plan = Plan(basis.representation, sizes, prm.kind.name, tuple(candidates), chosen, order, equation)
-    entry = (plan, orders[valid.index(chosen)])
-    return entry
+    return plan, orders[valid.index(chosen)]
 
 
 def _check_memory(plan: Plan, x: Array) -> None:

@@ -79,7 +79,6 @@ class _Separable(Kind):
         **_FORM_FIRST,
     }
     kept: ClassVar[Mapping[str, Order]] = {"ax": _SeparableAx("ax"), "xtheta": _SeparableXTheta("xtheta")}
-    """The orders that keep the factors, through the hooks."""
 
     def operands_of(self, theta: Any) -> tuple[Array, ...]:
         return theta.basis_coef, theta.channel
@@ -93,10 +92,6 @@ class _Separable(Kind):
 
     def form_full(self, operands: tuple[Array, ...], rank: int) -> Array:
         return einsum("hk,hpq->kpq", *operands)
-
-    def hook_order(self, name: str, own: Mapping[str, OwnOrder]) -> Order:
-        found = self.kept.get(name)
-        return super().hook_order(name, own) if found is None else found
 
 
 # --- low rank: Θ_k = V_k O_kᵀ ------------------------------------------------------------------------
@@ -157,7 +152,6 @@ class _LowRank(Kind):
         **_FORM_FIRST,
     }
     kept: ClassVar[Mapping[str, Order]] = {"ax": _LowRankAx("ax"), "xtheta": _LowRankXTheta("xtheta")}
-    """The orders that keep the factors, through the hooks."""
 
     def operands_of(self, theta: Any) -> tuple[Array, ...]:
         return theta.value, theta.out
@@ -176,8 +170,7 @@ class _LowRank(Kind):
         found = own.get(name)
         if found is not None and found.run_factored is not None:
             return _Factored(name, found)
-        kept = self.kept.get(name)
-        return super().hook_order(name, own) if kept is None else kept
+        return super().hook_order(name, own)
 
     def dense_gemms(self, name: str, a: Array, x: Array, operands: tuple[Array, ...]) -> Array | None:
         return of(a).dense_gemms_lowrank(a, x, *operands) if name == "xtheta" else None

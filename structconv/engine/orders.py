@@ -74,13 +74,10 @@ class Order:
 
     def run_image(self, basis: Basis, x: Array, prm: Param, bias: Array | None) -> Array:
         """:meth:`run` on the ``"channels_first"`` layout (``(B, P, *in)`` to ``(B, Q, *out)``), plus ``bias``."""
-        out_shape = basis.entry_shapes[1]
-        B, P = int(x.shape[0]), int(x.shape[1])
-        xp = of(x).namespace()
-        y = self.run(basis, xp.permute_dims(xp.reshape(x, (B, P, -1)), (0, 2, 1)), prm)
+        y = self.run(basis, image_to_rows(x), prm)
         if bias is not None:
             y = y + bias
-        return xp.reshape(xp.permute_dims(y, (0, 2, 1)), (B, int(y.shape[2]), *out_shape))
+        return rows_to_image(y, basis.entry_shapes[1])
 
     def bind_image(self, basis: Basis, prm: Param) -> Callable[[Array, Param, Array | None], Array]:
         """:meth:`run_image` for ``basis`` and parameters shaped like ``prm``: ``run(x, prm, bias)``.
@@ -129,6 +126,9 @@ class Kind:
     dense_paths
         The explicit opt_einsum path of each order on a dense basis, the operands being ``A``,
         ``x`` and the kind's operands; an order without one forms :math:`\Theta` first.
+    kept
+        The orders that keep the kind's form through a basis' hooks, by name; any other forms
+        :math:`\Theta` first.
     """
 
     name = ""
@@ -138,6 +138,7 @@ class Kind:
     factored = False
     held: ClassVar[type | None] = None
     dense_paths: ClassVar[Mapping[str, Path]] = {}
+    kept: ClassVar[Mapping[str, Order]] = {}
 
     def __init__(self) -> None:
         self._dense = {b: {n: DenseOrder(n, self, b) for n in self.dense_paths} for b in (False, True)}
@@ -187,10 +188,11 @@ class Kind:
     def hook_order(self, name: str, own: Mapping[str, OwnOrder]) -> Order:
         r"""The order ``name`` on a basis run through its hooks, whose own orders are ``own``.
 
-        The default forms :math:`\Theta` first, then runs the full kind's order (``"ax+full"``
-        the full ``"ax"``).
+        The default is the kind's :attr:`kept` order, else :math:`\Theta` formed first and the
+        full kind's order run (``"ax+full"`` the full ``"ax"``).
         """
-        return _FormFull(name, FULL.hook_order(name.removesuffix("+full"), own))
+        found = self.kept.get(name)
+        return _FormFull(name, FULL.hook_order(name.removesuffix("+full"), own)) if found is None else found
 
     def dense_order(self, name: str, batched: bool) -> Order:
         r"""The order ``name`` on a dense basis (``batched``: per instance).
@@ -332,11 +334,6 @@ def dense_equation(batched: bool, kind: Kind) -> str:
     return f"{'bkmn' if batched else 'kmn'},bmp,{kind.subscripts}->bnq"
 
 
-def _path_cost(eq: str, shapes: tuple[Shape, ...], path: Path) -> Cost:
-    _, flops, memory = einsum_path(eq, shapes, path)
-    return Cost(flops, memory)
-
-
 class DenseOrder(Order):
     """An order for a dense basis: opt_einsum along the kind's explicit path, costed by its ``PathInfo``."""
 
@@ -350,7 +347,8 @@ class DenseOrder(Order):
 
     def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
         shapes = (basis.shape, (batch, basis.M, prm.P)) + tuple(tuple(int(s) for s in op.shape) for op in prm.operands)
-        return _path_cost(self.equation, shapes, self.path) + self.kind.dense_copies(self.name, basis, batch, prm)
+        _, flops, memory = einsum_path(self.equation, shapes, self.path)
+        return Cost(flops, memory) + self.kind.dense_copies(self.name, basis, batch, prm)
 
     def run(self, basis: Basis, x: Array, prm: Param) -> Array:
         a = basis.to_dense()

@@ -9,9 +9,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..backend import Array, device_of, einsum, native, of, shape_str
+from ..backend import Array, einsum, native, of, shape_str
 from ..backend.checks import check_array, check_finite
-from .base import Basis, Cost, OwnOrder
+from .base import Cost, OwnOrder, _member_list, _PlacedByArray
 from .dense import DenseBasis
 
 
@@ -29,7 +29,7 @@ def _structured(factors: tuple[Array, ...]) -> tuple[Array, ...]:
     return factors
 
 
-class KroneckerBasis(Basis):
+class KroneckerBasis(_PlacedByArray):
     """A basis whose members are Kronecker products of per-axis factors ``(K, m_i, n_i)``.
 
     Parameters
@@ -76,17 +76,8 @@ class KroneckerBasis(Basis):
         # Lists, not generators: torch.compile traces a list, and breaks the graph at a generator.
         return (int(f[0].shape[0]), math.prod([int(a.shape[1]) for a in f]), math.prod([int(a.shape[2]) for a in f]))
 
-    @property
-    def backend(self) -> str:
-        return of(self._factors[0]).name
-
-    @property
-    def dtype(self) -> Any:
-        return self._factors[0].dtype
-
-    @property
-    def device(self) -> str:
-        return device_of(self._factors[0])
+    def _placed(self) -> Array:
+        return self._factors[0]
 
     def to_dense(self) -> Array:
         out = self._factors[0]
@@ -104,9 +95,7 @@ class KroneckerBasis(Basis):
         return KroneckerBasis.of_weights([f.swapaxes(-1, -2) for f in self._factors])
 
     def select(self, members: Sequence[int]) -> KroneckerBasis:
-        index = list(members)
-        if not index:
-            raise ValueError("members must name at least one basis member")
+        index = _member_list(members)
         return KroneckerBasis.of_weights([f[index] for f in self._factors])
 
     def to(self, device: Any = None, dtype: Any = None) -> KroneckerBasis:

@@ -22,7 +22,7 @@ import math
 import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 __all__ = [
     "EXIT_RUNTIME",
@@ -47,6 +47,7 @@ EXIT_STATUS = """exit status:
   2  usage error: an unknown or malformed option or value, an unknown model,
      model option or preset, a missing data directory, archive, run directory
      or checkpoint"""
+_N = TypeVar("_N", int, float)
 _ACTIVE = "_structconv_parser"  # namespace attribute naming the innermost parser that ran
 
 
@@ -82,7 +83,7 @@ def did_you_mean(word: str, names: Iterable[str], cutoff: float = 0.6) -> str:
 
 
 # --- number types ---------------------------------------------------------------------------------
-def _number(text: str, kind: Callable[[str], Any], minimum: float, strict: bool, expected: str) -> Any:
+def _number(text: str, kind: Callable[[str], _N], minimum: float, strict: bool, expected: str) -> _N:
     try:
         value = kind(text)
     except ValueError:
@@ -94,26 +95,22 @@ def _number(text: str, kind: Callable[[str], Any], minimum: float, strict: bool,
 
 def positive_int(text: str) -> int:
     """An ``argparse`` type: an integer >= 1 (epochs, seeds, batch sizes, steps, subsets)."""
-    value: int = _number(text, int, 1, False, "a positive integer")
-    return value
+    return _number(text, int, 1, False, "a positive integer")
 
 
 def nonnegative_int(text: str) -> int:
     """An ``argparse`` type: an integer >= 0 (random seeds)."""
-    value: int = _number(text, int, 0, False, "an integer >= 0")
-    return value
+    return _number(text, int, 0, False, "an integer >= 0")
 
 
 def positive_float(text: str) -> float:
     """An ``argparse`` type: a finite number > 0 (learning rates, peak TFLOP/s)."""
-    value: float = _number(text, float, 0.0, True, "a positive number")
-    return value
+    return _number(text, float, 0.0, True, "a positive number")
 
 
 def nonnegative_float(text: str) -> float:
     """An ``argparse`` type: a finite number >= 0 (time limits in seconds)."""
-    value: float = _number(text, float, 0.0, False, "a number >= 0")
-    return value
+    return _number(text, float, 0.0, False, "a number >= 0")
 
 
 _DEVICES = "auto or a device torch knows (cpu, cuda, cuda:N, mps, xpu, ...)"

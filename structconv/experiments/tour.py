@@ -191,13 +191,11 @@ def theorem_on_image(data_dir: Path, out: Path, *, cache: str | None, index: int
 
 def _draw_theorem(image: Any, y_conv: Any, y_att: Any, path: Path, *, title: str) -> None:
     """The image, then per filter the convolution's output, the attention's and their difference."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .cifar.figures.common import new_figure
 
     names = FILTER_NAMES
-    fig, axes = plt.subplots(3, 1 + len(names), figsize=(11, 8), constrained_layout=True)
+    fig = new_figure(11, 8)
+    axes = fig.subplots(3, 1 + len(names))
     axes[0, 0].imshow(image.permute(1, 2, 0).clamp(0, 1).numpy())
     axes[0, 0].set_title("input")
     for ax in axes[1:, 0]:
@@ -219,7 +217,6 @@ def _draw_theorem(image: Any, y_conv: Any, y_att: Any, path: Path, *, title: str
     fig.suptitle(f"{title}: a 3x3 convolution and the self-attention layer built from it (float64)")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def cifar_demo(data_dir: Path, out: Path, *, cache: str | None, progress: bool) -> Row:

@@ -148,7 +148,6 @@ def pool_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
     basis = layer.basis(x)
     xb, unbatched = _batched(x, len(basis.grid))
     flat = _grid_flat(xb)
-    # An empty batch (or no channels): apply_shifts refuses empty arrays, the basis' own hook does not.
     y = apply_shifts(basis, flat, order=layer.order) if flat.numel() else basis.apply_each(flat)
     back = _grid_back(y[:, 0], basis)
     return back[0] if unbatched else back

@@ -130,14 +130,6 @@ def run_module(
 ) -> PeerRun:
     r"""Run ``module`` on fresh leaves made from ``inputs`` and take the gradients of :math:`\langle y, g \rangle`.
 
-    Each floating dense tensor among ``inputs`` (inside tuples too) becomes one leaf, in
-    ``dtype`` if given (a tensor passed twice, as self-attention's query, key and value, stays
-    one leaf); floating tensors in ``kwargs`` are cast to ``dtype`` too.  The call runs after
-    ``torch.manual_seed(seed)`` (the same dropout draws for both layers), inside
-    ``torch.autocast`` to ``autocast`` on the CPU if given.  :math:`g` is drawn from ``seed``;
-    ``absolute`` uses :math:`|g|` (with :math:`|x|` and :math:`|\text{weights}|` that gives the
-    sums of the terms' magnitudes, the scale of any rounding error).
-
     Parameters
     ----------
     module
@@ -146,8 +138,9 @@ def run_module(
     *inputs
         Its positional inputs.  Each floating tensor with the strided layout, also inside tuples
         and lists (at any depth), is replaced by a detached copy, cast to ``dtype`` when given,
-        that requires gradients; a tensor passed more than once becomes one leaf.  Anything
-        else (integer or sparse tensors, ``None``, ...) is passed as it is.
+        that requires gradients; a tensor passed more than once (as self-attention's query, key
+        and value) becomes one leaf.  Anything else (integer or sparse tensors, ``None``, ...) is
+        passed as it is.
     kwargs
         Its keyword arguments.  The floating tensors among the values (at the top level only)
         are cast to ``dtype`` when given; none becomes a leaf, so none has a gradient taken.
@@ -156,12 +149,14 @@ def run_module(
         The module's own parameters are not cast.
     seed
         ``torch.manual_seed(seed)`` is called just before the module (this reseeds torch's global
-        generator), and :math:`g` is drawn from a standard normal by a generator seeded with
-        ``seed``, in float64, then cast to the dtype of :math:`y`.
+        generator: the same dropout draws for both layers), and :math:`g` is drawn from a
+        standard normal by a generator seeded with ``seed``, in float64, then cast to the dtype
+        of :math:`y`.
     autocast
         The dtype of ``torch.autocast("cpu", dtype=autocast)`` around the call; ``None``: none.
     absolute
-        Use :math:`|g|` instead of :math:`g`.
+        Use :math:`|g|` instead of :math:`g`: with :math:`|x|` and :math:`|\text{weights}|` that
+        gives the sums of the terms' magnitudes, the scale of any rounding error.
 
     Returns
     -------

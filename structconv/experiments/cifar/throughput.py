@@ -1,47 +1,22 @@
 r"""Training throughput (images per second) of the study's models, measured side by side.
 
 Variants, each a full training step (forward, cross-entropy, backward, SGD step) on one batch of
-CIFAR-shaped images already on the device, in training mode (dropout is on, attention dropout
-included, drawn as the paper's code draws it: one mask per layer and step shared by the batch for
-position-only heads, one per image for content heads), with the precision the training uses there
-(bf16 autocast on CUDA, float32 on CPUs):
+CIFAR-shaped images already on the device, in training mode, with the precision the training
+uses there (bf16 autocast on CUDA, float32 on CPUs):
 
 * ``sa-quadratic``, ``sa-gaussian``, ``sa-learned``, ``sa-learned-content`` — the self-attention
   models through structconv;
 * ``sa-quadratic paper-dense`` — the *same* quadratic model (shared parameters) with every
-  attention layer computed the paper's way: relative encodings, scores, dense softmax and one
-  dropout mask per layer and step with no batch axis, then the value einsum over the images
-  (:mod:`.reference`);
+  attention layer computed the paper's way (:mod:`.reference`);
 * ``resnet18`` — the baseline of GridConv2d layers, and ``resnet18 torch`` the same network of
   ``torch.nn.Conv2d`` layers.
 
-Each variant's floating-point operations per training image (forward and backward, counted by
-``torch.utils.flop_counter`` on one step) give its achieved FLOP/s and, with the device's peak
-(``peak_tflops``), its model FLOP utilisation.  Timings are medians over rounds that visit the
-variants in turn, so drifts in machine load hit all of them alike.  The goals are stated in
-:data:`GOALS`: ratios within one run, the images per second of ``sa-quadratic`` on one
-H100/H200 at batch 100, and on CPUs its achieved FLOP/s as a share of the GEMM yardstick below.
-
-With no ``sa_options`` the self-attention variants are the ``paper`` preset's models, which set
-no model options: :class:`~.models.SelfAttentionNet`'s defaults (width 400, 9 heads, 6 blocks,
-dropout and attention dropout 0.1, the layer's default ``dropout_shared=None``, i.e. the paper's
-masks described above).
-
-The GEMM yardstick says how fast this machine multiplies matrices of the size the step itself
-multiplies, so that a variant's achieved FLOP/s can be judged against what the hardware delivers
-on its own largest product rather than against a datasheet.  The step that counts the FLOPs
-also runs under a dispatch mode that records every ``aten.mm``, ``addmm``, ``bmm`` and
-``baddbmm``, and every forward convolution as the product it is (its unfolded input, one row
-per output position, times its weight); the product with the most FLOPs of ``sa-quadratic``'s
-step (of the largest among the variants measured when it is not one of them) gives the shape
-and dtype (the autocast
-dtype under bf16 autocast, float32 otherwise).  Every round then times, after the variants,
-``torch.mm`` (``torch.bmm`` for a batched product) of contiguous random operands of that shape
-into a preallocated output, on the same device and threads; its median is ``gemm_tflops`` and
-each variant's ``utilisation`` is its achieved TFLOP/s over it.  For the paper's model at batch
-100 the largest product is the attention's ``(25600, 3600) x (3600, 400)`` (73.7 GFLOP, with its
-backward twins): the nine heads' aggregated inputs against :math:`\Theta` in one GEMM; the
-shared heads themselves are applied as one batched ``(9, 256, 256) x (256, 40000)`` product.
+Each variant's FLOPs per training image (``torch.utils.flop_counter``) give its achieved FLOP/s,
+its model FLOP utilisation against ``peak_tflops``, and its share of the GEMM yardstick: the
+largest matrix product of the step, timed alone with ``torch.mm`` or ``torch.bmm``.  Timings
+are medians over rounds that visit the variants in turn; the goals are :data:`GOALS`.  How the
+yardstick is chosen and timed, and the models measured with no ``sa_options``, are in
+docs/cifar.rst ("Training throughput").
 """
 
 from __future__ import annotations

@@ -168,21 +168,30 @@ def _seed_dropout(config: TrainConfig, epoch: int, rank: int) -> None:
     torch.manual_seed((config.seed * 7919 + epoch * 104729 + rank) % (2**63 - 1))
 
 
+@contextlib.contextmanager
+def _evaluating(model: nn.Module) -> Iterator[None]:
+    """``torch.no_grad()`` with ``model`` in eval mode, its previous mode restored on exit."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was)
+
+
 def evaluate(
     model: nn.Module, batches: Batches, config: TrainConfig, device: str, dist: Dist | None = None
 ) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of ``model`` on ``batches`` (summed over all processes)."""
     dist = dist or Dist()
-    was = model.training
-    model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=device)
-    with torch.no_grad(), _autocast(config, device):
+    with _evaluating(model), _autocast(config, device):
         for x, y in batches.epoch(config.seed, 0):
             if len(y) == 0:
                 continue
             logits = model(_layout(x, config)).float()
             totals += _tally(F.cross_entropy(logits, y, reduction="sum"), logits, y)
-    model.train(was)
     loss, correct, count = dist.all_sum(totals).tolist()
     return loss / count, correct / count
 

@@ -177,10 +177,8 @@ def plot_centres(model: SelfAttentionNet, path: Path) -> Path:
 
     Head :math:`h` is a dot at :math:`\Delta_h`, in pixel offsets from the query pixel (the black
     square at the origin), with the contours of :math:`\mathcal N(\Delta_h, P_h^{-1})` (see
-    :func:`head_gaussians`): solid for 50 %, dotted for 90 %.  An isotropic head's
-    :math:`p`-contour is the circle of radius :math:`\sqrt{-\ln(1-p)/\alpha_h}`, a non-isotropic
-    one's the ellipse of Mahalanobis radius :math:`\sqrt{-2\ln(1-p)}`.  One subplot per layer,
-    all on the same scale; colours identify heads within a layer.
+    :func:`head_gaussians` and :func:`probability_contour`): solid for 50 %, dotted for 90 %.
+    One subplot per layer, all on the same scale; colours identify heads within a layer.
 
     Parameters
     ----------

@@ -1,9 +1,7 @@
 """What every figure of the CIFAR study shares: the canvas, saving, and the heads of a model.
 
-Figures are drawn on :class:`matplotlib.figure.Figure` objects with the Agg canvas (no pyplot,
-no global backend switch); matplotlib is imported inside the functions, so importing this
-module is cheap.  :func:`mean_heads` gives each block's heads as dense arrays, averaged over
-images for content attention, for the attention maps and the convolutionality figures.
+:func:`mean_heads` gives each block's heads as dense arrays, averaged over images for content
+attention, for the attention maps and the convolutionality figures.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import torch
 
 from ....backend import to_numpy
 from ..models import SelfAttentionNet
+from ..train import _evaluating
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -57,22 +56,6 @@ def float64(a: Any) -> np.ndarray:
     return np.asarray(to_numpy(a), dtype=np.float64)
 
 
-class _Evaluating:
-    """``torch.no_grad()`` with the model in eval mode, its previous mode restored on exit."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model, self.was = model, model.training
-        self.grad = torch.no_grad()
-
-    def __enter__(self) -> None:
-        self.model.eval()
-        self.grad.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self.grad.__exit__(None, None, None)
-        self.model.train(self.was)
-
-
 def _layer_inputs(model: SelfAttentionNet, images: torch.Tensor) -> Iterator[list[torch.Tensor]]:
     """Per chunk of ``images``: the tokens ``(b, M, E)`` entering each block, first to last.
 
@@ -110,7 +93,7 @@ def mean_heads(model: SelfAttentionNet, images: torch.Tensor | None, what: str) 
             "(B, 3, 32, 32), normalised as in training (the paper averages over 100 test images)"
         )
     heads: dict[int, np.ndarray] = {}
-    with _Evaluating(model):
+    with _evaluating(model):
         for i, attention in enumerate(layers):
             if attention.content is None:
                 heads[i] = float64(attention.basis().to_dense())

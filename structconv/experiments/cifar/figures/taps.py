@@ -24,18 +24,10 @@ def convolutionality(
     content attention), as :func:`~structconv.theory.conv_attention.nearest_convolution` chooses it, and
     ``mass`` is that mean weight.  The distance is the mean total variation
     :math:`\tfrac12\lVert a_{:,n} - s_{:,n}\rVert_1` between the head's column and the shift's
-    over the queries :math:`n` (and images):
-
-    * ``interior=True`` (default): over the queries whose key :math:`n + \Delta` lies on the
-      grid.  On a ``"zero"`` grid the shift's column of any other query is empty, and no
-      softmax column (which sums to 1) can match it, so counting those would give a head that
-      is exactly a convolution tap a distance of half the fraction of such queries.
-    * ``interior=False``: over all queries, exactly ``nearest_convolution``'s distance.
-
-    Content heads are averaged over the images first.  This loses nothing: a column
-    :math:`a` of attention is a probability vector, so its distance to the one-hot column
-    :math:`e_k` is :math:`\tfrac12(1 - a_k + \sum_{j\ne k} a_j) = 1 - a_k`, linear in
-    :math:`a`, and the mean over images of the distances is the distance of the mean head.
+    over the queries :math:`n` (and images): with ``interior=True`` (default) over the queries
+    whose key :math:`n + \Delta` lies on the grid, with ``interior=False`` over all of them
+    (exactly ``nearest_convolution``'s distance).  Content heads are averaged over the images
+    first, which gives the same distance.  Why both hold is in docs/cifar.rst ("The figures").
 
     Parameters
     ----------

@@ -8,7 +8,7 @@ product itself, through its matrix's hooks; the engine calls it, never the other
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -94,14 +94,13 @@ class PolynomialBasis(Basis):
         r""":math:`S^\top v` for ``v`` of shape ``(B, N, C)``."""
         return self._matrix.apply_each(v)[:, 0]
 
-    def _forward(self, v: Array, upto: int, step: Callable[[Array], Array] | None = None) -> list[Array]:
-        """:math:`p_d(S)^\\top v` for d = 0..upto; the same recurrence with ``step`` in place of :math:`S^\\top`."""
-        step = step or self._step
+    def _forward(self, v: Array, upto: int) -> list[Array]:
+        """:math:`p_d(S)^\\top v` for d = 0..upto."""
         out = [v]
         if upto >= 1:
-            out.append(step(v))
+            out.append(self._step(v))
         for _ in range(2, upto + 1):
-            nxt = step(out[-1])
+            nxt = self._step(out[-1])
             out.append(2 * nxt - out[-2] if self._family == "chebyshev" else nxt)
         return out
 
@@ -197,7 +196,10 @@ class PolynomialBasis(Basis):
         S = self._matrix.to_dense()[0]
         lib = namespace(S)
         eye = lib.eye(S.shape[0], dtype=S.dtype, device=device_of(S))
-        mats = self._forward(eye, max(self._degrees), lambda m: m @ S)  # p_d(S) itself
+        mats = [eye, S]
+        for _ in range(2, max(self._degrees) + 1):
+            nxt = mats[-1] @ S
+            mats.append(2 * nxt - mats[-2] if self._family == "chebyshev" else nxt)
         return lib.stack([mats[d] for d in self._degrees])
 
     def transpose(self) -> PolynomialBasis:

@@ -199,11 +199,11 @@ class Kernels(ABC):
         geo
             The basis' geometry (its ``ndim`` at most :meth:`native_stencil_ndim`).
         """
-        raise NotImplementedError(f"{self.name} has no native convolution")
+        raise NotImplementedError(f"{self.name} has no native convolution (native_stencil_ndim() is 0)")
 
     def native_image(self, x: Array, weight: Array, geo: Geometry, bias: Array | None, groups: int) -> Array:
         """Native convolution on the grid layout: ``(B, P, *grid)``, kernel ``(Q, P/G, *box)`` to ``(B, Q, *out)``."""
-        raise NotImplementedError(f"{self.name} has no native convolution")
+        raise NotImplementedError(f"{self.name} has no native convolution (native_stencil_ndim() is 0)")
 
     def bind_native_image(self, geo: Geometry, groups: int) -> Callable[[Array, Array, Array | None], Array]:
         """:meth:`native_image` with ``geo`` and ``groups`` bound once: ``run(x, weight, bias)``.
@@ -232,7 +232,7 @@ class Kernels(ABC):
         geo
             The basis' geometry.
         """
-        raise NotImplementedError(f"{self.name} has no native convolution")
+        raise NotImplementedError(f"{self.name} has no native convolution (native_stencil_ndim() is 0)")
 
     # --- structures: graph ---------------------------------------------------------------------
     @abstractmethod

@@ -3,6 +3,7 @@ r"""The torch shift kernels: framing, fused autograd functions and the native co
 Part of the torch backend (:class:`~structconv.backend.torch.TorchBackend` forwards its grid
 methods here; ``structconv.nn``'s grid layers call :func:`conv_image` directly), so it is
 imported only once a torch tensor is seen and the NumPy path never imports torch.
+
 :class:`ShiftGemm` and :class:`ShiftAdd` have backward passes of their own, differentiable as
 written (``docs/internals.rst``, grid convolution).
 """

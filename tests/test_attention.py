@@ -388,6 +388,57 @@ def test_fused_sdpa_order_equals_the_dense_orders(masked: str, lowrank: bool) ->
     )
 
 
+@given(
+    seed=st.integers(0, 2**31),
+    T=st.integers(1, 6),
+    nan_at=st.integers(0, 5),
+    separate_value=st.booleans(),
+    masked=st.booleans(),
+    key_bias=st.booleans(),
+    dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]),
+)
+def test_every_order_keeps_a_nan_token_where_the_softmax_does(
+    seed: int, T: int, nan_at: int, separate_value: bool, masked: bool, key_bias: bool, dtype: torch.dtype
+) -> None:
+    """NaN in one token's features: every order is NaN where the einsum reference is, and equal elsewhere.
+
+    torch's fused CPU kernel returned 0 for a query whose every score is NaN (order ``"sdpa"``).
+    With a mask it may also be NaN where the reference drops a masked NaN score.
+    """
+    from structconv import explain
+
+    g = torch.Generator().manual_seed(seed)
+    B, P, H, D = 2, 3, 2, 2
+    x64 = torch.randn(B, T, P, generator=g, dtype=torch.float64)
+    x64[0, nan_at % T, 0] = float("nan")
+    # Values of x only unmasked: with a mask, a dense order's 0 weight times a NaN value is NaN
+    # where a column attends to nothing (an artefact of the arithmetic, not of the softmax).
+    value64 = torch.randn(B, T, P, generator=g, dtype=torch.float64) if separate_value or masked else x64
+    key, query, theta = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((H, P, D), (H, P, D), (H, P, 4)))
+    kb = torch.randn(H, D, generator=g, dtype=torch.float64) if key_bias else None
+    mask = torch.rand(T, T, generator=g) < 0.7 if masked else None  # [key, query]
+    # The reference: scores (B, H, key, query), the softmax over keys (a column that may attend
+    # to nothing is 0), then sum_k A_k^T v Theta_k, all in float64.
+    keys = torch.einsum("bmp,hpd->bhmd", x64, key) + (0.0 if kb is None else kb[None, :, None])
+    scores = 0.5 * torch.einsum("bhmd,bnp,hpd->bhmn", keys, x64, query)
+    allowed = torch.ones(T, T, dtype=torch.bool) if mask is None else mask
+    weights = scores.masked_fill(~allowed, -torch.inf).softmax(2).masked_fill(~allowed.any(0), 0.0)
+    ref = torch.einsum("bhmn,bmp,hpq->bnq", weights, value64, theta)
+    mech = BiAffine(key=key.to(dtype), query=query.to(dtype), key_bias=None if kb is None else kb.to(dtype), scale=0.5)
+    basis = attention_basis(x64.to(dtype), mechanism=mech, mask=mask)
+    value = value64.to(dtype)
+    for candidate in explain(basis, value, theta.to(dtype)).candidates:
+        y = conv(basis, value, theta.to(dtype), order=candidate.order)
+        assert bool(y.isnan()[ref.isnan()].all()), f"{candidate.order} lost a NaN"
+        if candidate.order != "sdpa" or mask is None:
+            assert torch.equal(y.isnan(), ref.isnan()), candidate.order
+        # else torch's kernel adds the mask to the scores: a masked NaN score stays NaN there
+        rtol, atol = DTYPES[dtype]
+        finite = ~y.isnan()
+        scale = max(1.0, float(ref[finite].abs().max())) if bool(finite.any()) else 1.0
+        torch.testing.assert_close(y.double()[finite], ref[finite], rtol=rtol, atol=atol * scale)
+
+
 def test_sdpa_is_only_offered_for_plain_scaled_dot_products() -> None:
     x = torch.randn(1, 4, 3)
     plain = BiAffine(key=torch.randn(1, 3, 2), query=torch.randn(1, 3, 2))

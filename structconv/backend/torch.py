@@ -247,16 +247,25 @@ class TorchBackend(Backend):
         if bias is not None and allowed is not None:
             raise ValueError("attention takes a boolean mask or additive scores, not both")
         mask = allowed if bias is None else bias
-        if dropout > 0.0:  # torch draws the mask in its kernel (on the CPU, its math kernel: every weight stored)
-            return sdpa(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
         grad = q.requires_grad or k.requires_grad or v.requires_grad
-        if bias is not None and (grad or bias.requires_grad):
+        if dropout > 0.0:  # torch draws the mask in its kernel (on the CPU, its math kernel: every weight stored)
+            out = sdpa(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+        elif bias is not None and (grad or bias.requires_grad):
             # torch's fused CPU kernel refuses a mask that requires grad (its math kernel would store
             # every score); this forward is the fused kernel, the backward recomputes in chunks.
-            return _BiasedAttention.apply(q, k, v, bias, scale)  # type: ignore[no-untyped-call]
-        if not grad:
-            return sdpa(q, k, v, attn_mask=mask, scale=scale)
-        return _TwiceDifferentiableSDPA.apply(q, k, v, allowed, scale)  # type: ignore[no-untyped-call]
+            out = _BiasedAttention.apply(q, k, v, bias, scale)  # type: ignore[no-untyped-call]
+        elif not grad:
+            out = sdpa(q, k, v, attn_mask=mask, scale=scale)
+        else:
+            out = _TwiceDifferentiableSDPA.apply(q, k, v, allowed, scale)  # type: ignore[no-untyped-call]
+        # torch's fused CPU kernel takes a query whose every score is NaN (its own features or every
+        # key's hold a NaN) for one that may attend to nothing, and returns 0 there; the softmax,
+        # the other orders and torch's math kernel give NaN.  Sums find such queries in one pass
+        # over q and k; on the CPU, outside a graph, the output is copied only when there is one.
+        lost = q.sum(-1, keepdim=True).isnan() | k.sum(-1, keepdim=True).isnan().all(-2, keepdim=True)
+        if out.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(lost.any()):
+            return out
+        return out.masked_fill(lost, float("nan"))
 
     def dropout(self, a: Array, p: float) -> Array:
         return torch.nn.functional.dropout(a, p, training=True)

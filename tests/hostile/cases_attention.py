@@ -264,13 +264,13 @@ def trial(entry: str, p: dict[str, Any]) -> Trial:
             mech = sc.BiAffine(**arrays, scale=scale) if scale != 1.0 else sc.BiAffine(**arrays)
         basis = sc.attention_basis(x, z, mechanism=mech, mask=mask, leaky_relu=leaky, normalize=normalize)
         chosen = order
-        if order == "pick":
-            candidates = sc.explain(basis, value, theta).candidates
-            chosen = candidates[p["pick"] % len(candidates)].order
-        return basis, sc.conv(basis, value, theta, order=chosen)
+        if order in ("pick", "auto"):
+            plan = sc.explain(basis, value, theta)
+            chosen = plan.chosen if order == "auto" else plan.candidates[p["pick"] % len(plan.candidates)].order
+        return basis, sc.conv(basis, value, theta, order=chosen), chosen
 
-    def check(answer: tuple[Any, Any]) -> str | None:
-        basis, y = answer
+    def check(answer: tuple[Any, Any, str]) -> str | None:
+        basis, y, ran = answer
         scores = _scores(read(x), read(z) if z is not None else read(x), terms, kinds, float(scale))
         if leaky is not None:
             scores = np.where(scores >= 0, scores, scores * leaky)
@@ -284,7 +284,8 @@ def trial(entry: str, p: dict[str, Any]) -> Trial:
         ref, bound, n = conv_reference(weights, read(value), read(theta))
         # NaN in x: torch's fused kernel (order 'sdpa') adds the mask to the scores, so a masked NaN
         # score stays NaN where the reference drops the entry (torch's own sdpa gives the same).
-        nan_input = d == "x_nan"
+        # Every other order must keep the reference's finite entries finite.
+        nan_input = d == "x_nan" and ran == "sdpa"
         problem = compare(y, ref, bound + np.abs(ref) + 1, dtype, backend, n * (4 * P * Pz + 8), nan_input=nan_input)
         return None if problem is None else f"conv: {problem}"
 

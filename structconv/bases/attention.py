@@ -22,7 +22,6 @@ from ..backend.checks import check_memory
 from .base import NO_ORDERS, Basis, Cost, OwnOrder, _PlacedByArray
 from .dense import DenseBasis
 from .scores import allowed_mask, finite_real, normalise
-from .scores import masked_softmax as masked_softmax  # read from here by structures.positional
 
 
 def check_scores_memory(like: Array, shape: tuple[int, ...], copies: int, what: str) -> None:

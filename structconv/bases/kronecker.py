@@ -53,9 +53,8 @@ class KroneckerBasis(_PlacedByArray):
     representation = "kronecker"
 
     def __init__(self, factors: Sequence[Array]) -> None:
-        factors = tuple(factors)
-        self._factors = _structured(factors)
-        for i, f in enumerate(factors):
+        self._factors = _structured(tuple(factors))
+        for i, f in enumerate(self._factors):
             check_finite(f, f"factors[{i}]")
 
     @classmethod

@@ -191,14 +191,8 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         True
         """
         from ..theory.conv_attention import ONE_HOT_ALPHA, conv_module_heads
-        from .grid import GridConv1d, GridConv2d, GridConv3d
 
         where = f"{cls.__name__}.from_conv"
-        if not isinstance(conv, nn.Conv1d | nn.Conv2d | nn.Conv3d | GridConv1d | GridConv2d | GridConv3d):
-            raise TypeError(
-                f"{where}: conv must be a torch.nn.Conv1d/2d/3d or a structconv.nn.GridConv1d/2d/3d, "
-                f"got {type(conv).__name__}"
-            )
         with torch.no_grad():
             heads = conv_module_heads(conv, grid, head_dim=head_dim, where=where)
             if alpha is not None and not 0.0 < float(alpha) < math.inf:
@@ -206,11 +200,12 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
                     f"{where}: alpha must be positive and finite (or None for one-hot heads), got {alpha!r}"
                 )
             width = ONE_HOT_ALPHA if alpha is None else float(alpha)
+            weight = conv.get_parameter("weight")  # (out_channels, in_channels / groups, *kernel)
             layer = cls(
-                heads.grid, conv.out_channels, len(heads.offsets), encoding=QuadraticHeads(alpha=width),
+                heads.grid, int(weight.shape[0]), len(heads.offsets), encoding=QuadraticHeads(alpha=width),
                 head_dim=head_dim, bias=heads.bias is not None, boundary=heads.boundary, padding=heads.margin,
             )  # fmt: skip
-            layer.to(device=conv.weight.device, dtype=conv.weight.dtype)
+            layer.to(device=weight.device, dtype=weight.dtype)
             quadratic = layer.encoding
             assert isinstance(quadratic, QuadraticHeads)
             quadratic.centres.copy_(torch.as_tensor(heads.offsets))

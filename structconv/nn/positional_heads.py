@@ -49,13 +49,8 @@ class Encoding(NotScriptable, nn.Module):
         """A new, unbound encoding of this class: this one's options, ``changes`` replacing some."""
         return type(self)(**{**self.options(), **changes})
 
-    @property
-    def bound(self) -> bool:
-        """Whether this encoding is bound to a layer (and holds its parameters)."""
-        return self.num_heads > 0
-
     def _check_bound(self) -> None:
-        if not self.bound:
+        if self.num_heads == 0:  # unbound: bind sets num_heads and the parameters
             name = type(self).__name__
             raise ValueError(f"{name} is not bound to a layer; give it to PositionalAttention({self.argument}=...)")
 

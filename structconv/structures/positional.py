@@ -15,11 +15,11 @@ import numpy as np
 
 from ..backend import Array, as_index, einsum, namespace, of, shape_str, to_numpy
 from ..backend.checks import check_array
-from ..bases.attention import masked_softmax
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.grid import _grid
 from ..bases.kronecker import KroneckerBasis
+from ..bases.scores import masked_softmax
 from .attention import Mechanism
 from .relative import (
     RelativeOffsets,
@@ -248,7 +248,7 @@ def learned_scores(grid: Any, tables: Sequence[Array], weight: Array, boundary: 
             f"weight must have shape (K, D_p) with D_p = {sum(widths)} (the tables' widths {widths}), "
             f"got {shape_str(tuple(weight.shape))}"
         )
-    parts = _split(weight, widths, 1)
+    parts = _split(weight, widths)
     return PositionScores(g, boundary, per_axis=tuple(w @ t.T for w, t in zip(parts, tables, strict=True)))
 
 

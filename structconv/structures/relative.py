@@ -145,10 +145,8 @@ def table_on(rel: RelativeOffsets, name: str, like: Array) -> Any:
     # Copies: the cached tables are read-only, and torch does not share read-only memory.
     if name == "offsets":
         table = backend.asarray(rel.offsets.astype(np.float64), like)
-    elif name.startswith("axis_index"):
-        table = backend.asarray(rel.axis_index(int(name.removeprefix("axis_index"))), like, "int64")
     else:
-        raise KeyError(name)
+        table = backend.asarray(rel.axis_index(int(name.removeprefix("axis_index"))), like, "int64")
     return _PLACED.put(key, table)
 
 
@@ -179,11 +177,7 @@ def _axis_sum(per_axis: Sequence[Array], lengths: tuple[int, ...]) -> Array:
     return total.reshape(int(total.shape[0]), -1)
 
 
-def _split(a: Array, widths: tuple[int, ...], axis: int) -> list[Array]:
-    out, start = [], 0
-    for w in widths:
-        index = [slice(None)] * a.ndim
-        index[axis] = slice(start, start + w)
-        out.append(a[tuple(index)])
-        start += w
-    return out
+def _split(a: Array, widths: tuple[int, ...]) -> list[Array]:
+    """``a`` cut along its second axis into pieces of ``widths``."""
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    return [a[:, s : s + w] for s, w in zip(starts, widths, strict=True)]

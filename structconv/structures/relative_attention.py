@@ -65,6 +65,13 @@ def relative_attention(
     sizes = {name: (int(a.shape[0]), int(a.shape[-1])) for name, a in arrays.items()}
     if len(set(sizes.values())) != 1:
         raise ValueError(f"key, query, rel_key, u and v must share K heads of width D, got (K, D) = {sizes}")
+    widths = _check_tables(tables, relative_offsets(g, boundary))
+    if int(rel_key.shape[1]) != sum(widths):
+        want = (sizes["query"][0], sum(widths), sizes["query"][1])
+        raise ValueError(
+            f"rel_key must have shape (K, D_p, D) = {want} (D_p: the tables' widths, K and D: the query's), "
+            f"got {shape_str(tuple(rel_key.shape))}"
+        )
     query_position = _QueryPosition(g, tuple(tables), query, rel_key, boundary, scale)
     content = BiAffine(key=key, query=query, query_bias=u, scale=scale)  # (k + 0)·(q + u): q·k + u·k
     position = learned_scores(g, tables, einsum("kpd,kd->kp", rel_key, v) * content.scale, boundary)
@@ -81,17 +88,6 @@ class _QueryPosition(Mechanism):
     rel_key: Array
     boundary: str
     scale: float
-
-    def __post_init__(self) -> None:
-        widths = _check_tables(self.tables, self.relative)
-        check_array(self.query, "query", (3,), ("(K, P, D)",))
-        check_array(self.rel_key, "rel_key", (3,), ("(K, D_p, D)",))
-        want = (int(self.query.shape[0]), sum(widths), int(self.query.shape[2]))
-        if tuple([int(s) for s in self.rel_key.shape]) != want:
-            raise ValueError(
-                f"rel_key must have shape (K, D_p, D) = {want} (D_p: the tables' widths, K and D: the query's), "
-                f"got {shape_str(tuple(self.rel_key.shape))}"
-            )
 
     @property
     def heads(self) -> int:
@@ -113,7 +109,7 @@ class _QueryPosition(Mechanism):
         queries = einsum("bnp,kpd->bknd", z, self.query)
         B, K = int(z.shape[0]), self.heads
         xp = namespace(queries)
-        parts = _split(self.rel_key, tuple([int(t.shape[1]) for t in self.tables]), 1)
+        parts = _split(self.rel_key, tuple([int(t.shape[1]) for t in self.tables]))
         total: Any = None
         for i, (table, part) in enumerate(zip(self.tables, parts, strict=True)):
             per_offset = einsum("bknd,le,ked->bknl", queries, table, part).reshape(B, K, *grid, -1)

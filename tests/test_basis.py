@@ -202,6 +202,12 @@ def test_from_scipy_names_a_matrix_that_is_not_scipy_sparse():
         SparseBasis.from_scipy([scipy.sparse.eye_array(2), [[1.0, 0.0], [0.0, 1.0]]])
 
 
+@pytest.mark.parametrize("array", [np.ones((1, 2, 2)), np.ones((2, 1, 2, 2)), [[[1.0, 0.0], [0.0, 1.0]]]])
+def test_from_torch_refuses_what_is_not_a_torch_tensor(array):
+    with pytest.raises(TypeError, match=r"tensor must be a torch tensor, got (ndarray|list)"):
+        SparseBasis.from_torch(array)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
 def test_a_scipy_graph_keeps_its_floating_dtype(dtype):
     from structconv import gcn_basis

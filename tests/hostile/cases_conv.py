@@ -202,7 +202,10 @@ def _basis(ops: _Operands) -> tuple[Any, np.ndarray | None]:
     if rep in ("from_dense",):
         return (lambda: sc.SparseBasis.from_dense(arr)), dense
     if rep == "torch_sparse":
-        sparse = arr.to_sparse() if hasattr(arr, "to_sparse") else arr
+        # torch has no meta kernel for to_sparse: a meta sparse tensor is made on the CPU, then moved
+        cpu = make(ops.A, "torch", ops.dtypes["basis"], layout) if meta else arr
+        sparse = cpu.to_sparse() if hasattr(cpu, "to_sparse") else cpu
+        sparse = sparse.to("meta") if meta else sparse
         return (lambda: sparse), dense
     if rep == "concat":
         return (lambda: sc.concat([sc.DenseBasis(arr[:1]), sc.SparseBasis.from_dense(arr[1:])])), dense

@@ -139,8 +139,10 @@ def trial(entry: str, p: dict[str, Any]) -> Trial:
         arg = dense.tolist() if d == "values_list" else dense
         if d == "values_list":
             e.add(EITHER, ("array", "basis"), "a nested list")
+            backend, vdtype = "numpy", "float64"  # what numpy.asarray reads of Python floats, as documented
         if d == "shape":
             arg = make(np.ones([s if isinstance(s, int) and s > 0 else 2 for s in p["bad_shape"]][:5]), backend, vdtype)
+            ref_dense = np.ones(arg.shape)  # sizes an array cannot have became 2: of rank 3, it is a valid basis
             if arg.ndim not in (3, 4):
                 e.add(ERROR, ("array", "basis", "shape", "indices"), f"an array of rank {arg.ndim}")
         return Trial(
@@ -154,6 +156,7 @@ def trial(entry: str, p: dict[str, Any]) -> Trial:
         arg = dense
         if d == "shape":
             arg = make(np.ones([s if isinstance(s, int) and s > 0 else 2 for s in p["bad_shape"]]), backend, vdtype)
+            ref_dense = np.ones(arg.shape)  # sizes an array cannot have became 2: of rank 3, it is a valid basis
             if arg.ndim not in (3, 4):
                 e.add(ERROR, ("basis", "array"), f"an array of rank {arg.ndim}")
         if d == "values_list":
@@ -405,7 +408,9 @@ def _concat_trial(p: dict[str, Any], dense: Any, ref: np.ndarray, vdtype: str, d
         parts.append([[1.0]])
         e.add(ERROR, ("bases", "basis"), "a list among the parts")
     elif d == "huge" and ref.ndim == 3:
-        parts = [sc.SparseBasis.from_dense(dense) if device == "cpu" else dense, second]
+        # a sparse part among dense ones; from_dense refuses values that are not floating (concat's to refuse)
+        sparse = device == "cpu" and vdtype in ("float64", "float32", "float16", "bfloat16")
+        parts = [sc.SparseBasis.from_dense(dense) if sparse else dense, second]
     return Trial(
         f"concat([{', '.join(_desc(x) for x in parts)}]); {e.described}",
         lambda: sc.concat(parts),

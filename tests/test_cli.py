@@ -310,6 +310,31 @@ def test_a_malformed_option_is_named_with_a_usage_status(
     assert message in capsys.readouterr().err
 
 
+def test_a_seed_torch_cannot_take_is_a_usage_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch.manual_seed takes 0 .. 2**64 - 1: a larger --seed (or --set seed=) is refused before the data is read."""
+    from structconv.experiments.cifar.presets import TrainConfig
+
+    for argv in (["--seed", str(2**64)], ["--set", f"seed={2**64}"]):
+        assert main(["cifar", "train", *argv, "--data", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"seed must be an integer from 0 to 2**64 - 1 (torch.manual_seed's range), got {2**64}" in err
+    assert TrainConfig("resnet18", seed=2**64 - 1).seed == 2**64 - 1
+
+
+def test_a_batch_the_device_cannot_hold_is_a_usage_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --batch whose input images alone exceed the device's memory is refused before torch allocates them."""
+    argv = ["cifar", "bench", "--device", "cpu", "--sizes", "smoke", "--only", "resnet18", "--steps", "1"]
+    for batch in (2**64, 10**12):
+        assert main([*argv, "--rounds", "1", "--batch", str(batch), "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"structconv cifar bench: --batch {batch}: the input images" in err and "GiB on cpu" in err
+    assert not list(tmp_path.iterdir())
+
+
 def test_python_dash_m_runs_the_command_line() -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "structconv", *args], capture_output=True, text=True, timeout=120)

@@ -207,6 +207,45 @@ def test_apply_shifts_of_a_meta_input() -> None:
     _on_meta(apply_shifts(basis, _meta(2, 4, 3)), tuple(apply_shifts(basis, torch.ones(2, 4, 3)).shape))
 
 
+# --- A. multi-head attention on meta ----------------------------------------------------------------------
+MHA_MASKS = {
+    "attn_mask bool": lambda m: {"attn_mask": m},
+    "attn_mask float": lambda m: {"attn_mask": torch.zeros(6, 6).masked_fill(m, float("-inf")).add(m.float() * 0.5)},
+    "key_padding_mask": lambda m: {"key_padding_mask": m[:2]},
+    "both": lambda m: {"attn_mask": m, "key_padding_mask": m[:2]},
+    "is_causal": lambda m: {"attn_mask": m, "is_causal": True, "need_weights": False},
+}
+
+
+@pytest.mark.parametrize("masks", list(MHA_MASKS))
+@pytest.mark.parametrize("extras", [False, True])
+def test_attention_on_meta_beside_host_masks(masks: str, extras: bool) -> None:
+    """torch's MultiheadAttention on meta takes masks on the host; ours reads them there and places the result."""
+    mask = torch.rand(6, 6, generator=torch.Generator().manual_seed(0)) < 0.3
+    kwargs = MHA_MASKS[masks](mask)
+    options = {"add_bias_kv": extras, "add_zero_attn": extras}
+    ours = snn.MultiHeadSelfAttention(4, 2, **options).to(META).eval()
+    theirs = torch.nn.MultiheadAttention(4, 2, **options).to(META).eval()
+    x = _meta(6, 2, 4)
+    y, w = ours(x, x, x, **kwargs)
+    y_ref, w_ref = theirs(x, x, x, **kwargs)
+    _on_meta(y, tuple(y_ref.shape))
+    if w_ref is None:
+        assert w is None
+    else:
+        _on_meta(w, tuple(w_ref.shape))
+
+
+@pytest.mark.parametrize("name", ["attn_mask", "key_padding_mask"])
+def test_attention_refuses_a_meta_mask(name: str) -> None:
+    """A mask's values are read (checked, folded into the scores): a meta mask is refused with its name."""
+    shape = (6, 6) if name == "attn_mask" else (2, 6)
+    layer = snn.MultiHeadSelfAttention(4, 2).to(META)
+    x = _meta(6, 2, 4)
+    with pytest.raises(ValueError, match=rf"{name} is on the meta device: .* reads its values"):
+        layer(x, x, x, **{name: torch.zeros(*shape, dtype=torch.bool, device=META)})
+
+
 # --- B. torch sparse operands ------------------------------------------------------------------------------
 @pytest.mark.parametrize("layout", ["coo", "csr"])
 def test_conv_refuses_sparse_x_and_theta(layout: str) -> None:

@@ -46,7 +46,10 @@ def torch_masks(
     """torch's masks -> (``allowed``, additive or None), each ``(B or 1, H or 1, L, S + e)`` (torch's layout).
 
     ``H`` heads, ``e`` appended key tokens (never masked); ``causal`` replaces ``attn_mask`` by
-    the top-left causal mask, as ``scaled_dot_product_attention`` does.
+    the top-left causal mask, as ``scaled_dot_product_attention`` does.  On the meta ``device``
+    the masks are read on the host and the allowed set placed on meta (torch takes host masks
+    there too); the finite additive part is dropped, as it changes no shape and a meta run holds
+    no scores to add it to.  A mask on meta is refused: its values are read.
     """
     allowed: torch.Tensor | None = None
     additive: torch.Tensor | None = None
@@ -73,6 +76,11 @@ def torch_masks(
             )
         parts.append((key_padding_mask[:, None, None, :], "key_padding_mask"))
     for mask, name in parts:
+        if mask.device.type == "meta":
+            raise ValueError(
+                f"{_NAME}: {name} is on the meta device: the layer reads its values (checked, then folded into "
+                "the scores), which a meta tensor does not hold; give it on the host (CPU)"
+            )
         ok, add = split_mask(mask, name, dtype)
         allowed = ok if allowed is None else allowed & ok
         if add is not None:
@@ -82,13 +90,16 @@ def torch_masks(
             allowed = F.pad(allowed, (0, e), value=True)
         if additive is not None:
             additive = F.pad(additive, (0, e))
+    meta = device.type == "meta"
     if causal:  # torch drops attn_mask for scaled_dot_product_attention's causal mask (top-left)
-        allowed = torch.ones(L, S + e, dtype=torch.bool, device=device).tril()[None, None]
+        allowed = torch.ones(L, S + e, dtype=torch.bool, device="cpu" if meta else device).tril()[None, None]
         additive = None
     if allowed is not None:
         allowed = None if bool(allowed.all()) else allowed.expand(-1, -1, L, -1)
     if additive is not None:
-        additive = additive.expand(-1, -1, L, -1)
+        additive = None if meta else additive.expand(-1, -1, L, -1)
+    if meta and allowed is not None:
+        allowed = allowed.to(device)
     return allowed, additive
 
 

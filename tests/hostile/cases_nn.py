@@ -210,12 +210,15 @@ def _ctor_defect(c: _Case) -> None:
         return  # the drawn argument is not this layer's
     else:
         c.kwargs[arg] = bad
-    # a huge size is refused or runs out of memory; a zero padding and a 4-D grid are legal
+    # a huge size is refused or runs out of memory; a zero padding and a 4-D grid are legal, and so are
+    # torch's defaults kdim=None and dropout=0
     bad = given
     huge = bad == 10**10 and arg in ("in_channels", "out_channels", "embed_dim", "kdim", "num_heads", "stride")
     expect = EITHER if huge else ERROR
     if (arg == "padding" and bad == 0) or (arg == "grid" and isinstance(bad, tuple)):
         expect = VALID if arg == "padding" else EITHER
+    if (arg == "kdim" and bad is None) or (arg == "dropout" and bad == 0 and not isinstance(bad, bool)):
+        expect = VALID
     names = (arg, "kernel", "grid") if arg in ("padding", "dilation", "kernel_size") else (arg,)
     if c.name == "RGCNConv" and arg == "num_relations":
         names = ("num_relations",)
@@ -249,7 +252,10 @@ def _input(c: _Case) -> Any:
     elif d == "rank_low":
         values = values[0]
         ok = c.kind in ("grid", "pool", "mha")  # torch's unbatched forms
-        c.e.add(EITHER if ok else ERROR, INPUT_NAMES, "the batch axis dropped")
+        expect = EITHER if ok else ERROR
+        if c.kind == "mha" and (p["mask"] == "none" or (p["mask"] in ("bool", "float") and values.shape[0] == c.L)):
+            expect = VALID  # torch's unbatched (L, E), with an attn_mask (L, L) if any: compared with torch
+        c.e.add(expect, INPUT_NAMES, "the batch axis dropped")
     elif d == "rank_high":
         values = values[None]
         # a graph layer takes a static batch (B, N, P)

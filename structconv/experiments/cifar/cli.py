@@ -344,6 +344,7 @@ def _bench(args: argparse.Namespace) -> int:
     from .presets import config_for
 
     sizes = {name: config_for(args.sizes, name).model_options for name in ("resnet18", "sa-quadratic")}
+    _check_batch(args.batch, device)
     result = measure(
         device, batch=args.batch, steps=args.steps, rounds=args.rounds, only=only,
         log=lambda s: print(s, file=sys.stderr, flush=True), peak_tflops=args.peak_tflops,
@@ -363,6 +364,18 @@ def _bench(args: argparse.Namespace) -> int:
         stem.with_suffix(".json").write_text(json.dumps(result.__dict__, indent=2) + "\n")
         print(f"wrote {stem}.txt and {stem}.json")
     return 0
+
+
+def _check_batch(batch: int, device: str) -> None:
+    """Refuse a ``--batch`` whose input images alone (float32, 3x32x32) exceed the device's memory."""
+    import torch
+
+    from ...backend.checks import check_memory
+
+    try:
+        check_memory(batch * 3 * 32 * 32 * 4, torch.empty(0, device=device), f"--batch {batch}: the input images")
+    except ValueError as err:
+        raise UsageError(str(err)) from err
 
 
 DEMO_MODELS = "resnet18,sa-quadratic,sa-learned"

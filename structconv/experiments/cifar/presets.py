@@ -78,6 +78,10 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise ValueError(
+                f"seed must be an integer from 0 to 2**64 - 1 (torch.manual_seed's range), got {self.seed!r}"
+            )
         for name in ("train_subset", "test_subset"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):

@@ -714,6 +714,16 @@ def test_builders_refuse_sizes_beyond_64_bit_integers(builder: Any, kwargs: dict
         builder((2,), **kwargs)
 
 
+@pytest.mark.parametrize("ndim", [1, 2, 3])
+def test_conv_modules_refuse_an_input_that_is_not_a_tensor(ndim: int) -> None:
+    from structconv import nn as snn
+
+    layer = getattr(snn, f"GridConv{ndim}d")(2, 3, 1)
+    x = torch.zeros(1, 2, *([3] * ndim)).tolist()
+    with pytest.raises(TypeError, match=rf"GridConv{ndim}d: input must be a torch.Tensor, got list"):
+        layer(x)
+
+
 @pytest.mark.parametrize("builder", [grid_basis, avg_pool_basis])
 def test_builders_refuse_a_padded_grid_beyond_64_bit_integers(builder: Any) -> None:
     """Padding within int64 on a grid within int64 may still make a padded grid no int64 index reaches."""

@@ -426,11 +426,14 @@ def _apply_trial(p: dict[str, Any]) -> Trial:
         names = (*names, "order")
         expect = EITHER if backend != "torch" or x_backend != "torch" else expect
     x = make(values, x_backend, x_dtype, "contiguous", x_device) if kind != "list" else values.tolist()
+    # with a bad order too, a refusal may name either defect
+    bad_order = ("order",) if method not in ("auto", "shift", "native") else ()
+    also = f"{words}; " if bad_order else ""
     if kind == "list":
-        expect, names, words = ERROR, ("x",), "x as a list"
+        expect, names, words = ERROR, ("x", *bad_order), f"{also}x as a list"
     basis_arg: Any = None
     if kind == "basis":
-        expect, names, words = ERROR, ("basis",), "basis a dense array, not a GridBasis"
+        expect, names, words = ERROR, ("basis", *bad_order), f"{also}basis a dense array, not a GridBasis"
         basis_arg = make(np.ones((1, M, M)), backend, dtype)
 
     def call() -> Any:

@@ -376,6 +376,7 @@ def test_pool_modules_match_torch(ndim: int, kwargs: dict[str, Any]) -> None:
     for method in ("auto", "shift"):
         layer = getattr(snn, f"AvgPool{ndim}d")(order=method, **kwargs)
         torch.testing.assert_close(layer(x), ref(x))
+        torch.testing.assert_close(layer(x[0]), ref(x[0]))  # unbatched, as torch takes it
 
 
 def test_auto_runs_native_on_torch_and_a_shift_order_on_numpy() -> None:

@@ -376,6 +376,7 @@ def test_pool_modules_match_torch(ndim: int, kwargs: dict[str, Any]) -> None:
     for method in ("auto", "shift"):
         layer = getattr(snn, f"AvgPool{ndim}d")(order=method, **kwargs)
         torch.testing.assert_close(layer(x), ref(x))
+        torch.testing.assert_close(layer(x[0]), ref(x[0]))  # unbatched, as torch takes it
 
 
 def test_auto_runs_native_on_torch_and_a_shift_order_on_numpy() -> None:
@@ -697,3 +698,37 @@ def test_cpu_bfloat16_3d_shift_kernels_survive_torchs_strided_conv3d() -> None:
     A = avg_pool_basis((2, 3, 5), (1, 1, 4), like=x.to(torch.bfloat16))
     y = apply_shifts(A, x.to(torch.bfloat16).flatten(2).transpose(1, 2), order="shift")[:, 0]
     torch.testing.assert_close(y.double().transpose(1, 2).reshape(ref.shape), ref, rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize(
+    ("builder", "kwargs", "message"),
+    [
+        (grid_basis, {"kernel": 1, "padding": 2**64}, r"padding must be at most 2\*\*63 - 1 \(a 64-bit integer\)"),
+        (grid_basis, {"kernel": 1, "stride": [2**64]}, r"stride must be at most 2\*\*63 - 1"),
+        (avg_pool_basis, {"kernel": 1, "stride": 2**64, "ceil_mode": True}, r"stride must be at most 2\*\*63 - 1"),
+        (avg_pool_basis, {"kernel": 1, "stride": 2**64}, r"stride must be at most 2\*\*63 - 1"),
+    ],
+)
+def test_builders_refuse_sizes_beyond_64_bit_integers(builder: Any, kwargs: dict[str, Any], message: str) -> None:
+    """A size, stride or padding the int64 tap table cannot hold is refused, naming the argument."""
+    with pytest.raises(ValueError, match=message):
+        builder((2,), **kwargs)
+
+
+@pytest.mark.parametrize("ndim", [1, 2, 3])
+def test_conv_modules_refuse_an_input_that_is_not_a_tensor(ndim: int) -> None:
+    from structconv import nn as snn
+
+    layer = getattr(snn, f"GridConv{ndim}d")(2, 3, 1)
+    x = torch.zeros(1, 2, *([3] * ndim)).tolist()
+    with pytest.raises(TypeError, match=rf"GridConv{ndim}d: input must be a torch.Tensor, got list"):
+        layer(x)
+
+
+@pytest.mark.parametrize("builder", [grid_basis, avg_pool_basis])
+def test_builders_refuse_a_padded_grid_beyond_64_bit_integers(builder: Any) -> None:
+    """Padding within int64 on a grid within int64 may still make a padded grid no int64 index reaches."""
+    kwargs = {"padding": 2**63 - 1} if builder is grid_basis else {"padding": 1, "ceil_mode": True}
+    grid = (2,) if builder is grid_basis else (2**63 - 2,)
+    with pytest.raises(ValueError, match=r"padding .* makes grid dimension 0 .* more than 2\*\*63 - 1"):
+        builder(grid, 2, **kwargs)

@@ -17,9 +17,11 @@ Size = int | Sequence[int]
 
 BOUNDARIES = ("zero", "periodic")
 
+_INT64_MAX = 2**63 - 1  # offsets, strides and sizes are laid out as int64
+
 
 def _ints(value: Size, d: int | None, arg: str, minimum: int) -> tuple[int, ...]:
-    """``value`` as a tuple of ``d`` integers ``>= minimum`` (an int is repeated)."""
+    """``value`` as a tuple of ``d`` integers ``>= minimum`` and within int64 (an int is repeated)."""
     vector = getattr(value, "ndim", None) == 1  # a 1-D array of any backend
     if isinstance(value, bool) or not (isinstance(value, int | np.integer | Sequence) or vector):
         raise TypeError(f"{arg} must be an int or a sequence of ints, got {type(value).__name__}")
@@ -38,6 +40,8 @@ def _ints(value: Size, d: int | None, arg: str, minimum: int) -> tuple[int, ...]
         if v < minimum:
             what = "positive" if minimum == 1 else "non-negative"
             raise ValueError(f"{arg} must be {what}, got {value!r}")
+        if v > _INT64_MAX:
+            raise ValueError(f"{arg} must be at most 2**63 - 1 (a 64-bit integer), got {value!r}")
         out.append(int(v))
     return tuple(out)
 

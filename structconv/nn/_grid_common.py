@@ -8,10 +8,15 @@ from typing import Any
 import torch
 
 
-def split_input(x: torch.Tensor, ndim: int, channels: int | None, layer: str) -> tuple[torch.Tensor, bool]:
-    """Check a ``(B, C, *grid)`` or ``(C, *grid)`` input; return it batched and whether it was unbatched."""
+def check_tensor(x: object, layer: str) -> None:
+    """Refuse an input that is not a tensor (a nested list), naming the layer."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{layer}: input must be a torch.Tensor, got {type(x).__name__}")
+
+
+def split_input(x: torch.Tensor, ndim: int, channels: int | None, layer: str) -> tuple[torch.Tensor, bool]:
+    """Check a ``(B, C, *grid)`` or ``(C, *grid)`` input; return it batched and whether it was unbatched."""
+    check_tensor(x, layer)
     if x.ndim not in (ndim + 1, ndim + 2):
         raise ValueError(
             f"{layer}: input must have shape (B, C, {', '.join('S' + str(i + 1) for i in range(ndim))}) or "

@@ -29,7 +29,7 @@ from ..bases.conv_weight import ConvWeight
 from ..bases.grid import GridBasis, Size, _ints
 from ..engine.compiled import Contraction, contraction
 from ..structures.grid import Padding, _padding, grid_basis
-from ._grid_common import grid_and_like, own_init, split_input
+from ._grid_common import check_tensor, grid_and_like, own_init, split_input
 from ._grid_docs import conv_doc
 from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, own_parameter, refuse_jit_trace
 
@@ -184,6 +184,7 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
         from the native kernel: the engine refuses empty arrays and there is nothing to contract.
         """
         refuse_jit_trace(self)
+        check_tensor(x, type(self).__name__)  # before the run cache reads x.shape
         self.prepare_outside_graph(x)
         weight = own_parameter(self, "weight")
         # Everything the compiled call would compare: it runs keyed (Contraction.run_keyed).

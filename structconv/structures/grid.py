@@ -85,6 +85,17 @@ def _window_extent(kernel: Size, dilation: Size, d: int) -> tuple[int, ...]:
     return tuple((ki - 1) * di + 1 for ki, di in zip(k, dil, strict=True))
 
 
+def _padded(size: int, before: int, after: int, i: int) -> int:
+    """Entries of grid dimension ``i`` once padded, refused beyond int64 (the taps' and output's index type)."""
+    padded = size + before + after
+    if padded > 2**63 - 1:
+        raise ValueError(
+            f"padding {before} + {after} makes grid dimension {i} (size {size}) {padded} entries long, more than "
+            "2**63 - 1 (a 64-bit integer)"
+        )
+    return padded
+
+
 def _layout_window(
     g: tuple[int, ...], extent: tuple[int, ...], stride: tuple[int, ...], padding: Padding
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -95,7 +106,7 @@ def _layout_window(
     before, after = _padding(padding, extent, stride)
     out = []
     for i, (size, e) in enumerate(zip(g, extent, strict=True)):
-        padded = size + before[i] + after[i]
+        padded = _padded(size, before[i], after[i], i)
         if padded < e:
             raise ValueError(
                 f"kernel spans {e} entries along grid dimension {i} (kernel, dilation or offsets) but the "
@@ -300,7 +311,7 @@ def _ceil_layout(
     """Output grid, tap offsets and per-output padded-grid window counts of torch's ``ceil_mode`` pooling."""
     out, sides = [], []
     for i, (size, kk, s, b, a) in enumerate(zip(g, k, st, before, after, strict=True)):
-        n = -(-(size + b + a - kk) // s) + 1
+        n = -(-(_padded(size, b, a, i) - kk) // s) + 1
         if (n - 1) * s >= size + b:  # the last window must start inside the input or the left padding
             n -= 1
         if n < 1:

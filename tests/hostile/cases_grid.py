@@ -186,6 +186,8 @@ def _grid_trial(entry: str, p: dict[str, Any]) -> Trial:
     if pool:
         dilation = [1] * d
         half = [min(v, k // 2) for v, k in zip(p["pad"][:d], kernel, strict=True)]
+        if p["padding"] == "int":  # one value for every dimension: at most half the smallest kernel
+            half[0] = min(half[0], min(kernel) // 2)
         p = {**p, "offsets": False, "pad": half + half}  # torch pads symmetrically
         if p["padding"] in ("same", "valid"):
             p["padding"] = "tuple"
@@ -324,10 +326,32 @@ def _pool_dense(
         pool = getattr(F, f"avg_pool{d}d")
         out = pool(unit, kernel, stride, 0, ceil_mode, True)
         return out.reshape(out.shape[1], -1).numpy()[None]
+    if d == 3 and any(g < k for g, k in zip(grid, kernel, strict=True)):
+        # torch's avg_pool3d alone refuses an input smaller than the kernel, padding or not
+        return _pool_separable(grid, kernel, stride, before, count_include_pad, ceil_mode)
     unit = torch.eye(int(np.prod(grid)), dtype=torch.float64).reshape(1, -1, *grid)
     pool = getattr(F, f"avg_pool{d}d")
     out = pool(unit, kernel, stride, before, ceil_mode, count_include_pad)
     return out.reshape(out.shape[1], -1).numpy()[None]
+
+
+def _pool_separable(
+    grid: list[int], kernel: list[int], stride: list[int], pad: list[int], count_include_pad: bool, ceil_mode: bool
+) -> np.ndarray:
+    """torch's box pooling one dimension at a time (its window and divisor are products over dimensions)."""
+    import torch
+    from torch.nn import functional as F  # noqa: N812
+
+    M = int(np.prod(grid))
+    t = torch.eye(M, dtype=torch.float64).reshape(M, *grid)
+    for i in range(len(grid)):
+        t = t.movedim(1 + i, -1)
+        rows = t.shape[:-1]
+        out = F.avg_pool2d(
+            t.reshape(-1, 1, 1, t.shape[-1]), (1, kernel[i]), (1, stride[i]), (0, pad[i]), ceil_mode, count_include_pad
+        )
+        t = out.reshape(*rows, out.shape[-1]).movedim(-1, 1 + i)
+    return t.reshape(M, -1).numpy()[None]
 
 
 def _pool_uncounted(
@@ -402,11 +426,14 @@ def _apply_trial(p: dict[str, Any]) -> Trial:
         names = (*names, "order")
         expect = EITHER if backend != "torch" or x_backend != "torch" else expect
     x = make(values, x_backend, x_dtype, "contiguous", x_device) if kind != "list" else values.tolist()
+    # with a bad order too, a refusal may name either defect
+    bad_order = ("order",) if method not in ("auto", "shift", "native") else ()
+    also = f"{words}; " if bad_order else ""
     if kind == "list":
-        expect, names, words = ERROR, ("x",), "x as a list"
+        expect, names, words = ERROR, ("x", *bad_order), f"{also}x as a list"
     basis_arg: Any = None
     if kind == "basis":
-        expect, names, words = ERROR, ("basis",), "basis a dense array, not a GridBasis"
+        expect, names, words = ERROR, ("basis", *bad_order), f"{also}basis a dense array, not a GridBasis"
         basis_arg = make(np.ones((1, M, M)), backend, dtype)
 
     def call() -> Any:

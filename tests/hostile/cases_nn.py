@@ -219,6 +219,8 @@ def _ctor_defect(c: _Case) -> None:
         expect = VALID if arg == "padding" else EITHER
     if (arg == "kdim" and bad is None) or (arg == "dropout" and bad == 0 and not isinstance(bad, bool)):
         expect = VALID
+    if arg == "divisor_override" and bad in (None, 10**10):
+        expect = VALID  # torch's default, and a divisor its int64 takes (the averages come out tiny)
     names = (arg, "kernel", "grid") if arg in ("padding", "dilation", "kernel_size") else (arg,)
     if c.name == "RGCNConv" and arg == "num_relations":
         names = ("num_relations",)
@@ -251,10 +253,10 @@ def _input(c: _Case) -> Any:
         c.e.add(ERROR, INPUT_NAMES, "one channel too many")
     elif d == "rank_low":
         values = values[0]
-        ok = c.kind in ("grid", "pool", "mha")  # torch's unbatched forms
-        expect = EITHER if ok else ERROR
+        # torch's unbatched forms: its Conv, AvgPool and MultiheadAttention take them, compared with the peer's answer
+        expect = VALID if c.kind in ("grid", "pool") else EITHER if c.kind == "mha" else ERROR
         if c.kind == "mha" and (p["mask"] == "none" or (p["mask"] in ("bool", "float") and values.shape[0] == c.L)):
-            expect = VALID  # torch's unbatched (L, E), with an attn_mask (L, L) if any: compared with torch
+            expect = VALID  # (L, E), with an attn_mask (L, L) if any
         c.e.add(expect, INPUT_NAMES, "the batch axis dropped")
     elif d == "rank_high":
         values = values[None]
@@ -434,13 +436,28 @@ def _peer(c: _Case, layer: Any) -> Any:
     d = int(c.name[-2]) if c.kind in ("grid", "pool") else 0
     if c.kind == "grid":
         peer = getattr(torch.nn, f"Conv{d}d")(*c.args, **c.kwargs).double()
+    elif c.kind == "pool" and d == 1 and c.kwargs.get("divisor_override") is not None:
+        peer = _avg_pool1d_divisor(*c.args, **c.kwargs)  # torch's AvgPool1d has no divisor_override
     elif c.kind == "pool":
-        peer = getattr(torch.nn, f"AvgPool{d}d")(*c.args, **c.kwargs)
+        kwargs = {k: v for k, v in c.kwargs.items() if d != 1 or k != "divisor_override"}  # None here
+        peer = getattr(torch.nn, f"AvgPool{d}d")(*c.args, **kwargs)
     else:
         peer = torch.nn.MultiheadAttention(*c.args, **c.kwargs).double()
     if c.kind != "pool":
         peer.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
     return peer.eval()
+
+
+def _avg_pool1d_divisor(
+    kernel_size: int, stride: int, padding: int, ceil_mode: bool, count_include_pad: bool, divisor_override: int
+) -> Any:
+    """torch's ``AvgPool2d`` over a ``(1, L)`` grid: ``AvgPool1d`` with a ``divisor_override``."""
+    import torch
+
+    pool = torch.nn.AvgPool2d(
+        (1, kernel_size), (1, stride), (0, padding), ceil_mode, count_include_pad, divisor_override
+    )
+    return torch.nn.Sequential(torch.nn.Unflatten(-1, (1, -1)), pool, torch.nn.Flatten(-2))
 
 
 def _abs_peer(c: _Case, peer: Any, x: Any) -> Any:

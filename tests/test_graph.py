@@ -406,3 +406,20 @@ def test_gat_refuses_complex_edge_features() -> None:
     attr = torch.tensor([[1 + 5j], [2], [3]], dtype=torch.complex64)
     with pytest.raises(TypeError, match=r"GATConv: edge_attr must hold real numbers, got dtype torch\.complex64"):
         layer(x, ei, attr)
+
+
+@pytest.mark.parametrize("kind", ["powers", "chebyshev", "diffusion"])
+def test_a_huge_order_is_held_lazily_and_one_beyond_int64_is_refused(kind: str) -> None:
+    """K=10**10 costs nothing until applied (its degrees are a range); members int64 cannot number name K."""
+    ei = np.array([[0, 1], [1, 0]])
+    members = {"powers": 10**10 + 1, "chebyshev": 10**10, "diffusion": 2 * 10**10 + 1}[kind]
+    assert graph_basis(ei, kind, K=10**10).shape == (members, 2, 2)
+    with pytest.raises(ValueError, match=r"K=18446744073709551616 gives .* more entries than int64 can number"):
+        graph_basis(ei, kind, K=2**64)
+
+
+@pytest.mark.parametrize("num_nodes", [True, 1.0])
+def test_a_matrix_graph_refuses_a_node_count_that_is_not_an_integer(num_nodes: object) -> None:
+    """As an edge_index does: True and 1.0 equal a 1 x 1 matrix's size but are not counts."""
+    with pytest.raises(ValueError, match=r"num_nodes must be a positive integer, got"):
+        graph_basis(scipy.sparse.csr_array(np.ones((1, 1))), "diffusion", num_nodes=num_nodes)

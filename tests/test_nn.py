@@ -70,6 +70,13 @@ def test_struct_conv_refuses_a_bool_width() -> None:
         snn.StructConv(torch.ones(1, 4, 6), 3, True, bias=False)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("x", [[[[0.5, 1.0]] * 4], ((0.5, 1.0),) * 4], ids=["nested list", "tuple"])
+def test_struct_conv_names_an_input_that_is_not_a_tensor(x: object) -> None:
+    """As torch.nn.Linear refuses a list: a TypeError naming x (it used to be an AttributeError on .shape)."""
+    with pytest.raises(TypeError, match=r"StructConv: x must be a torch.Tensor of shape \(B, M, P\) or \(M, P\), got"):
+        StructConv(torch.ones(1, 4, 2), 2, 1)(x)
+
+
 def test_rgcn_refuses_parameters_beyond_memory_before_allocating() -> None:
     message = r"RGCNConv: num_relations=10000000000, .* asks for parameters that would take .* GiB"
     with memory_budget(0.5), pytest.raises(ValueError, match=message):

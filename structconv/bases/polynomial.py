@@ -39,11 +39,12 @@ class PolynomialBasis(Basis):
         :math:`S` as a one-member :class:`~structconv.SparseBasis` of shape ``(1, N, N)``.
     degrees
         The degrees of the members, in order (e.g. ``range(K + 1)`` for TAGConv, ``[K]`` for SGConv).
+        A ``range`` is kept as it is: however high the order, the basis costs nothing until applied.
     family
         ``"powers"`` or ``"chebyshev"``.
     """
 
-    __slots__ = ("_degrees", "_derived", "_family", "_matrix")
+    __slots__ = ("_degrees", "_derived", "_family", "_matrix", "_top")
     representation = "polynomial"
     host_orders = frozenset({"atheta", "materialized"})
 
@@ -52,10 +53,11 @@ class PolynomialBasis(Basis):
             raise ValueError("matrix must be a one-member square SparseBasis of shape (1, N, N)")
         if family not in ("powers", "chebyshev"):
             raise ValueError(f"family must be 'powers' or 'chebyshev', got {family!r}")
-        degs = tuple(int(d) for d in degrees)
-        if not degs or min(degs) < 0:
+        degs = degrees if isinstance(degrees, range) else tuple(int(d) for d in degrees)
+        ends = (degs[0], degs[-1]) if isinstance(degs, range) and degs else degs  # a range's extremes: its ends
+        if not degs or min(ends) < 0:
             raise ValueError(f"degrees must be non-empty and non-negative, got {degrees!r}")
-        self._matrix, self._degrees, self._family = matrix, degs, family
+        self._matrix, self._degrees, self._family, self._top = matrix, degs, family, max(ends)
         self._derived = Derived()
 
     @property
@@ -63,7 +65,7 @@ class PolynomialBasis(Basis):
         return self._matrix
 
     @property
-    def degrees(self) -> tuple[int, ...]:
+    def degrees(self) -> Sequence[int]:
         return self._degrees
 
     @property
@@ -119,7 +121,7 @@ class PolynomialBasis(Basis):
         return terms.get(0, zero) + self._step(b1) - b2
 
     def apply_each(self, x: Array) -> Array:
-        powers = self._forward(x, max(self._degrees))
+        powers = self._forward(x, self._top)
         stack = namespace(x).stack
         return stack([powers[d] for d in self._degrees], 1)
 
@@ -133,14 +135,14 @@ class PolynomialBasis(Basis):
         return stack([self._forward(s[:, k], d)[d] for k, d in enumerate(self._degrees)], 1)
 
     def _products(self, batch: int, channels: int) -> float:
-        return 2.0 * self._matrix.stored * batch * channels * max(self._degrees)
+        return 2.0 * self._matrix.stored * batch * channels * self._top
 
     def cost_each(self, batch: int, channels: int) -> Cost:
-        D = max(self._degrees)
+        D = self._top
         return Cost(0.0, float(batch * (self.K + D) * self.N * channels), self._products(batch, channels))
 
     def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
-        D = max(self._degrees)
+        D = self._top
         factor = 1.0 if reduce else float(self.K)
         return Cost(0.0, float(batch * (self.K + D) * self.N * channels), factor * self._products(batch, channels))
 
@@ -157,7 +159,7 @@ class PolynomialBasis(Basis):
     def _materialize(self) -> SparseBasis:
         S = self._matrix
         index, values = S.indices, S.values
-        parts = of(values).sparse_polynomials(index[1], index[2], values, S.N, self._degrees, self._family)
+        parts = of(values).sparse_polynomials(index[1], index[2], values, S.N, tuple(self._degrees), self._family)
         members = [as_index(np.full(int(v.shape[0]), k), index) for k, (_, _, v) in enumerate(parts)]
         stack = namespace(values).stack
         rows = concatenate([stack([k, r, c]) for k, (r, c, _) in zip(members, parts, strict=True)], 1)
@@ -197,7 +199,7 @@ class PolynomialBasis(Basis):
         lib = namespace(S)
         eye = lib.eye(S.shape[0], dtype=S.dtype, device=device_of(S))
         mats = [eye, S]
-        for _ in range(2, max(self._degrees) + 1):
+        for _ in range(2, self._top + 1):
             nxt = mats[-1] @ S
             mats.append(2 * nxt - mats[-2] if self._family == "chebyshev" else nxt)
         return lib.stack([mats[d] for d in self._degrees])

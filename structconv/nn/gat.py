@@ -383,7 +383,13 @@ class GATConv(CompiledRuns, PyGState):
         basis = self._basis(scored, reuse=True)
         # With nothing to attend to the output is 0 (the engine refuses empty dimensions).
         empty = N_src == 0 or N_dst == 0
-        y = x3.new_zeros(N_dst, int(theta.out.shape[1])) if empty else self.contract(basis, x3, theta).squeeze(0)
+        # On meta, A·Θ first (picked for few channels) forms the dense basis, whose entries meta holds none
+        # of; A·x first reads none (as GraphConvBase._run does).
+        order = "ax" if x3.device.type == "meta" else "auto"
+        if empty:
+            y = x3.new_zeros(N_dst, int(theta.out.shape[1]))
+        else:
+            y = self.contract(basis, x3, theta, order=order).squeeze(0)
         if self.res is not None and scored.x_dst is not None:
             y = y + scored.x_dst @ self.res
         if self.bias is not None:

@@ -85,11 +85,16 @@ def _read(graph: Any, x: torch.Tensor, edge_weight: torch.Tensor | None, layer: 
     """The graph as edges on ``x``'s nodes, a matrix read as PyG's ``adj_t``.
 
     For ``x`` on the meta device the edges stay where the graph is (its values are read and
-    normalised there); :meth:`_GraphLayer._run` places the basis beside ``x``.
+    normalised there); :meth:`_GraphLayer._run` places the basis beside ``x``.  An ``edge_weight``
+    on meta beside it (a shape-only run, which PyG's layers take) is stood in for by ones of its
+    shape and dtype there: its values would only reach the output's, which meta holds none of.
     """
     if edge_weight is not None and is_matrix_graph(graph):
         raise ValueError(f"{layer}: edge_weight goes with an edge_index; a sparse adjacency carries its own weights")
-    return as_edges(graph, int(x.shape[-2]), edge_weight, like=host_like(x, graph, edge_weight), adj_t=True)
+    host = host_like(x, graph, edge_weight)
+    if isinstance(host, torch.Tensor) and host is not x and edge_weight is not None and edge_weight.is_meta:
+        edge_weight = torch.ones(edge_weight.shape, dtype=edge_weight.dtype, device=host.device)
+    return as_edges(graph, int(x.shape[-2]), edge_weight, like=host, adj_t=True)
 
 
 def _check_device(x: torch.Tensor, parameter: torch.Tensor, layer: str, arg: str = "x") -> None:

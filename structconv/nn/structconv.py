@@ -126,6 +126,10 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer to ``x`` of shape ``(B, M, P)`` or ``(M, P)``."""
         refuse_jit_trace(self)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"StructConv: x must be a torch.Tensor of shape (B, M, P) or (M, P), got {type(x).__name__}"
+            )
         return self.contract(self.basis(x), x, self.theta(), bias=self.bias, order=self.order)
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> StructConv:

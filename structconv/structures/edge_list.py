@@ -187,6 +187,8 @@ def as_edges(
         raise ValueError("edge_weight goes with an edge_index; a matrix graph carries its own weights")
     if num_targets is not None and num_nodes is None:
         raise ValueError("num_targets needs num_nodes (a bipartite matrix graph has two sizes)")
+    if num_nodes is not None:  # a count, as for an edge_index (True and 1.0 would equal a 1 x 1 matrix's size)
+        num_nodes = positive_int(num_nodes, "num_nodes")
     expect = None if num_nodes is None else (num_nodes, num_targets if num_targets is not None else num_nodes)
     if expect is not None and adj_t:
         expect = expect[::-1]

@@ -31,7 +31,7 @@ from ..backend import Array, as_index, concatenate, device_of, find, is_integer_
 from ..backend.checks import check_index_range
 from ..bases.base import Basis
 from ..bases.polynomial import PolynomialBasis
-from ..bases.sparse import SparseBasis
+from ..bases.sparse import MAX_ENTRIES, SparseBasis
 from .edge_list import Edges, as_edges, host_like, is_matrix_graph
 from .normalize import (
     _largest_eigenvalue,
@@ -246,6 +246,13 @@ def graph_basis(
         if isinstance(K, bool) or not isinstance(K, int | np.integer) or K < 1:
             raise ValueError(f"K must be an integer >= 1, got {K!r}")
         K = int(K)
+        # A huge K is held lazily (the degrees are a range), up to what SparseBasis' int64 numbering allows
+        members, size = {"powers": K + 1, "diffusion": 2 * K + 1, "chebyshev": K}[kind], edges.num_nodes * edges.targets
+        if members * size > MAX_ENTRIES:
+            raise ValueError(
+                f"K={K} gives {members} members of {edges.num_nodes} x {edges.targets} nodes, more entries than int64 "
+                f"can number ({MAX_ENTRIES})"
+            )
     if kind == "adjacency":
         return edges.to_basis()
     if kind == "gcn":

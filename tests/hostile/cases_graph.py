@@ -297,6 +297,8 @@ def _defect(p: dict[str, Any], g: _Graph, graph: Any, kwargs: dict[str, Any], ma
         e.add(VALID, (), "a non-contiguous edge_index")
     elif d == "loops" and edge_form and g.N:
         graph = _concat(graph, np.array([[0, 0], [0, 0]]))
+        if kwargs.get("edge_type") is not None:  # one relation per edge: the two loops get relation 0
+            kwargs["edge_type"] = _concat(kwargs["edge_type"][None], np.zeros((1, 2), dtype=np.int64))[0]
         kwargs["edge_weight"] = None
         kwargs["num_nodes"] = g.N
         e.add(EITHER, GRAPH_NAMES, "two self-loops on one node")

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..backend.cache import BoundedCache
-from ..backend.checks import positive_int
 from ..bases.grid import GridBasis, Size, _ints
 from ..structures.grid import Padding, apply_shifts, avg_pool_basis
 from ._grid_common import grid_and_like, own_init, split_input
@@ -48,8 +48,11 @@ class _AvgPoolNd(StructureOutsideGraph, NotScriptable, nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if divisor_override is not None:
-            divisor_override = positive_int(divisor_override, "divisor_override", where=name)
+        if divisor_override is not None:  # torch takes any integer but 0 (a negative one flips the sign)
+            bad = isinstance(divisor_override, bool) or not isinstance(divisor_override, int | np.integer)
+            if bad or divisor_override == 0:
+                raise ValueError(f"{name}: divisor_override must be a non-zero integer, got {divisor_override!r}")
+            divisor_override = int(divisor_override)
         d = self._ndim
         self.kernel_size = _ints(kernel_size, d, "kernel_size", 1)
         self.stride = self.kernel_size if stride is None else _ints(stride, d, "stride", 1)

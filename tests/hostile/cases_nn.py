@@ -219,8 +219,8 @@ def _ctor_defect(c: _Case) -> None:
         expect = VALID if arg == "padding" else EITHER
     if (arg == "kdim" and bad is None) or (arg == "dropout" and bad == 0 and not isinstance(bad, bool)):
         expect = VALID
-    if arg == "divisor_override" and bad in (None, 10**10):
-        expect = VALID  # torch's default, and a divisor its int64 takes (the averages come out tiny)
+    if arg == "divisor_override" and bad in (None, 10**10, -1) and not isinstance(bad, bool):
+        expect = VALID  # torch's default, and divisors it takes (any integer but 0; 10**10: tiny averages)
     names = (arg, "kernel", "grid") if arg in ("padding", "dilation", "kernel_size") else (arg,)
     if c.name == "RGCNConv" and arg == "num_relations":
         names = ("num_relations",)

@@ -469,7 +469,7 @@ def pool_setup(
     kw["ceil_mode"] = draw(st.booleans()) if ceil is None else ceil
     kw["count_include_pad"] = draw(st.booleans()) if include is None else include
     if divisor:
-        kw["divisor_override"] = draw(st.integers(1, 7))
+        kw["divisor_override"] = draw(st.integers(-7, 7).filter(bool))  # torch takes any integer but 0
     return {"d": d, "kw": kw, "grid": grid, "B": draw(st.integers(1, 3)), "C": draw(st.integers(1, 3)),
             "seed": draw(st.integers(0, 2**31))}  # fmt: skip
 
@@ -533,7 +533,7 @@ def test_pool_ceil_mode(dtype: torch.dtype, c: dict[str, Any]) -> None:
     check_pool(c, dtype)
 
 
-@case(EQUAL, "``divisor_override`` (``AvgPool2d``, ``AvgPool3d``), with ``ceil_mode``")
+@case(EQUAL, "``divisor_override`` (``AvgPool2d``, ``AvgPool3d``; negative too), with ``ceil_mode``")
 @pytest.mark.parametrize("dtype", DTYPES)
 @FEW
 @given(c=pool_setup(ceil=None, include=None, divisor=True))
@@ -563,7 +563,7 @@ def test_pool_refusals(d: int) -> None:
     x = tensor(0, 1, 2, *([4] * d))
     for kw, size, match in (
         ({"kernel_size": 2, "padding": 2}, 4, r"padding must be at most half the kernel"),
-        ({"kernel_size": 2, "divisor_override": 0}, 4, r"divisor_override must be a positive int"),
+        ({"kernel_size": 2, "divisor_override": 0}, 4, r"divisor_override must be a non-zero integer"),
         ({"kernel_size": 3, "stride": 1, "ceil_mode": True}, 1, r"kernel 3 leaves no output"),
         ({"kernel_size": 3}, 2, r"kernel spans 3 entries"),
     ):

@@ -707,6 +707,8 @@ def test_cpu_bfloat16_3d_shift_kernels_survive_torchs_strided_conv3d() -> None:
         (grid_basis, {"kernel": 1, "stride": [2**64]}, r"stride must be at most 2\*\*63 - 1"),
         (avg_pool_basis, {"kernel": 1, "stride": 2**64, "ceil_mode": True}, r"stride must be at most 2\*\*63 - 1"),
         (avg_pool_basis, {"kernel": 1, "stride": 2**64}, r"stride must be at most 2\*\*63 - 1"),
+        (shift_matrix, {"d": 2**63}, r"d must be at most 2\*\*63 - 1"),
+        (shift_matrix, {"d": -(2**62) - 1}, r"d must be at least -4611686018427387904, got"),  # was "non-negative"
     ],
 )
 def test_builders_refuse_sizes_beyond_64_bit_integers(builder: Any, kwargs: dict[str, Any], message: str) -> None:

@@ -38,7 +38,7 @@ def _ints(value: Size, d: int | None, arg: str, minimum: int) -> tuple[int, ...]
         if isinstance(v, bool) or not isinstance(v, int | np.integer):
             raise TypeError(f"{arg} must hold integers, got {v!r}")
         if v < minimum:
-            what = "positive" if minimum == 1 else "non-negative"
+            what = {1: "positive", 0: "non-negative"}.get(minimum, f"at least {minimum}")
             raise ValueError(f"{arg} must be {what}, got {value!r}")
         if v > _INT64_MAX:
             raise ValueError(f"{arg} must be at most 2**63 - 1 (a 64-bit integer), got {value!r}")

@@ -145,14 +145,13 @@ class SparseBasis(_PlacedByArray):
             A floating torch sparse tensor (COO, or another layout, read as COO); its
             repeated entries add up.
         """
-        backend = find(tensor)
-        if backend is None or backend.name != "torch":  # a NumPy array is SparseBasis.from_dense's
+        if type(tensor).__module__.partition(".")[0] != "torch":  # a NumPy array is SparseBasis.from_dense's
             raise TypeError(
                 f"tensor must be a torch tensor, got {type(tensor).__name__} "
                 "(SparseBasis.from_dense reads a dense array)"
             )
         check_readable(tensor, "tensor", "SparseBasis.from_torch (reading the entries)")
-        return cls(*backend.coordinates(tensor))
+        return cls(*of(tensor).coordinates(tensor))
 
     @classmethod
     def from_scipy(cls, matrices: Sequence[Any]) -> SparseBasis:

@@ -18,6 +18,7 @@ import numpy as np
 from ..backend import Array, device_of, dtype_name, of
 from ..backend.checks import check_array
 from ..bases.grid import BOUNDARIES, GridBasis, Size, _check_boundary, _grid, _ints, _placement
+from ..bases.grid_args import _INT64_MAX
 
 __all__ = [
     "BOUNDARIES",
@@ -88,7 +89,7 @@ def _window_extent(kernel: Size, dilation: Size, d: int) -> tuple[int, ...]:
 def _padded(size: int, before: int, after: int, i: int) -> int:
     """Entries of grid dimension ``i`` once padded, refused beyond int64 (the taps' and output's index type)."""
     padded = size + before + after
-    if padded > 2**63 - 1:
+    if padded > _INT64_MAX:
         raise ValueError(
             f"padding {before} + {after} makes grid dimension {i} (size {size}) {padded} entries long, more than "
             "2**63 - 1 (a 64-bit integer)"

@@ -15,7 +15,7 @@ extensions = [
     # Ships MathJax 3 and points mathjax_path at the copy in _static/: math renders offline.
     "sphinx-mathjax-offline",
     "sphinx.ext.doctest",
-    "gpu_sessions",  # .. gpu-session::, the newest GPU session's record
+    "gpu_sessions",  # .. gpu-sessions:: and .. gpu-bench::, the GPU records
 ]
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"

@@ -115,7 +115,7 @@ def test_collect_puts_the_record_and_runs_where_the_docs_keep_them(
     assert failed.returncode == 2 and "did not run" in failed.stderr
 
 
-def test_the_docs_show_the_newest_record(dry_run: tuple[Path, dict[str, object], float], tmp_path: Path) -> None:
+def test_the_docs_show_a_session_record(dry_run: tuple[Path, dict[str, object], float], tmp_path: Path) -> None:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("gpu_sessions", ROOT / "docs/_ext/gpu_sessions.py")

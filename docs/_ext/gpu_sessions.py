@@ -1,8 +1,11 @@
-"""``.. gpu-session::``: the newest GPU session's record (docs/_static/gpu/sessions) as text, tables and figure.
+"""``.. gpu-sessions::`` and ``.. gpu-bench::``: every recorded GPU session, and every GPU benchmark record, as tables.
 
-``bash scripts/gpu_session.sh --collect DIR`` puts each session's record there as
-``<UTC date and time>-<device>.json`` (with its figure, same name, ``.png``); the directive shows
-the newest (their names sort by time), or says that none has been recorded.
+``bash scripts/gpu_session.sh --collect DIR`` puts each session's record in ``docs/_static/gpu/sessions``
+as ``<UTC date and time>-<device>.json`` (with its figure, same name, ``.png``); ``gpu-sessions``
+shows each, newest first (their names sort by time), or says that none has been recorded.
+``gpu-bench`` shows the records of ``structconv cifar bench --out`` kept in ``docs/_static/gpu/bench``
+(a benchmark run in a lease apart from its session's record), newest first.  Every number on the
+page comes from the records.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from docutils.statemachine import StringList
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
 
-SESSIONS = Path(__file__).resolve().parents[1] / "_static" / "gpu" / "sessions"
+GPU = Path(__file__).resolve().parents[1] / "_static" / "gpu"
+SESSIONS = GPU / "sessions"
+BENCH = GPU / "bench"
 
 
-def _newest() -> tuple[Path, dict[str, Any]] | None:
-    records = sorted(SESSIONS.glob("*.json"))
-    return (records[-1], json.loads(records[-1].read_text())) if records else None
+def _records(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The JSON records of ``folder``, newest first."""
+    return [(p, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"), reverse=True)]
 
 
 def _rate(value: float | None) -> str:
@@ -32,7 +37,7 @@ def _lines(path: Path, record: dict[str, Any]) -> list[str]:
     """The record as reStructuredText."""
     tests = record.get("cuda_tests", {})
     head = (
-        f"The newest session, ``{path.name}``: {record.get('device', '?')}, torch {record.get('torch', '?')} "
+        f"Session ``{path.stem}``: {record.get('device', '?')}, torch {record.get('torch', '?')} "
         f"(CUDA {record.get('cuda', '?')}, driver {record.get('driver', '?')}), commit "
         f"``{str(record.get('commit', '?'))[:12]}``, started {record.get('started', '?')}.  CUDA tests: "
         f"{tests.get('passed', 0)} passed, {tests.get('failed', 0)} failed, {tests.get('skipped', 0)} skipped"
@@ -99,21 +104,51 @@ def _lines(path: Path, record: dict[str, Any]) -> list[str]:
     return lines
 
 
-class GpuSession(SphinxDirective):
-    """The newest session record, or a sentence saying there is none."""
+def _bench_lines(path: Path, record: dict[str, Any]) -> list[str]:
+    """One benchmark record (``structconv cifar bench --out``) as reStructuredText."""
+    mode = "compiled" if record.get("compiled") else "eager"
+    lines = [
+        f"Benchmark ``{path.stem}``: {record.get('device', '?')}, batch {record.get('batch', '?')}, "
+        f"{record.get('precision', '?')}, {mode}, {record.get('sizes', 'paper')} sizes.",
+        "",
+        ".. list-table::",
+        "   :header-rows: 1",
+        "",
+        "   * - variant",
+        "     - images/s",
+        "     - share of the GEMM yardstick",
+    ]
+    share = record.get("utilisation", {})
+    for name, rate in record.get("images_per_second", {}).items():
+        cell = f"{100 * share[name]:.1f} %" if name in share else "--"
+        lines += [f"   * - {name}", f"     - {_rate(rate)}", f"     - {cell}"]
+    return [*lines, ""]
+
+
+class _Records(SphinxDirective):
+    """The records of one folder, newest first, or a sentence saying there is none."""
+
+    folder: Path = SESSIONS
+    render = staticmethod(_lines)
+    none = "No GPU session has been recorded yet (``docs/_static/gpu/sessions`` is empty)."
 
     def run(self) -> list[nodes.Node]:
-        found = _newest()
-        if found is None:
-            text = ["No GPU session has been recorded yet (``docs/_static/gpu/sessions`` is empty)."]
-        else:
-            self.env.note_dependency(str(found[0]))
-            text = _lines(*found)
+        text: list[str] = []
+        for path, record in _records(self.folder):
+            self.env.note_dependency(str(path))
+            text += self.render(path, record)
         container = nodes.container()
-        self.state.nested_parse(StringList(text, source="gpu-session"), self.content_offset, container)
+        self.state.nested_parse(StringList(text or [self.none], source=self.name), self.content_offset, container)
         return container.children
 
 
+class GpuBench(_Records):
+    folder = BENCH
+    render = staticmethod(_bench_lines)
+    none = "No GPU benchmark record is kept (``docs/_static/gpu/bench`` is empty)."
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
-    app.add_directive("gpu-session", GpuSession)
+    app.add_directive("gpu-sessions", _Records)
+    app.add_directive("gpu-bench", GpuBench)
     return {"parallel_read_safe": True}

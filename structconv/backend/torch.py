@@ -79,6 +79,15 @@ class TorchBackend(Backend):
     def recording(self, *arrays: Array) -> bool:
         return torch.is_grad_enabled() and any(a.requires_grad for a in arrays)
 
+    def flush_subnormals(self, a: Array, *, nonnegative: bool = False) -> Array:
+        # Only a CPU reads subnormals slowly: elsewhere each flush would be kernels launched for nothing.
+        if a.device.type != "cpu":
+            return a
+        info = torch.finfo(a.dtype)
+        if nonnegative:  # one kernel: x above the largest subnormal, tiny (1 - eps), else 0 (NaN is kept)
+            return torch.threshold(a, info.tiny * (1.0 - info.eps), 0.0)
+        return a.masked_fill(a.abs() < info.tiny, 0.0)
+
     def autocast_dtype(self, a: Array) -> Any:
         return autocast_dtype(a.device.type)
 

@@ -19,6 +19,7 @@ Two layouts of ``x`` and ``y``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..backend import Array, device_of, of, shape_str
@@ -31,6 +32,10 @@ from .operands import FULL, Kind, Param, Shaped, as_param, autocast, autocast_ba
 LAYOUTS = ("rows", "channels_first")
 
 Shape = tuple[int, ...]
+#: What :meth:`Contraction.warm` returns: ``run(x, operands, bias) -> y``.
+WarmRun = Callable[[Array, tuple[Array, ...], Array | None], Array]
+#: What :meth:`Contraction.warm_per_call` returns: ``run(basis, x, operands, bias) -> y``.
+WarmPerCall = Callable[[Basis, Array, tuple[Array, ...], Array | None], Array]
 
 
 def _shape(value: Any, arg: str) -> Shape:
@@ -169,6 +174,77 @@ class Contraction:
             return self._general(basis, x, theta, bias)
         return self._run_keyed(x, self._operands(theta), bias, basis)
 
+    def warm(self, cast: Any = None) -> WarmRun | None:
+        r"""This contraction as one function of operands its first call checked: a layer's call once warm.
+
+        ``run(x, operands, bias)`` is :meth:`__call__` with :math:`\Theta` given by its arrays
+        (``operands``, as :meth:`~structconv.engine.orders.Kind.operands_of` lists them), comparing
+        nothing: the caller keys it by everything a call compares (``x``'s shape, dtype and
+        device, the autocast state, the parameters' dtype, device and shapes).  Under autocast it
+        casts as :meth:`__call__` does and runs the cast twin.  The function reads and writes no
+        state of the contraction: ``torch.compile`` traces it with guards on what it holds alone.
+
+        Parameters
+        ----------
+        cast
+            The dtype of the autocast the run is for (the caller's key holds it), ``None`` for none.
+
+        Returns
+        -------
+        WarmRun or None
+            ``None`` before a first call, and under autocast before the first cast call or where
+            every call takes :func:`~structconv.conv`'s conversions (a float64 operand).
+        """
+        parts = self._warm_parts(cast)
+        if parts is None:
+            return None
+        dtype, target, _ = parts
+        bound = target._bound
+        if dtype is None and bound is not None:
+            return bound
+        run_basis = self.warm_per_call(cast)
+        assert run_basis is not None
+        basis = target.basis
+        return lambda x, operands, bias: run_basis(basis, x, operands, bias)
+
+    def warm_per_call(self, cast: Any = None) -> WarmPerCall | None:
+        """:meth:`warm` for a basis given on every call: ``run(basis, x, operands, bias)``.
+
+        ``basis`` has the structure, dtype and device of the first call's (a layer that rebuilds
+        its basis every call, from its parameters, keeps them); the rest is as for :meth:`warm`.
+        """
+        parts = self._warm_parts(cast)
+        if parts is None:
+            return None
+        dtype, target, single = parts
+        kind, full, rank = self._kind, self._full, self._rank
+        bound, run_order, bound_basis = target._bound, target._run, target.basis
+        cast_basis = dtype is not None and autocast_basis(self.basis, dtype) is not self.basis
+
+        def run(basis: Basis, x: Array, operands: tuple[Array, ...], bias: Array | None) -> Array:
+            if dtype is not None:  # the casts of _autocast_run; a float64 operand never gets here (no twin)
+                x = x.to(dtype)
+                operands = (operands[0].to(dtype),) if single else tuple([op.to(dtype) for op in operands])
+                bias = None if bias is None else bias.to(dtype)
+                basis = autocast_basis(basis, dtype) if cast_basis else basis
+            if bound is not None and basis is bound_basis:
+                return bound(x, operands, bias)
+            return run_order(basis, x, Param(kind, operands, *full, rank), bias)
+
+        return run
+
+    def _warm_parts(self, cast: Any) -> tuple[Any, Contraction, bool] | None:
+        """The autocast dtype, the contraction that runs (this one or its cast twin), one operand or more."""
+        if not self._verified:
+            return None
+        target = self
+        if cast is not None:
+            twin = None if self._casts is None else self._casts.get(cast)
+            if twin is None:
+                return None
+            target = twin
+        return cast, target, len(self._operand_shapes) == 1
+
     def _run_keyed(self, x: Array, ops: tuple[Array, ...], bias: Array | None, basis: Basis | None) -> Array:
         prm = self._param(ops)  # shape, dtype and device: a weight changed in place is caught too
         if bias is not None and (bias.shape != self._bias_shape or bias.dtype != self._dtype):
@@ -178,13 +254,15 @@ class Contraction:
             )
         bound = self._bound
         if bound is not None and basis is None:
-            return bound(x, prm, bias)
+            return bound(x, prm.operands, bias)
         return self._run(self.basis if basis is None else basis, x, prm, bias)
 
     def _run(self, basis: Basis, x: Array, prm: Param, bias: Array | None) -> Array:
         """The bound order on checked operands, in the compiled layout, plus ``bias``."""
         if self._bound is not None:
-            return self._bound(x, prm, bias) if basis is self.basis else self._order.run_image(basis, x, prm, bias)
+            if basis is self.basis:
+                return self._bound(x, prm.operands, bias)
+            return self._order.run_image(basis, x, prm, bias)
         y = self._order.run(basis, x[None] if self._squeeze else x, prm)
         if bias is not None:
             y = y + bias
@@ -414,4 +492,4 @@ def _check_layout(basis: Basis, x_shape: Shape, spec: tuple[Kind, tuple[Shape, .
         )
 
 
-__all__ = ["LAYOUTS", "Contraction", "contraction"]
+__all__ = ["LAYOUTS", "Contraction", "WarmPerCall", "WarmRun", "contraction"]

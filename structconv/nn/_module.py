@@ -10,6 +10,7 @@ cascade of front-end errors with one sentence; ``torch.jit.trace`` meets one sen
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -19,6 +20,7 @@ import torch
 from ..backend import load
 from ..backend.cache import BoundedCache
 from ..backend.checks import check_memory
+from ..backend.torch_autocast import autocast_dtype
 from ..engine.compiled import contraction
 
 load("torch")  # now, not on a layer's first call: torch.compile cannot trace an import
@@ -98,16 +100,23 @@ def own_parameter(module: torch.nn.Module, name: str) -> Any:
 
 
 class CompiledRuns:
-    """A layer's compiled contractions (:func:`structconv.contraction`), one per input key.
+    """A layer's compiled contractions (:func:`structconv.contraction`), one per input key, and its warm runs.
 
     Put it before ``nn.Module`` among the bases.  A layer looks its run up by a key of what the
     plan depends on (input shape, dtype, device, the basis' structure) and compiles on a miss; the
-    16 keys used last are kept.  A copy or a pickle carries none: they are rebuilt on the first call.
+    16 keys used last are kept.  Once a call has been checked, a layer may keep a *warm run* for
+    its input key (:attr:`warm_runs`: the key holds everything the checks read, the run checks
+    nothing, :meth:`structconv.Contraction.warm`); moving or converting the layer (``.to``,
+    ``.double()``), assigning or deleting a parameter or submodule, or a parametrization forgets
+    them.  A copy or a pickle carries none: they are rebuilt on the first call.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._runs: BoundedCache[Any] = BoundedCache(size=16)
+        #: Warm runs by input key: a plain dictionary, so that ``torch.compile`` guards on the one
+        #: entry a call reads, and an evaluation pass that adds another recompiles nothing.
+        self.warm_runs: dict[Any, Any] = {}
 
     def compiled_run(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
         """The run kept under ``key``, built by ``build()`` on the first call with it."""
@@ -121,19 +130,41 @@ class CompiledRuns:
         ``conv(basis, x, theta, order) + bias``, with the checks and the plan made on the first
         call for the basis' structure and ``x``'s shape, dtype and device.
         """
+        y: torch.Tensor = self.contraction_for(basis, x, theta, order).run_keyed(x, theta, bias, basis)
+        return y  # keyed by all the call would compare
+
+    def contraction_for(self, basis: Any, x: torch.Tensor, theta: Any, order: str = "auto") -> Any:
+        """The :class:`~structconv.Contraction` :meth:`contract` runs for these operands (compiled on a miss)."""
         # Traced runs plan apart: torch.compile cannot run the orders that read the basis on the host.
         key = (basis.plan_key(), x.shape, x.dtype, x.device, type(theta), order, torch.compiler.is_compiling())
-        run = self.compiled_run(key, lambda: contraction(basis, x, theta, order=order))
-        y: torch.Tensor = run.run_keyed(x, theta, bias, basis)  # keyed by all the call would compare
-        return y
+        return self.compiled_run(key, lambda: contraction(basis, x, theta, order=order))
 
     def forget_runs(self) -> None:
-        """Drop every compiled run (a setting they depend on changed)."""
+        """Drop every compiled run and warm run (a setting they depend on changed)."""
         self._runs.clear()
+        self.warm_runs.clear()
+
+    # The compiled runs compare the parameters on every call; the warm runs do not, so they go
+    # wherever the parameters may have changed dtype, device, shape or place.
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        if "warm_runs" in self.__dict__:  # .to(), .cuda(), .double(), ...
+            self.warm_runs.clear()
+        return super()._apply(fn, recurse)  # type: ignore[misc]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor | torch.nn.Module) and "warm_runs" in self.__dict__:
+            self.warm_runs.clear()  # a parameter, buffer or submodule replaced
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if "warm_runs" in self.__dict__:
+            self.warm_runs.clear()  # e.g. a parametrization takes a parameter's place
+        super().__delattr__(name)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_runs"] = BoundedCache(size=16)
+        state["warm_runs"] = {}
         return state
 
 
@@ -143,18 +174,22 @@ _RUNNING_EAGERLY: set[int] = set()
 
 
 @torch.compiler.assume_constant_result  # type: ignore[untyped-decorator]
-def _run_eagerly(layer_id: int, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> bool:
+def _run_eagerly(layer_id: int, shape: tuple[int, ...], dtype: torch.dtype, device: str, cast: Any) -> bool:
     """Run the layer once, eagerly, on zeros of this shape: it fills its caches of structure outside the graph.
 
     ``torch.compile`` calls a function marked ``assume_constant_result`` while it traces, as plain
     Python, with constant arguments, and keeps its result as a constant; the traced forward that
-    follows finds the caches filled.  The random state is forked, so tracing draws no numbers.
+    follows finds the caches filled.  ``cast`` is the traced code's autocast dtype (``None``:
+    off), set here too, so the run fills the entry the traced call reads.  The random state is
+    forked, so tracing draws no numbers.
     """
     layer = _EAGER_LAYERS[layer_id]
     place = torch.device(device)
     _RUNNING_EAGERLY.add(layer_id)  # torch.compiler.is_compiling() stays true in here
+    context = contextlib.nullcontext() if cast is None else torch.autocast(place.type, dtype=cast)
     try:
-        with torch.random.fork_rng(devices=[] if place.type == "cpu" else [place.index or 0], device_type=place.type):
+        devices = [] if place.type == "cpu" else [place.index or 0]
+        with torch.random.fork_rng(devices=devices, device_type=place.type), context:
             layer(torch.zeros(shape, dtype=dtype, device=place))
     finally:
         _RUNNING_EAGERLY.discard(layer_id)
@@ -179,7 +214,15 @@ class StructureOutsideGraph:
         super().__setstate__(state)  # type: ignore[misc]
         _EAGER_LAYERS[id(self)] = self
 
+    def runs_eagerly(self) -> bool:
+        """Whether this call runs as plain Python: not traced by ``torch.compile``, or its eager pre-run.
+
+        A layer keeps what it builds (a warm run) only then: a write in traced code is a side
+        effect the compiled code would replay on every call.
+        """
+        return not torch.compiler.is_compiling() or id(self) in _RUNNING_EAGERLY
+
     def prepare_outside_graph(self, x: torch.Tensor) -> None:
         """Under ``torch.compile``, build the structure for ``x``'s shape, dtype and device eagerly (see the class)."""
         if torch.compiler.is_compiling() and id(self) not in _RUNNING_EAGERLY:
-            _run_eagerly(id(self), tuple(x.shape), x.dtype, str(x.device))
+            _run_eagerly(id(self), tuple(x.shape), x.dtype, str(x.device), autocast_dtype(x.device.type))

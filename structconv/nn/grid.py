@@ -25,6 +25,7 @@ from torch.nn import functional as F  # noqa: N812 (torch's own convention)
 from ..backend.cache import BoundedCache
 from ..backend.checks import positive_int
 from ..backend.shift_torch import conv_image
+from ..backend.torch_autocast import AUTOCAST_DEVICES
 from ..bases.conv_weight import ConvWeight
 from ..bases.grid import GridBasis, Size, _ints
 from ..engine.compiled import Contraction, contraction
@@ -49,6 +50,9 @@ class _EmptyBatch:
 
     def run_keyed(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return conv_image(x, weight, self.geometry, bias, self.groups)
+
+    def warm(self, cast: Any) -> None:
+        return None  # rare: every empty batch goes through the checks
 
 
 class _Entry(NamedTuple):
@@ -183,17 +187,43 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
         ``torch.nn.Conv{d}d``'s does.  An empty batch (``B = 0``) returns torch's empty output
         from the native kernel: the engine refuses empty arrays and there is nothing to contract.
         """
+        if torch.compiler.is_compiling():
+            self.prepare_outside_graph(x)  # the warm run, built eagerly before the graph reads it
+        params = self._parameters
+        weight = params.get("weight")  # None under a parametrization: every call checked
+        key = None
+        if weight is not None and isinstance(x, torch.Tensor) and torch._C._get_tracing_state() is None:
+            # Everything the first call checked, so the warm run checks nothing (Contraction.warm).
+            kind = x.device.type  # autocast_dtype(kind), spelt out: a call here is a cost on every call
+            on = kind in AUTOCAST_DEVICES and torch.is_autocast_enabled(kind)
+            cast = torch.get_autocast_dtype(kind) if on else None
+            key = (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device, cast)
+            warm = self.warm_runs.get(key)
+            if warm is not None:
+                unbatched, pads, run = warm
+                xb = x[None] if unbatched else x
+                if pads is not None:  # reflect / replicate: torch's explicit framing
+                    xb = F.pad(xb, pads, mode=self.padding_mode)
+                y: torch.Tensor = run(xb, (weight,), params.get("bias"))
+                return y[0] if unbatched else y
+        return self._checked(x, key)
+
+    def _checked(self, x: torch.Tensor, key: tuple[Any, ...] | None) -> torch.Tensor:
+        """The call with every check, through the contraction compiled for ``x``; then keeps the warm run."""
         refuse_jit_trace(self)
         check_tensor(x, type(self).__name__)  # before the run cache reads x.shape
-        self.prepare_outside_graph(x)
         weight = own_parameter(self, "weight")
-        # Everything the compiled call would compare: it runs keyed (Contraction.run_keyed).
-        key = (x.shape, x.dtype, x.device, weight.dtype, weight.device)
-        unbatched, pads, compiled = self._runs.find(key) or self.compiled_run(key, partial(self._compile, x))
+        runs_key = (x.shape, x.dtype, x.device, weight.dtype, weight.device)
+        unbatched, pads, compiled = self._runs.find(runs_key) or self.compiled_run(runs_key, partial(self._compile, x))
         xb = x[None] if unbatched else x
         if pads is not None:  # reflect / replicate: torch's explicit framing
             xb = F.pad(xb, pads, mode=self.padding_mode)
-        y: torch.Tensor = compiled.run_keyed(xb, weight, own_parameter(self, "bias"))
+        bias = own_parameter(self, "bias")
+        y: torch.Tensor = compiled.run_keyed(xb, weight, bias)
+        if key is not None and bias is self._parameters.get("bias") and self.runs_eagerly():  # no parametrization
+            warm = compiled.warm(key[-1])
+            if warm is not None:
+                self.warm_runs[key] = (unbatched, pads, warm)
         return y[0] if unbatched else y
 
     def _compile(self, x: torch.Tensor) -> _Run:

@@ -3,6 +3,7 @@ r"""Relative-position multi-head self-attention on a grid: the layer of Cordonni
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -10,13 +11,14 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from ..backend.checks import positive_int
-from ..backend.torch_autocast import autocast_dtype, autocast_off, check_input_dtype
+from ..backend.torch_autocast import AUTOCAST_DEVICES, autocast_dtype, autocast_off, check_input_dtype
 from ..bases.base import Basis
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 from ..bases.grid_args import _check_boundary, _grid, _ints
+from ..bases.kronecker import KroneckerBasis
 from ..structures.attention import AttentionBasis, Mechanism, attention_basis
-from ..structures.positional import PositionScores, inner_positions
+from ..structures.positional import inner_positions
 from ..structures.relative import check_host_memory
 from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, refuse_jit_trace
 from .positional_heads import ContentHeads, PositionalHeads, QuadraticHeads, heads_of
@@ -271,18 +273,66 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
 
         With :attr:`padding` the heads attend over :attr:`tokens`; the basis keeps the grid's own.
         """
-        mech = self.mechanism()
-        if isinstance(mech, PositionScores):
+        if self.content is None:
             # Shared by the batch and cheap: built in the parameters' precision even under autocast
             # (bf16 scores would blur the Gaussians); the engine converts the finished weights.
-            # The shift form takes its structure from the heads' values (a host read): compiled,
-            # the layer runs the exact heads, one graph for any parameters.
-            threshold = None if torch.compiler.is_compiling() else self.threshold
+            if self._exact_heads():
+                return self._heads_builder(0, None, flush=True, dropout=False)()
+            # The shift form takes its structure from the heads' values (a host read).
             with autocast_off(next(self.parameters()).device.type):
-                return inner_positions(mech.basis(threshold), self.tokens, self.padding)
+                return inner_positions(self.encoding.mechanism().basis(self.threshold), self.tokens, self.padding)
         if x is None:
             raise ValueError(f"{type(self).__name__}: content attention needs x to build its heads")
+        mech = self.mechanism()
         return inner_positions(attention_basis(self._padded(self._flat(x)), mechanism=mech), self.tokens, self.padding)
+
+    def _exact_heads(self) -> bool:
+        """Whether position-only heads are exact softmaxes, their structure fixed by the sizes alone.
+
+        Truncated to shifts (:attr:`threshold`, non-separable heads, eagerly) they are not: the
+        shift form reads the heads' values.  Compiled, the layer runs the exact heads, one graph
+        for any parameters.
+        """
+        return self.encoding.separable or self.threshold is None or torch.compiler.is_compiling()
+
+    def _heads_builder(self, batch: int, cast: Any, *, flush: bool, dropout: bool = True) -> Callable[[], Basis]:
+        """What builds the position-only heads of a call from the parameters' values then: ``build() -> Basis``.
+
+        In training with :attr:`attention_dropout`, dense heads dropped out for ``batch`` images
+        (one mask for all, or one per image), in the autocast dtype ``cast`` where the weights
+        are float32 (the dtype the products run in); otherwise the heads as the encoding
+        separates them (Kronecker factors, or one dense array), cast likewise.  The cold call and
+        the warm run call the same ``build``, so both compute the same heads; ``flush`` (on a
+        CPU) sets their subnormal weights to zero; ``dropout=False`` leaves the dropout out (the heads
+        themselves, in training too).
+        """
+        p = self.attention_dropout if self.training and dropout else 0.0
+        separable, tokens, padding = self.encoding.separable, self.tokens, self.padding
+        # Dropped-out heads are dense: the factors are multiplied first, and the product is flushed.
+        heads = self.encoding.heads_run(flush=flush and not (p and separable))
+        per_image = self.dropout_shared is False
+        if p:
+            M = math.prod(self.grid)
+            copies = batch if per_image else 1
+            need = 2 * copies * self.num_heads * M * M * 4  # the dense heads and their dropped copy, float32 or wider
+            check_host_memory(self.grid, f"attention dropout on dense heads ({copies} per step)", need)
+
+        def build() -> Basis:
+            weights = heads()
+            if any(padding):
+                whole = KroneckerBasis.of_built(weights) if separable else DenseBasis.of_weights(weights[0])
+                restricted = inner_positions(whole, tokens, padding)
+                weights = restricted.factors if isinstance(restricted, KroneckerBasis) else (restricted.to_dense(),)
+            if separable and not p:
+                if cast is not None and weights[0].dtype == torch.float32:
+                    weights = tuple([w.to(cast) for w in weights])
+                return KroneckerBasis.of_built(weights)
+            dense = KroneckerBasis.of_built(weights).to_dense() if separable else weights[0]
+            if cast is not None and dense.dtype == torch.float32:
+                dense = dense.to(cast)  # dropped out in the dtype the products run in
+            return DenseBasis.of_weights(self._drop(dense, batch, per_image) if p else dense)
+
+        return build
 
     def _padded(self, flat: torch.Tensor) -> torch.Tensor:
         """``flat`` ``(B, M, E)`` among the zero tokens of :attr:`padding`, ``(B, prod(tokens), E)``."""
@@ -291,6 +341,16 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         pads = [0, 0] + [q for p in reversed(self.padding) for q in (p, p)]  # F.pad: the features first, axes backwards
         framed = F.pad(flat.reshape(flat.shape[0], *self.grid, self.embed_dim), pads)
         return framed.reshape(flat.shape[0], -1, self.embed_dim)
+
+    def _drop(self, weights: torch.Tensor, batch: int, per_image: bool) -> torch.Tensor:
+        """Dense heads ``(K, M, N)`` after :attr:`attention_dropout`: one mask, or one per image ``(B, K, M, N)``."""
+        p = self.attention_dropout
+        if weights.ndim == 3 and per_image:
+            # Every image its own mask, drawn in (B, M, H, N) memory order: the engine then reads the
+            # heads of an image as one (M H, N) matrix without copying the largest tensor again.
+            weights = weights.permute(1, 0, 2)[None].expand(batch, -1, -1, -1).contiguous()
+            return F.dropout(weights, p, training=True).permute(0, 2, 1, 3)
+        return F.dropout(weights, p, training=True)
 
     def dropped(self, basis: Basis, batch: int) -> Basis:
         """``basis`` with :attr:`attention_dropout` applied (in training; ``basis`` itself otherwise)."""
@@ -302,31 +362,71 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
             return basis.with_dropout(self.attention_dropout)
         # From the layer's sizes, not the basis' (torch.compile traces this without a break).
         M = math.prod(self.grid)
-        copies = batch if self.content is not None or self.dropout_shared is False else 1
+        per_image = self.content is not None or self.dropout_shared is False
+        copies = batch if per_image else 1
         need = 2 * copies * self.num_heads * M * M * 4  # the dense heads and their dropped copy, float32 or wider
         check_host_memory(self.grid, f"attention dropout on dense heads ({copies} per step)", need)
         weights = basis.to_dense()
         narrow = autocast_dtype(weights.device.type)
         if narrow is not None and weights.dtype == torch.float32:
             weights = weights.to(narrow)  # drop in the dtype the products run in
-        p = self.attention_dropout
-        if weights.ndim == 3 and self.dropout_shared is False:
-            # Every image its own mask, drawn in (B, M, H, N) memory order: the engine then reads the
-            # heads of an image as one (M H, N) matrix without copying the largest tensor again.
-            weights = weights.permute(1, 0, 2)[None].expand(batch, -1, -1, -1).contiguous()
-            weights = F.dropout(weights, p, training=True).permute(0, 2, 1, 3)
-        else:
-            weights = F.dropout(weights, p, training=True)
         # Weights the layer just computed (a softmax, then dropout): finite by construction, so the
         # finiteness check, a host synchronisation per layer and step on a GPU, is skipped.
-        return DenseBasis.of_weights(weights)
+        return DenseBasis.of_weights(self._drop(weights, batch, per_image))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attend over the grid positions of ``x``."""
+        if torch.compiler.is_compiling():
+            self.prepare_outside_graph(x)  # the warm run, built eagerly before the graph reads it
+        key = None
+        if isinstance(x, torch.Tensor) and torch._C._get_tracing_state() is None:
+            # Everything the first call checked, so the warm run checks nothing (Contraction.warm).
+            kind = x.device.type  # autocast_dtype(kind), spelt out: a call here is a cost on every call
+            on = kind in AUTOCAST_DEVICES and torch.is_autocast_enabled(kind)
+            cast = torch.get_autocast_dtype(kind) if on else None
+            key = (x.shape, x.dtype, x.device, cast, self.training)
+            warm = self.warm_runs.get(key)
+            if warm is not None:
+                y: torch.Tensor = warm(x)
+                return y
+        return self._checked(x, key)
+
+    def _checked(self, x: torch.Tensor, key: tuple[Any, ...] | None) -> torch.Tensor:
+        """The call with every check, through the contraction compiled for ``x``; then keeps the warm run."""
         refuse_jit_trace(self)
-        self.prepare_outside_graph(x)
         flat = self._flat(x)
         check_input_dtype(flat, self.weight if self.head_dim is None else self.value, type(self).__name__)
-        basis = self.dropped(self.basis(flat), int(flat.shape[0]))
-        # Under autocast the bias joins y's dtype, as torch.nn.Linear's does: no float32 copy.
-        return self.contract(basis, flat, self.theta(), bias=self.bias).reshape(x.shape)
+        B = int(flat.shape[0])
+        if self.content is not None or not self._exact_heads():
+            basis = self.dropped(self.basis(flat), B)
+            # Under autocast the bias joins y's dtype, as torch.nn.Linear's does: no float32 copy.
+            return self.contract(basis, flat, self.theta(), bias=self.bias).reshape(x.shape)
+        cast = autocast_dtype(x.device.type)
+        build = self._heads_builder(B, cast, flush=x.device.type == "cpu")
+        basis = build()
+        theta = self.theta()
+        compiled = self.contraction_for(basis, flat, theta)
+        y: torch.Tensor = compiled.run_keyed(flat, theta, self.bias, basis).reshape(x.shape)
+        if key is not None and self.runs_eagerly():
+            contract = compiled.warm_per_call(cast)
+            params = self._parameters
+            names = ("weight",) if self.head_dim is None else ("value", "out")
+            if contract is not None and all(n in params for n in names) and self.bias is params.get("bias"):
+                self.warm_runs[key] = _warm_run(build, contract, params, names, tuple(flat.shape), tuple(x.shape))
+        return y
+
+
+def _warm_run(
+    build: Callable[[], Basis],
+    contract: Callable[..., torch.Tensor],
+    params: dict[str, Any],
+    names: tuple[str, ...],
+    rows: tuple[int, ...],
+    shape: tuple[int, ...],
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A layer's warm call: its heads built, then the contraction's warm run (no check: the key fixed them)."""
+    if len(names) == 1:
+        return lambda x: contract(build(), x.reshape(rows), (params["weight"],), params.get("bias")).reshape(shape)
+    return lambda x: contract(build(), x.reshape(rows), (params["value"], params["out"]), params.get("bias")).reshape(
+        shape
+    )

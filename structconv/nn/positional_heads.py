@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, Self
 
 import torch
 from torch import nn
 
+from ..backend import load
 from ..backend.checks import flag, positive_int, real_number
+from ..backend.torch_autocast import autocast_off
 from ..bases.grid_args import _check_boundary, _grid
 from ..structures.attention import BiAffine, Mechanism
 from ..structures.positional import (
@@ -24,6 +27,7 @@ from ..structures.positional import (
     quadratic_scores,
     relative_offsets,
 )
+from ..structures.relative import table_on
 from ..structures.relative_attention import relative_attention
 from ._module import NotScriptable
 
@@ -139,6 +143,8 @@ class PositionalHeads(Encoding):
 
     #: The ``encoding=`` name of this encoding at its defaults.
     name: ClassVar[str] = ""
+    #: Whether the heads are Kronecker products of per-axis softmaxes (:meth:`heads_run`).
+    separable: ClassVar[bool] = False
     positional_names: ClassVar[tuple[str, ...]] = ()  # the parameters positional_parameters() returns
 
     def __init__(self) -> None:
@@ -170,6 +176,25 @@ class PositionalHeads(Encoding):
     def mechanism(self) -> PositionScores:
         """The position-only heads' scores."""
         raise NotImplementedError
+
+    def heads_run(self, *, flush: bool = False) -> Callable[[], tuple[torch.Tensor, ...]]:
+        """A function of no argument: each head's softmax over the keys of its scores, from the parameters' values now.
+
+        For an encoding separable by axis (:attr:`separable`), one ``(K, S_i, S_i)`` factor per
+        axis of the bound grid (key, query; the heads are their Kronecker product); else one
+        ``(K, M, M)`` array.  In the parameters' precision; ``flush``: subnormal weights set to
+        zero on a CPU (:meth:`~structconv.backend.interface.Backend.flush_subnormals`).  What the
+        run needs beyond the parameters (tables of offsets) is placed once, here, so a layer's
+        warm call runs the operators alone.
+        """
+        self._check_bound()
+        kind = next(self.parameters()).device.type
+
+        def run() -> tuple[torch.Tensor, ...]:
+            with autocast_off(kind):  # scores in the parameters' precision: bf16 would blur them
+                return (self.mechanism().basis(None).to_dense(),)  # a dense softmax, flushed
+
+        return run
 
     def with_content(self, content: ContentHeads) -> Mechanism:
         """The heads with ``content`` (bound to the same layer): its scores added to the positional ones."""
@@ -211,6 +236,7 @@ class QuadraticHeads(PositionalHeads):
     """
 
     name = "quadratic"
+    separable = True
     positional_names = ("centres", "log_alpha", "spread")
     shown = ("alpha", "width")
     centres: nn.Parameter
@@ -267,6 +293,47 @@ class QuadraticHeads(PositionalHeads):
     def mechanism(self) -> PositionScores:
         alpha = self.alpha()  # positive by construction: positive=True reads no value back from a GPU
         return quadratic_scores(self.grid, self.centres, alpha, self.boundary, positive=True)
+
+    def heads_run(self, *, flush: bool = False) -> Callable[[], tuple[torch.Tensor, ...]]:
+        r"""Per axis :math:`\operatorname{softmax}_{m_i}(-\alpha_h(\delta_i - \Delta_{h,i})^2)`.
+
+        Axes of one size run as one (the axes a batch dimension).
+        """
+        self._check_bound()
+        params, exp, K, d = self._parameters, self.width == "exp", self.num_heads, len(self.grid)
+        centres = params["centres"]
+        assert centres is not None
+        tables = [table_on(relative_offsets((s,), self.boundary), "axis_offsets0", centres) for s in self.grid]
+        wrap = [float(s) for s in self.grid] if self.boundary == "periodic" else None
+        backend = load("torch")
+        same = len(set(self.grid)) == 1
+        if same:  # one (S, S) table for every axis: the axes as a batch dimension
+            S = self.grid[0]
+            table = tables[0].reshape(1, 1, S, S)
+
+        def run() -> tuple[torch.Tensor, ...]:
+            c = params["centres"]
+            w = params["log_alpha" if exp else "spread"]
+            assert c is not None and w is not None
+            neg_alpha = -w.exp() if exp else (-0.5 * w) * w  # -alpha_h, alpha = s^2 / 2 (bit-equal either way)
+            if same:
+                diff = table - c.reshape(K, d, 1, 1)  # (K, d, S keys, S queries)
+                if wrap is not None:  # the representative in [-S/2, S/2) on a torus
+                    diff = (diff + wrap[0] / 2) % wrap[0] - wrap[0] / 2
+                weights = torch.softmax(diff * diff * neg_alpha.reshape(K, 1, 1, 1), dim=2)
+                if flush:
+                    weights = backend.flush_subnormals(weights, nonnegative=True)
+                return weights.unbind(1)
+            out = []
+            for i, t in enumerate(tables):
+                diff = t - c[:, i].reshape(K, 1, 1)
+                if wrap is not None:
+                    diff = (diff + wrap[i] / 2) % wrap[i] - wrap[i] / 2
+                f = torch.softmax(diff * diff * neg_alpha.reshape(K, 1, 1), dim=1)
+                out.append(backend.flush_subnormals(f, nonnegative=True) if flush else f)
+            return tuple(out)
+
+        return run
 
 
 class GaussianHeads(PositionalHeads):
@@ -357,6 +424,7 @@ class LearnedHeads(PositionalHeads):
     """
 
     name = "learned"
+    separable = True
     shown = ("positional_dim",)
     tables: nn.ParameterList
     weight: nn.Parameter
@@ -403,6 +471,28 @@ class LearnedHeads(PositionalHeads):
         if self.relative_terms:
             raise ValueError(f"{type(self).__name__}: relative_terms score the content too; use with_content")
         return learned_scores(self.grid, tuple(self.tables), self.weight, self.boundary)
+
+    def heads_run(self, *, flush: bool = False) -> Callable[[], tuple[torch.Tensor, ...]]:
+        r"""Per axis :math:`\operatorname{softmax}_{m_i}(t_{h,i}\cdot r^{(i)}_{\delta_i})`."""
+        self.mechanism()  # refuses relative_terms, as the layer's basis does
+        weight = self.weight
+        index = [table_on(relative_offsets((s,), self.boundary), "axis_index0", weight) for s in self.grid]
+        tables, backend, widths = self.tables, load("torch"), [int(t.shape[1]) for t in self.tables]
+        starts = [sum(widths[:i]) for i in range(len(widths))]
+        kind = weight.device.type
+
+        def run() -> tuple[torch.Tensor, ...]:
+            w = self._parameters["weight"]
+            assert w is not None
+            out = []
+            with autocast_off(kind):  # scores in the parameters' precision: bf16 would blur them
+                for start, width, table, ix in zip(starts, widths, tables, index, strict=True):
+                    scores = w[:, start : start + width] @ table.T  # (K, L_i): one score per offset
+                    f = torch.softmax(scores[:, ix], dim=1)
+                    out.append(backend.flush_subnormals(f, nonnegative=True) if flush else f)
+            return tuple(out)
+
+        return run
 
     def with_content(self, content: ContentHeads) -> Mechanism:
         """With ``relative_terms``, the four terms of Eq. 5; otherwise the content scores plus the positional ones."""

@@ -133,7 +133,7 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
         return self.contract(self.basis(x), x, self.theta(), bias=self.bias, order=self.order)
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> StructConv:
-        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        super()._apply(fn, recurse)
         self._fixed_basis = self._fixed_basis.to(device=self.weight.device, dtype=self.weight.dtype)
         return self
 

@@ -134,8 +134,10 @@ _PLACED: BoundedCache[Any] = BoundedCache(size=256)
 def table_on(rel: RelativeOffsets, name: str, like: Array) -> Any:
     """Table ``name`` of ``rel`` on ``like``'s backend and device, cached by value (no copy per forward pass).
 
-    ``name`` is ``"offsets"`` (in ``like``'s dtype) or ``"axis_index<i>"`` (int64, ``(S_i, S_i)``,
-    :meth:`RelativeOffsets.axis_index`); the table is shared, read-only by convention.
+    ``name`` is ``"offsets"`` (in ``like``'s dtype), ``"axis_index<i>"`` (int64, ``(S_i, S_i)``,
+    :meth:`RelativeOffsets.axis_index`) or ``"axis_offsets<i>"`` (in ``like``'s dtype, ``(S_i, S_i)``:
+    the offset along axis ``i`` joining each pair of its coordinates); the table is shared,
+    read-only by convention.
     """
     backend = of(like)
     key = (rel.grid, rel.boundary, name, backend.name, dtype_name(like), backend.device(like))
@@ -145,6 +147,9 @@ def table_on(rel: RelativeOffsets, name: str, like: Array) -> Any:
     # Copies: the cached tables are read-only, and torch does not share read-only memory.
     if name == "offsets":
         table = backend.asarray(rel.offsets.astype(np.float64), like)
+    elif name.startswith("axis_offsets"):
+        i = int(name.removeprefix("axis_offsets"))
+        table = backend.asarray((rel.axis_index(i) + rel.lows[i]).astype(np.float64), like)
     else:
         table = backend.asarray(rel.axis_index(int(name.removeprefix("axis_index"))), like, "int64")
     return _PLACED.put(key, table)

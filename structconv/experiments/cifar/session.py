@@ -6,19 +6,21 @@ leases).  Within a time budget (``--budget`` seconds, 540 by default: a lease's 
 10 minutes), it
 
 1. records the environment: device, driver, torch, CUDA, Python, the commit;
-2. runs the CUDA tests (``pytest -m cuda tests/test_cuda.py``) and counts passed, failed and
+2. measures the compiled training step (``structconv cifar bench --compile``:
+   :class:`~.train.CompiledStep`, CUDA graphs) of the four variants the targets compare, first,
+   so that their compilation has its whole share of the lease;
+3. runs the CUDA tests (``pytest -m cuda tests/test_cuda.py``) and counts passed, failed and
    skipped tests, with the failures' ids;
-3. measures every model's training step (``structconv cifar bench``): eagerly for every variant,
-   then compiled (:class:`~.train.CompiledStep`, CUDA graphs) for the four the targets compare,
-   each against :data:`~.throughput.GOALS`;
-4. trains with the time that is left, when a whole run fits it: ResNet18's ``paper`` preset for
+4. measures every variant's eager training step; both benchmarks' figures are checked against
+   :data:`~.throughput.GOALS`;
+5. trains with the time that is left, when a whole run fits it: ResNet18's ``paper`` preset for
    all 300 epochs when the measured rate makes them fit (else the first model of Table 1 whose
    row is missing, if its run fits); a run that cannot finish is not started (it would be no
    result, and the ``paper`` preset's first epoch runs at learning rate 0), unless ``--model``
    names one;
-5. gives what is left to the compiled benchmark's pairs that ran out of time, again (the
+6. gives what is left to the compiled benchmark's pairs that ran out of time, again (the
    compiler's caches on disk, filled by the first try, make the second shorter);
-6. writes the record, ``<UTC date and time>-<device>.json``, after every step (a session cut
+7. writes the record, ``<UTC date and time>-<device>.json``, after every step (a session cut
    short still leaves one), with the raw outputs beside it (the log, the tests' JUnit XML, the
    benchmarks' JSON, each run's metrics and a figure).
 
@@ -488,13 +490,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     s.say(f"session {s.stamp} on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}), budget {budget:.0f} s")
     s.write()
+    enough = 30.0 if args.dry_run else 90.0
+    if "bench" not in skip:  # the compiled pairs first: compiling is the step most likely to run out of time
+        s.attempt("bench_compiled", functools.partial(_bench, s, device, True))
     if "tests" not in skip:
         s.attempt("cuda_tests", lambda: _tests(s, args.test_device or device))
-    for compiled in (False, True) if "bench" not in skip else ():
-        if s.left() > (30.0 if args.dry_run else 90.0):
-            s.attempt("bench_compiled" if compiled else "bench", functools.partial(_bench, s, device, compiled))
+    if "bench" not in skip and s.left() > enough:
+        s.attempt("bench", functools.partial(_bench, s, device, False))
     s.attempt("training", lambda: _train(s, device, args.model))
-    if "bench" not in skip and s.left() > (30.0 if args.dry_run else 90.0):
+    if "bench" not in skip and s.left() > enough:
         s.attempt("bench_compiled", functools.partial(_bench, s, device, True, again=True))
     s.record["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     _figure(s)

@@ -451,9 +451,18 @@ class CompiledStep:
         Precision and label smoothing.
     device : str
         Where the model lives.
+    backend : str, default "inductor"
+        ``torch.compile``'s backend (``"eager"``: dynamo's graphs run as they are, for checks of them).
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig, device: str) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: TrainConfig,
+        device: str,
+        backend: str = "inductor",
+    ) -> None:
         self.model, self.optimizer, self.config, self.device = model, optimizer, config, device
         self.cuda = device.startswith("cuda")
         self.lr = torch.tensor(float(optimizer.param_groups[0]["lr"]), device=device)
@@ -463,9 +472,9 @@ class CompiledStep:
         from torch.nn.parallel import DistributedDataParallel
 
         graphs = self.cuda and not isinstance(model, DistributedDataParallel)
-        mode = "reduce-overhead" if graphs else None
-        self._loss = torch.compile(self._forward, mode=mode, dynamic=False)
-        self._update = torch.compile(optimizer.step, dynamic=False)
+        mode = "reduce-overhead" if graphs and backend == "inductor" else None
+        self._loss = torch.compile(self._forward, mode=mode, dynamic=False, backend=backend)
+        self._update = torch.compile(optimizer.step, dynamic=False, backend=backend)
         self._warm = False
 
     def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -425,8 +425,10 @@ def _warm_run(
     shape: tuple[int, ...],
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """A layer's warm call: its heads built, then the contraction's warm run (no check: the key fixed them)."""
-    if len(names) == 1:
-        return lambda x: contract(build(), x.reshape(rows), (params["weight"],), params.get("bias")).reshape(shape)
-    return lambda x: contract(build(), x.reshape(rows), (params["value"], params["out"]), params.get("bias")).reshape(
-        shape
-    )
+    full = names == ("weight",)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        operands = (params["weight"],) if full else (params["value"], params["out"])
+        return contract(build(), x.reshape(rows), operands, params.get("bias")).reshape(shape)
+
+    return run

@@ -10,6 +10,7 @@ written (``docs/internals.rst``, grid convolution).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -226,8 +227,8 @@ def bind_conv_image(
     native = _CONV[geo.ndim]
     if w.wrap is not None or w.crop is not None or any(w.frame_lo) or any(w.frame_hi):
         return lambda x, weight, bias: conv_image(x, weight, geo, bias, groups)
-    stride, padding, dilation = geo.stride, w.padding, geo.box[1]
-    return lambda x, weight, bias: native(x, weight, bias, stride, padding, dilation, groups)
+    # A partial, not a closure: no Python frame per call, and a compiled graph guards on its arguments alone.
+    return functools.partial(native, stride=geo.stride, padding=w.padding, dilation=geo.box[1], groups=groups)
 
 
 def native_conv(x: torch.Tensor, thetas: torch.Tensor, geo: Geometry) -> torch.Tensor:

@@ -32,8 +32,8 @@ from .operands import FULL, Kind, Param, Shaped, as_param, autocast, autocast_ba
 LAYOUTS = ("rows", "channels_first")
 
 Shape = tuple[int, ...]
-#: What :meth:`Contraction.warm` returns: ``run(x, operands, bias) -> y``.
-WarmRun = Callable[[Array, tuple[Array, ...], Array | None], Array]
+#: What :meth:`Contraction.warm` returns: ``run(x, *operands, bias) -> y``.
+WarmRun = Callable[..., Array]
 #: What :meth:`Contraction.warm_per_call` returns: ``run(basis, x, operands, bias) -> y``.
 WarmPerCall = Callable[[Basis, Array, tuple[Array, ...], Array | None], Array]
 
@@ -177,8 +177,8 @@ class Contraction:
     def warm(self, cast: Any = None) -> WarmRun | None:
         r"""This contraction as one function of operands its first call checked: a layer's call once warm.
 
-        ``run(x, operands, bias)`` is :meth:`__call__` with :math:`\Theta` given by its arrays
-        (``operands``, as :meth:`~structconv.engine.orders.Kind.operands_of` lists them), comparing
+        ``run(x, *operands, bias)`` (all positional) is :meth:`__call__` with :math:`\Theta` given by
+        its arrays (as :meth:`~structconv.engine.orders.Kind.operands_of` lists them), comparing
         nothing: the caller keys it by everything a call compares (``x``'s shape, dtype and
         device, the autocast state, the parameters' dtype, device and shapes).  Under autocast it
         casts as :meth:`__call__` does and runs the cast twin.  The function reads and writes no
@@ -201,11 +201,11 @@ class Contraction:
         dtype, target, _ = parts
         bound = target._bound
         if dtype is None and bound is not None:
-            return bound
+            return bound  # the order's own bound run, unwrapped: nothing between the layer and the kernel
         run_basis = self.warm_per_call(cast)
         assert run_basis is not None
         basis = target.basis
-        return lambda x, operands, bias: run_basis(basis, x, operands, bias)
+        return lambda x, *rest: run_basis(basis, x, rest[:-1], rest[-1])
 
     def warm_per_call(self, cast: Any = None) -> WarmPerCall | None:
         """:meth:`warm` for a basis given on every call: ``run(basis, x, operands, bias)``.
@@ -228,7 +228,7 @@ class Contraction:
                 bias = None if bias is None else bias.to(dtype)
                 basis = autocast_basis(basis, dtype) if cast_basis else basis
             if bound is not None and basis is bound_basis:
-                return bound(x, operands, bias)
+                return bound(x, *operands, bias)
             return run_order(basis, x, Param(kind, operands, *full, rank), bias)
 
         return run
@@ -254,14 +254,14 @@ class Contraction:
             )
         bound = self._bound
         if bound is not None and basis is None:
-            return bound(x, prm.operands, bias)
+            return bound(x, *prm.operands, bias)
         return self._run(self.basis if basis is None else basis, x, prm, bias)
 
     def _run(self, basis: Basis, x: Array, prm: Param, bias: Array | None) -> Array:
         """The bound order on checked operands, in the compiled layout, plus ``bias``."""
         if self._bound is not None:
             if basis is self.basis:
-                return self._bound(x, prm.operands, bias)
+                return self._bound(x, *prm.operands, bias)
             return self._order.run_image(basis, x, prm, bias)
         y = self._order.run(basis, x[None] if self._squeeze else x, prm)
         if bias is not None:

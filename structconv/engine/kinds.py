@@ -193,11 +193,12 @@ class _OwnImage(_Own):
         assert self.own.run_image is not None  # chosen only when the order has it
         return self.own.run_image(basis, x, prm.operands[0], prm.R, bias)
 
-    def bind_image(self, basis: Basis, prm: Param) -> Callable[[Array, tuple[Array, ...], Array | None], Array]:
+    def bind_image(self, basis: Basis, prm: Param) -> Callable[..., Array]:
         if self.own.bind_image is None:
             return super().bind_image(basis, prm)
-        run = self.own.bind_image(basis, prm.R, tuple(int(s) for s in prm.operands[0].shape))
-        return lambda x, ops, bias: run(x, ops[0], bias)
+        # run(x, weight, bias): the protocol's run(x, *operands, bias) for the one operand, unwrapped
+        # (a compiled graph guards on every closure it reads through).
+        return self.own.bind_image(basis, prm.R, tuple(int(s) for s in prm.operands[0].shape))
 
 
 class _ConvWeight(Kind):

@@ -79,14 +79,14 @@ class Order:
             y = y + bias
         return rows_to_image(y, basis.entry_shapes[1])
 
-    def bind_image(self, basis: Basis, prm: Param) -> Callable[[Array, tuple[Array, ...], Array | None], Array]:
-        """:meth:`run_image` for ``basis`` and parameters shaped like ``prm``: ``run(x, operands, bias)``.
+    def bind_image(self, basis: Basis, prm: Param) -> Callable[..., Array]:
+        """:meth:`run_image` for ``basis`` and parameters shaped like ``prm``: ``run(x, *operands, bias)``.
 
         What a compiled contraction keeps (:func:`structconv.contraction`), called with the
-        parameter's arrays (``prm.operands``'s); an order whose run has per-call arithmetic of
-        its own does it here, once.
+        parameter's arrays (``prm.operands``'s) and the bias, all positional; an order whose run
+        has per-call arithmetic of its own does it here, once.
         """
-        return lambda x, ops, bias: self.run_image(basis, x, prm._replace(operands=ops), bias)
+        return lambda x, *ops: self.run_image(basis, x, prm._replace(operands=ops[:-1]), ops[-1])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

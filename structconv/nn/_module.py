@@ -99,6 +99,10 @@ def own_parameter(module: torch.nn.Module, name: str) -> Any:
     return found if found is not None else getattr(module, name)
 
 
+#: The most warm runs a layer keeps (its inputs of that many keys, the oldest forgotten first).
+WARM_RUNS = 16
+
+
 class CompiledRuns:
     """A layer's compiled contractions (:func:`structconv.contraction`), one per input key, and its warm runs.
 
@@ -138,6 +142,13 @@ class CompiledRuns:
         # Traced runs plan apart: torch.compile cannot run the orders that read the basis on the host.
         key = (basis.plan_key(), x.shape, x.dtype, x.device, type(theta), order, torch.compiler.is_compiling())
         return self.compiled_run(key, lambda: contraction(basis, x, theta, order=order))
+
+    def keep_warm_run(self, key: Any, run: Any) -> None:
+        """Keep ``run`` as the warm run of ``key``, forgetting the oldest beyond :data:`WARM_RUNS`."""
+        runs = self.warm_runs
+        runs[key] = run
+        if len(runs) > WARM_RUNS:
+            del runs[next(iter(runs))]
 
     def forget_runs(self) -> None:
         """Drop every compiled run and warm run (a setting they depend on changed)."""
@@ -181,8 +192,11 @@ def _run_eagerly(layer_id: int, shape: tuple[int, ...], dtype: torch.dtype, devi
     Python, with constant arguments, and keeps its result as a constant; the traced forward that
     follows finds the caches filled.  ``cast`` is the traced code's autocast dtype (``None``:
     off), set here too, so the run fills the entry the traced call reads.  The random state is
-    forked, so tracing draws no numbers.
+    forked, so tracing draws no numbers.  The eager run's own forward meets this call again, and
+    returns at once: the test is here, in plain Python, not a guard of the graph.
     """
+    if layer_id in _RUNNING_EAGERLY:
+        return True
     layer = _EAGER_LAYERS[layer_id]
     place = torch.device(device)
     _RUNNING_EAGERLY.add(layer_id)  # torch.compiler.is_compiling() stays true in here
@@ -224,5 +238,5 @@ class StructureOutsideGraph:
 
     def prepare_outside_graph(self, x: torch.Tensor) -> None:
         """Under ``torch.compile``, build the structure for ``x``'s shape, dtype and device eagerly (see the class)."""
-        if torch.compiler.is_compiling() and id(self) not in _RUNNING_EAGERLY:
+        if torch.compiler.is_compiling():
             _run_eagerly(id(self), tuple(x.shape), x.dtype, str(x.device), autocast_dtype(x.device.type))

@@ -15,6 +15,7 @@ Every option of torch's layers is expressed in the formula (``groups`` as a bloc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -200,12 +201,8 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
             key = (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device, cast)
             warm = self.warm_runs.get(key)
             if warm is not None:
-                unbatched, pads, run = warm
-                xb = x[None] if unbatched else x
-                if pads is not None:  # reflect / replicate: torch's explicit framing
-                    xb = F.pad(xb, pads, mode=self.padding_mode)
-                y: torch.Tensor = run(xb, (weight,), params.get("bias"))
-                return y[0] if unbatched else y
+                y: torch.Tensor = warm(x, weight, params.get("bias"))
+                return y
         return self._checked(x, key)
 
     def _checked(self, x: torch.Tensor, key: tuple[Any, ...] | None) -> torch.Tensor:
@@ -223,7 +220,8 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
         if key is not None and bias is self._parameters.get("bias") and self.runs_eagerly():  # no parametrization
             warm = compiled.warm(key[-1])
             if warm is not None:
-                self.warm_runs[key] = (unbatched, pads, warm)
+                run = warm if not unbatched and pads is None else _framed(warm, unbatched, pads, self.padding_mode)
+                self.keep_warm_run(key, run)
         return y[0] if unbatched else y
 
     def _compile(self, x: torch.Tensor) -> _Run:
@@ -248,6 +246,19 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
         if self.padding_mode != "zeros":
             s += f", padding_mode={self.padding_mode!r}"
         return s + f", bias={self.bias is not None}, order={self.order!r}"
+
+
+def _framed(run: Callable[..., torch.Tensor], unbatched: bool, pads: list[int] | None, mode: str) -> Any:
+    """The warm ``run`` of a batched, framed input, taking the layer's own input (unbatched, or to be framed)."""
+
+    def framed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        xb = x[None] if unbatched else x
+        if pads is not None:  # reflect / replicate: torch's explicit framing
+            xb = F.pad(xb, pads, mode=mode)
+        y = run(xb, weight, bias)
+        return y[0] if unbatched else y
+
+    return framed
 
 
 class GridConv1d(_GridConvNd):

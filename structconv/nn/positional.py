@@ -412,7 +412,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
             params = self._parameters
             names = ("weight",) if self.head_dim is None else ("value", "out")
             if contract is not None and all(n in params for n in names) and self.bias is params.get("bias"):
-                self.warm_runs[key] = _warm_run(build, contract, params, names, tuple(flat.shape), tuple(x.shape))
+                self.keep_warm_run(key, _warm_run(build, contract, params, names, tuple(flat.shape), tuple(x.shape)))
         return y
 
 

@@ -15,7 +15,7 @@ extensions = [
     # Ships MathJax 3 and points mathjax_path at the copy in _static/: math renders offline.
     "sphinx-mathjax-offline",
     "sphinx.ext.doctest",
-    "gpu_sessions",  # .. gpu-sessions:: and .. gpu-bench::, the GPU records
+    "gpu_sessions",  # .. gpu-sessions::, .. gpu-bench::, .. bench-record::, .. host-record::: records as tables
 ]
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"

@@ -1,4 +1,8 @@
-"""``.. gpu-sessions::`` and ``.. gpu-bench::``: every recorded GPU session, and every GPU benchmark record, as tables.
+"""Records shown as tables: GPU sessions, benchmark records, the host benchmark's record.
+
+``.. gpu-sessions::`` and ``.. gpu-bench::`` show every recorded GPU session and every GPU benchmark
+record; ``.. bench-record:: PATH`` one benchmark record (``structconv cifar bench --out``'s JSON),
+``.. host-record:: PATH`` the record of ``benchmarks/bench_host.py``, paths relative to ``docs/``.
 
 ``bash scripts/gpu_session.sh --collect DIR`` puts each session's record in ``docs/_static/gpu/sessions``
 as ``<UTC date and time>-<device>.json`` (with its figure, same name, ``.png``); ``gpu-sessions``
@@ -107,21 +111,30 @@ def _lines(path: Path, record: dict[str, Any]) -> list[str]:
 def _bench_lines(path: Path, record: dict[str, Any]) -> list[str]:
     """One benchmark record (``structconv cifar bench --out``) as reStructuredText."""
     mode = "compiled" if record.get("compiled") else "eager"
+    flushed = {True: "subnormals flushed", False: "subnormals kept", None: "subnormal setting mixed or not recorded"}
     lines = [
         f"Benchmark ``{path.stem}``: {record.get('device', '?')}, batch {record.get('batch', '?')}, "
-        f"{record.get('precision', '?')}, {mode}, {record.get('sizes', 'paper')} sizes.",
+        f"{record.get('precision', '?')}, {mode}, {record.get('sizes', 'paper')} sizes, "
+        f"{flushed[record.get('flush_denormal')]} on the host.",
         "",
         ".. list-table::",
         "   :header-rows: 1",
         "",
         "   * - variant",
         "     - images/s",
+        "     - GFLOP per image",
         "     - share of the GEMM yardstick",
     ]
-    share = record.get("utilisation", {})
+    share, flops = record.get("utilisation", {}), record.get("flops_per_image", {})
     for name, rate in record.get("images_per_second", {}).items():
         cell = f"{100 * share[name]:.1f} %" if name in share else "--"
-        lines += [f"   * - {name}", f"     - {_rate(rate)}", f"     - {cell}"]
+        gflop = f"{flops[name] / 1e9:.2f}" if name in flops else "--"
+        shown = f"{rate:,.1f}" if rate < 100 else _rate(rate)
+        lines += [f"   * - {name}", f"     - {shown}", f"     - {gflop}", f"     - {cell}"]
+    if record.get("gemm_shape") and record.get("gemm_tflops"):
+        m, k, n = record["gemm_shape"]
+        lines += ["", f"The GEMM yardstick: ``({m}, {k}) x ({k}, {n})`` in {record.get('gemm_dtype')}, the largest "
+                  f"product of ``{record.get('gemm_source')}``'s step, at {1e3 * record['gemm_tflops']:,.1f} GFLOP/s."]  # fmt: skip
     return [*lines, ""]
 
 
@@ -148,7 +161,63 @@ class GpuBench(_Records):
     none = "No GPU benchmark record is kept (``docs/_static/gpu/bench`` is empty)."
 
 
+def _cell(value: float | None, key: str) -> str:
+    if value is None:
+        return "--"
+    return f"{value:,.0f}" if key in ("aten", "aten_bf16", "calls", "host_us", "entries", "graphs", "breaks") else (
+        f"{value:,.3g}"
+    )
+
+
+#: The host record's measures in the order its tables show them.
+_HOST_METRICS = ("aten", "aten_bf16", "calls", "host_us", "compile_s", "guard_us", "entries", "graphs", "breaks")
+
+
+def _host_lines(path: Path, record: dict[str, Any]) -> list[str]:
+    """The host benchmark's record: per tree, every variant's measures, then each model's ratios against its targets."""
+    lines: list[str] = []
+    for label, rows in record["trees"].items():
+        seen = {k for row in rows.values() for k in row}
+        metrics = [m for m in _HOST_METRICS if m in seen] + sorted(seen - set(_HOST_METRICS))
+        lines += [f"Tree ``{label}``:", "", ".. list-table::", "   :header-rows: 1", "", "   * - variant"]
+        lines += [f"     - {m}" for m in metrics]
+        for name, row in rows.items():
+            lines += [f"   * - {name}"] + [f"     - {_cell(row.get(m), m)}" for m in metrics]
+        lines.append("")
+        for model, measured in record["ratios"][label].items():
+            verdicts = record["verdicts"][label][model]
+            parts = []
+            for key, limit in record["targets"][model].items():
+                if key in measured:
+                    shown = f"{measured[key]:.0f}" if key == "entries" else f"{measured[key]:.2f}x"
+                    parts.append(f"{key} {shown} (at most {limit:g}: {'met' if verdicts[key] else 'missed'})")
+            lines.append(f"- {model} against its peer: " + "; ".join(parts))
+        lines.append("")
+    return lines
+
+
+class _Record(SphinxDirective):
+    """One record, named by the directive's argument (a path relative to ``docs/``)."""
+
+    required_arguments = 1
+    render = staticmethod(_bench_lines)
+
+    def run(self) -> list[nodes.Node]:
+        path = Path(self.env.srcdir) / self.arguments[0]
+        self.env.note_dependency(str(path))
+        container = nodes.container()
+        text = self.render(path, json.loads(path.read_text()))
+        self.state.nested_parse(StringList(text, source=self.name), self.content_offset, container)
+        return container.children
+
+
+class HostRecord(_Record):
+    render = staticmethod(_host_lines)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("gpu-sessions", _Records)
     app.add_directive("gpu-bench", GpuBench)
+    app.add_directive("bench-record", _Record)
+    app.add_directive("host-record", HostRecord)
     return {"parallel_read_safe": True}

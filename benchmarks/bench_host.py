@@ -260,7 +260,7 @@ def _child(what: str, name: str | None) -> None:
 
 def _run_child(tree: Path, what: str, name: str | None = None) -> Any:
     """Run one measurement in a fresh process whose ``structconv`` is ``tree``'s; its JSON result."""
-    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")  # the record says one thread
     with tempfile.TemporaryDirectory() as cache:  # an empty Inductor cache: nothing compiled before is reused
         env["TORCHINDUCTOR_CACHE_DIR"] = cache
         command = [sys.executable, str(Path(__file__).resolve()), "--child", what] + ([name] if name else [])

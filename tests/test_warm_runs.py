@@ -162,3 +162,47 @@ def test_a_weight_replaced_in_place_by_another_shape_is_refused_not_run() -> Non
     layer.weight.data = layer.weight.data[:, :, :1, :1]  # no assignment: only the key can see it
     with pytest.raises(ValueError, match="theta"):
         layer(x)
+
+
+def test_a_setting_changed_after_a_call_takes_effect_at_the_next() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 8)
+    for setting, value in (("attention_dropout", 0.5), ("dropout_shared", False), ("threshold", 1e-3)):
+        encoding = GaussianHeads(alpha=8.0) if setting == "threshold" else QuadraticHeads()
+        layer = PositionalAttention((4, 4), 8, 2, encoding=encoding, attention_dropout=0.1, threshold=None).train()
+        layer(x)
+        setattr(layer, setting, value)
+        torch.manual_seed(1)
+        warm = layer(x)
+        torch.manual_seed(1)
+        assert torch.equal(warm, _fresh(layer)(x)), setting
+
+
+def test_parameters_changed_under_the_layer_are_refused_or_followed() -> None:
+    layer = PositionalAttention((4, 4), 8, 2)
+    x = torch.randn(2, 16, 8)
+    layer(x)
+    layer.bias.data = layer.bias.data[:1]  # would broadcast silently
+    with pytest.raises(ValueError, match="bias must have shape"):
+        layer(x)
+    other = PositionalAttention((4, 4), 8, 2)
+    other(x)
+    other.encoding.double()  # the encoding alone: the layer's own _apply never runs
+    with pytest.raises(TypeError, match="dtype"):
+        other(x)
+    third = PositionalAttention((4, 4), 8, 2).double()
+    flat = torch.randn(2, 16, 8, dtype=torch.float64)
+    third(flat)
+    parametrize.register_parametrization(third.encoding, "centres", _Doubled())
+    expected = conv(third.basis(flat), flat, third.theta()) + third.bias
+    assert torch.allclose(third(flat), expected) and torch.allclose(third(flat), expected)
+
+
+@pytest.mark.parametrize("encoding", ["learned", "gaussian"])
+def test_half_precision_heads_under_bfloat16_autocast(encoding: str) -> None:
+    torch.manual_seed(0)
+    layer = PositionalAttention((4, 4), 8, 2, encoding=ENCODINGS[encoding], threshold=None).half()
+    x = torch.randn(2, 16, 8, dtype=torch.float16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first, second = layer(x), layer(x)
+    assert first.dtype == torch.bfloat16 and torch.equal(first, second)

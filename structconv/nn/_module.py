@@ -99,8 +99,8 @@ def own_parameter(module: torch.nn.Module, name: str) -> Any:
     return found if found is not None else getattr(module, name)
 
 
-#: The most warm runs a layer keeps (its inputs of that many keys, the oldest forgotten first).
-WARM_RUNS = 16
+#: The most warm runs a layer keeps (its inputs of that many keys, the first kept forgotten first).
+WARM_RUNS = 64
 
 
 class CompiledRuns:
@@ -114,6 +114,9 @@ class CompiledRuns:
     ``.double()``), assigning or deleting a parameter or submodule, or a parametrization forgets
     them.  A copy or a pickle carries none: they are rebuilt on the first call.
     """
+
+    #: The layer's settings (plain attributes its runs read when built): assigning one forgets them all.
+    settings: frozenset[str] = frozenset()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -163,8 +166,11 @@ class CompiledRuns:
         return super()._apply(fn, recurse)  # type: ignore[misc]
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, torch.Tensor | torch.nn.Module) and "warm_runs" in self.__dict__:
-            self.warm_runs.clear()  # a parameter, buffer or submodule replaced
+        if "warm_runs" in self.__dict__:
+            if name in self.settings:  # a changed setting plans anew, as torch's layers read theirs on every call
+                self.forget_runs()
+            elif isinstance(value, torch.Tensor | torch.nn.Module):
+                self.warm_runs.clear()  # a parameter, buffer or submodule replaced
         super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:

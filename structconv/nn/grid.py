@@ -38,7 +38,6 @@ from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, own_par
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "zero", "replicate": "zero"}
 _FRAMED = ("reflect", "replicate")  # framed explicitly by F.pad, then a basis with no padding
 _ORDERS = ("auto", "native", "ax", "xtheta", "atheta")
-_SETTINGS = frozenset(("kernel_size", "stride", "dilation", "padding", "padding_mode", "groups", "order"))
 #: (unbatched input, F.pad's framing or None, the compiled contraction)
 _Run = tuple[bool, list[int] | None, Any]
 
@@ -65,6 +64,7 @@ class _Entry(NamedTuple):
 
 class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module):
     _ndim = 0
+    settings = frozenset(("kernel_size", "stride", "dilation", "padding", "padding_mode", "groups", "order"))
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -114,11 +114,6 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
         self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
         self._bases: BoundedCache[_Entry] = BoundedCache(size=8)  # per input grid
         self.reset_parameters()
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _SETTINGS:  # a changed setting compiles anew, as torch's layers read theirs on every call
-            self.forget_runs()
-        super().__setattr__(name, value)
 
     def _geometry(self, framed: bool = False) -> dict[str, Any]:
         """``grid_basis`` arguments; ``framed``: those of the basis on an explicitly padded grid."""

@@ -86,6 +86,10 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
 
     encoding: PositionalHeads
     content: ContentHeads | None
+    settings = frozenset(
+        ("grid", "embed_dim", "num_heads", "attention_dropout", "dropout_shared", "head_dim", "boundary", "threshold",
+         "padding")
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -299,8 +303,8 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         """What builds the position-only heads of a call from the parameters' values then: ``build() -> Basis``.
 
         In training with :attr:`attention_dropout`, dense heads dropped out for ``batch`` images
-        (one mask for all, or one per image), in the autocast dtype ``cast`` where the weights
-        are float32 (the dtype the products run in); otherwise the heads as the encoding
+        (one mask for all, or one per image), in the autocast dtype ``cast`` unless the weights
+        are float64 (the dtype the products run in); otherwise the heads as the encoding
         separates them (Kronecker factors, or one dense array), cast likewise.  The cold call and
         the warm run call the same ``build``, so both compute the same heads; ``flush`` (on a
         CPU) sets their subnormal weights to zero; ``dropout=False`` leaves the dropout out (the heads
@@ -323,12 +327,13 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
                 whole = KroneckerBasis.of_built(weights) if separable else DenseBasis.of_weights(weights[0])
                 restricted = inner_positions(whole, tokens, padding)
                 weights = restricted.factors if isinstance(restricted, KroneckerBasis) else (restricted.to_dense(),)
+            # Cast as autocast casts a product's operands (float64 kept), so the engine takes them as they are.
             if separable and not p:
-                if cast is not None and weights[0].dtype == torch.float32:
+                if cast is not None and weights[0].dtype not in (cast, torch.float64):
                     weights = tuple([w.to(cast) for w in weights])
                 return KroneckerBasis.of_built(weights)
             dense = KroneckerBasis.of_built(weights).to_dense() if separable else weights[0]
-            if cast is not None and dense.dtype == torch.float32:
+            if cast is not None and dense.dtype not in (cast, torch.float64):
                 dense = dense.to(cast)  # dropped out in the dtype the products run in
             return DenseBasis.of_weights(self._drop(dense, batch, per_image) if p else dense)
 
@@ -379,12 +384,20 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         if torch.compiler.is_compiling():
             self.prepare_outside_graph(x)  # the warm run, built eagerly before the graph reads it
         key = None
-        if isinstance(x, torch.Tensor) and torch._C._get_tracing_state() is None:
+        params = self._parameters
+        w: Any = params.get("weight", params.get("value"))  # None under a parametrization: every call checked
+        b = params.get("bias")
+        encoding: Any = self._modules["encoding"]
+        placed: Any = encoding._parameters.get(encoding.placed_by)  # the heads' dtype and device
+        ready = w is not None and placed is not None
+        if ready and isinstance(x, torch.Tensor) and torch._C._get_tracing_state() is None:
             # Everything the first call checked, so the warm run checks nothing (Contraction.warm).
             kind = x.device.type  # autocast_dtype(kind), spelt out: a call here is a cost on every call
             on = kind in AUTOCAST_DEVICES and torch.is_autocast_enabled(kind)
             cast = torch.get_autocast_dtype(kind) if on else None
-            key = (x.shape, x.dtype, x.device, cast, self.training)
+            bias = None if b is None else (b.shape, b.dtype)
+            key = (x.shape, x.dtype, x.device, cast, self.training, w.shape, w.dtype, w.device, bias, placed.dtype,
+                   placed.device)  # fmt: skip
             warm = self.warm_runs.get(key)
             if warm is not None:
                 y: torch.Tensor = warm(x)

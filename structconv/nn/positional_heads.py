@@ -29,7 +29,7 @@ from ..structures.positional import (
 )
 from ..structures.relative import table_on
 from ..structures.relative_attention import relative_attention
-from ._module import NotScriptable
+from ._module import NotScriptable, own_parameter
 
 __all__ = ["ContentHeads", "Encoding", "GaussianHeads", "LearnedHeads", "PositionalHeads", "QuadraticHeads", "heads_of"]
 
@@ -145,6 +145,8 @@ class PositionalHeads(Encoding):
     name: ClassVar[str] = ""
     #: Whether the heads are Kronecker products of per-axis softmaxes (:meth:`heads_run`).
     separable: ClassVar[bool] = False
+    #: The parameter whose dtype and device the heads take (a layer's warm runs are keyed by them).
+    placed_by: ClassVar[str] = "centres"
     positional_names: ClassVar[tuple[str, ...]] = ()  # the parameters positional_parameters() returns
 
     def __init__(self) -> None:
@@ -300,9 +302,9 @@ class QuadraticHeads(PositionalHeads):
         Axes of one size run as one (the axes a batch dimension).
         """
         self._check_bound()
-        params, exp, K, d = self._parameters, self.width == "exp", self.num_heads, len(self.grid)
-        centres = params["centres"]
-        assert centres is not None
+        exp, K, d = self.width == "exp", self.num_heads, len(self.grid)
+        width = "log_alpha" if exp else "spread"
+        centres = own_parameter(self, "centres")  # read through a parametrization, if one is registered
         tables = [table_on(relative_offsets((s,), self.boundary), "axis_offsets0", centres) for s in self.grid]
         wrap = [float(s) for s in self.grid] if self.boundary == "periodic" else None
         backend = load("torch")
@@ -312,9 +314,7 @@ class QuadraticHeads(PositionalHeads):
             table = tables[0].reshape(1, 1, S, S)
 
         def run() -> tuple[torch.Tensor, ...]:
-            c = params["centres"]
-            w = params["log_alpha" if exp else "spread"]
-            assert c is not None and w is not None
+            c, w = own_parameter(self, "centres"), own_parameter(self, width)
             neg_alpha = -w.exp() if exp else (-0.5 * w) * w  # -alpha_h, alpha = s^2 / 2 (bit-equal either way)
             if same:
                 diff = table - c.reshape(K, d, 1, 1)  # (K, d, S keys, S queries)
@@ -425,6 +425,7 @@ class LearnedHeads(PositionalHeads):
 
     name = "learned"
     separable = True
+    placed_by = "weight"
     shown = ("positional_dim",)
     tables: nn.ParameterList
     weight: nn.Parameter
@@ -482,8 +483,7 @@ class LearnedHeads(PositionalHeads):
         kind = weight.device.type
 
         def run() -> tuple[torch.Tensor, ...]:
-            w = self._parameters["weight"]
-            assert w is not None
+            w = own_parameter(self, "weight")
             out = []
             with autocast_off(kind):  # scores in the parameters' precision: bf16 would blur them
                 for start, width, table, ix in zip(starts, widths, tables, index, strict=True):

@@ -381,28 +381,36 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attend over the grid positions of ``x``."""
-        if torch.compiler.is_compiling():
+        compiling = torch.compiler.is_compiling()
+        if compiling:
             self.prepare_outside_graph(x)  # the warm run, built eagerly before the graph reads it
         key = None
-        params = self._parameters
-        w: Any = params.get("weight", params.get("value"))  # None under a parametrization: every call checked
-        b = params.get("bias")
-        encoding: Any = self._modules["encoding"]
-        placed: Any = encoding._parameters.get(encoding.placed_by)  # the heads' dtype and device
-        ready = w is not None and placed is not None
-        if ready and isinstance(x, torch.Tensor) and torch._C._get_tracing_state() is None:
+        if isinstance(x, torch.Tensor) and torch._C._get_tracing_state() is None:
             # Everything the first call checked, so the warm run checks nothing (Contraction.warm).
             kind = x.device.type  # autocast_dtype(kind), spelt out: a call here is a cost on every call
             on = kind in AUTOCAST_DEVICES and torch.is_autocast_enabled(kind)
             cast = torch.get_autocast_dtype(kind) if on else None
-            bias = None if b is None else (b.shape, b.dtype)
-            key = (x.shape, x.dtype, x.device, cast, self.training, w.shape, w.dtype, w.device, bias, placed.dtype,
-                   placed.device)  # fmt: skip
+            key = (x.shape, x.dtype, x.device, cast, self.training)
             warm = self.warm_runs.get(key)
-            if warm is not None:
-                y: torch.Tensor = warm(x)
+            # The parameters' placement, compared eagerly; compiled, dynamo's own guards on them hold it.
+            if warm is not None and (compiling or warm[0] == self._placement()):
+                y: torch.Tensor = warm[1](x)
                 return y
         return self._checked(x, key)
+
+    def _placement(self) -> tuple[Any, ...] | None:
+        """Shapes, dtypes and devices of what a warm run reads: Θ, the bias, the heads' parameters' placement.
+
+        ``None`` where one is parametrized (read through a property each call): no warm run then.
+        """
+        params = self._parameters
+        w: Any = params.get("weight", params.get("value"))
+        encoding: Any = self._modules["encoding"]
+        placed: Any = encoding._parameters.get(encoding.placed_by)
+        if w is None or placed is None:
+            return None
+        b = params.get("bias")
+        return (w.shape, w.dtype, w.device, None if b is None else (b.shape, b.dtype), placed.dtype, placed.device)
 
     def _checked(self, x: torch.Tensor, key: tuple[Any, ...] | None) -> torch.Tensor:
         """The call with every check, through the contraction compiled for ``x``; then keeps the warm run."""
@@ -420,12 +428,14 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
         theta = self.theta()
         compiled = self.contraction_for(basis, flat, theta)
         y: torch.Tensor = compiled.run_keyed(flat, theta, self.bias, basis).reshape(x.shape)
-        if key is not None and self.runs_eagerly():
+        placement = self._placement()
+        if key is not None and placement is not None and self.runs_eagerly():
             contract = compiled.warm_per_call(cast)
             params = self._parameters
             names = ("weight",) if self.head_dim is None else ("value", "out")
             if contract is not None and all(n in params for n in names) and self.bias is params.get("bias"):
-                self.keep_warm_run(key, _warm_run(build, contract, params, names, tuple(flat.shape), tuple(x.shape)))
+                run = _warm_run(build, contract, params, names, tuple(flat.shape), tuple(x.shape))
+                self.keep_warm_run(key, (placement, run))
         return y
 
 

@@ -35,6 +35,7 @@ KIT = {
     "structconv.testing._values",
     "structconv.testing.basis",
     "structconv.testing.layer",
+    "structconv.testing.meaning",
     "structconv.testing.peer",
 }
 """The conformance kit (:mod:`structconv.testing`): above every layer (it checks the layers of

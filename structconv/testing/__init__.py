@@ -1,17 +1,21 @@
 r"""A conformance kit for bases and layers: what the package's own tests run, for any new one.
 
 Every basis and layer of structconv stands on one formula, :math:`y_b = \sum_k A_k^\top x_b \Theta_k`.
-The checks here hold a basis or a layer to it:
+The checks here hold a basis or a layer to what it should mean (a ``reference`` written apart
+from it: a dense function of the graph or grid, or a peer layer) and to the formula:
 
 :func:`dense_reference`
     The formula as one dense ``einsum``, ``"kmn,bmp,kpq->bnq"``: the reference for all of them.
 :func:`check_basis`
-    Every order :func:`structconv.explain` lists for a basis, run by :func:`structconv.conv`,
-    equals the reference on the basis' dense form; gradients pass ``torch.autograd.gradcheck``;
-    the basis is unchanged afterwards.
+    With ``reference=``, the basis' dense form equals it member by member, a difference told as
+    the mistake it looks like (:mod:`.meaning`); every order :func:`structconv.explain` lists,
+    run by :func:`structconv.conv`, equals the dense reference; gradients pass
+    ``torch.autograd.gradcheck``; the basis is unchanged afterwards.
 :func:`check_layer`
-    A layer's output and gradients equal :func:`structconv.conv` of its own ``basis(...)`` and
-    ``theta()`` plus its bias, in its layout (a contract per layer of :mod:`structconv.nn`).
+    With ``reference=``, a layer's output and input gradients equal the reference's; they also
+    equal :func:`structconv.conv` of its own ``basis(...)`` and ``theta()`` plus its bias, in its
+    layout (a contract per layer of :mod:`structconv.nn`).  Without a reference it warns
+    (:class:`MeaningUnchecked`) that only consistency was checked.
 :func:`compare_to_peer`
     A layer equals the same layer of another library, loaded with its parameters: outputs and
     the gradients of inputs and parameters.
@@ -32,6 +36,7 @@ from .basis import assert_unchanged, check_basis, random_operands, snapshot
 from .layer import (
     CONTRACTS,
     Contract,
+    MeaningUnchecked,
     attention_contract,
     check_layer,
     contract_for,
@@ -46,6 +51,7 @@ __all__ = [
     "CONTRACTS",
     "Contract",
     "Link",
+    "MeaningUnchecked",
     "PeerRun",
     "assert_unchanged",
     "attention_contract",

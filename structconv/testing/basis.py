@@ -26,6 +26,7 @@ from ..bases.sparse import Derived
 from ..engine.contract import conv, explain
 from ..engine.reference import dense_reference
 from ._values import as_float64, assert_near, dtype_name, max_difference, tolerances
+from .meaning import basis_diagnosis
 
 _DEPTH = 4  # how deep a basis' attributes are followed (composite bases nest their parts)
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, type, types.ModuleType)
@@ -256,6 +257,7 @@ def _gradcheck(basis: Basis, x: Array, theta: Theta, order: str, fast: bool) -> 
 def check_basis(
     basis: Basis,
     *,
+    reference: Array | None = None,
     x: Array | None = None,
     theta: Theta | None = None,
     dense: Array | None = None,
@@ -265,14 +267,22 @@ def check_basis(
     fast: bool = False,
     seed: int = 0,
 ) -> list[str]:
-    r"""Check that every order of :func:`structconv.conv` on ``basis`` equals the dense reference.
+    r"""Check that ``basis`` means ``reference``, and that every order of :func:`structconv.conv` computes it.
+
+    First use: with ``reference``, a dense ``(K, M, N)`` statement of what the basis should be,
+    written apart from it (a dense function of the graph or grid: an adjacency, its mean over
+    each output's inputs, an identity member, a kernel's taps), the basis' dense form must equal
+    it member by member; a difference is told as the mistake it looks like (a member transposed,
+    of another position, scaled, normalised over the other axis, moved: :mod:`.meaning`).
+    Without one the basis is held to its own dense form only, which a basis that means the
+    wrong thing passes.
 
     For each order :func:`structconv.explain` lists for these operands (``Plan.candidates``), and
     ``"auto"``, ``conv(basis, x, theta, order=order)`` must be an array of ``x``'s type, device
     and dtype, of shape ``(B, N, Q)`` (``(N, Q)`` for a 2-D ``x``) equal to
     :math:`y_b = \sum_k A_k^\top x_b \Theta_k` computed by
-    :func:`~structconv.engine.reference.dense_reference` in float64 from ``dense`` (the basis'
-    :meth:`~structconv.Basis.to_dense` when not given).  For a torch basis in float64 with
+    :func:`~structconv.engine.reference.dense_reference` in float64 from ``reference``, else
+    ``dense``, else the basis' :meth:`~structconv.Basis.to_dense`.  For a torch basis in float64 with
     ``gradients``, ``torch.autograd.gradcheck`` of :math:`x` and :math:`\Theta` (its factors, for
     a :class:`~structconv.Separable` or :class:`~structconv.LowRank` one) must pass through every
     order.  Afterwards the basis must hold what it held before (:func:`snapshot`): the same
@@ -282,12 +292,15 @@ def check_basis(
     ----------
     basis
         The basis under test.
+    reference
+        What the basis should be: ``(K, M, N)`` (or ``(B, K, M, N)``), any backend or NumPy,
+        entry ``[k, m, n]`` carrying input ``m`` to output ``n`` in member ``k``.
     x, theta
         The operands; drawn by :func:`random_operands` (``seed``) on the basis' backend, device
         and dtype when not given.
     dense
-        The dense ``(K, M, N)`` (or ``(B, K, M, N)``) array the basis stands for, if known apart
-        from the basis: then its :meth:`~structconv.Basis.to_dense` is never called.
+        The basis' own dense form, if known without :meth:`~structconv.Basis.to_dense` (a basis
+        too large to form twice): the orders are held to it, and nothing is said of meaning.
     rtol, atol
         Tolerances of :math:`|y - y_{\mathrm{ref}}| \le \mathrm{atol} + \mathrm{rtol}\,|y_{\mathrm{ref}}|`;
         by default from the dtype of ``x`` (float64: ``1e-10`` and ``1e-10``).
@@ -307,17 +320,35 @@ def check_basis(
     Raises
     ------
     AssertionError
-        Naming the order and the largest difference, the gradcheck that failed, or the attribute
-        of the basis that changed.
+        Naming how the basis differs from ``reference``, or the order and the largest
+        difference, the gradcheck that failed, or the attribute of the basis that changed.
 
     Examples
     --------
-    >>> from structconv import grid_basis
+    A mean over each node's in-neighbours, checked against the adjacency divided by in-degree;
+    normalised by out-degree, the same pattern is told apart:
+
+    >>> import torch
+    >>> from structconv import SparseBasis
     >>> from structconv.testing import check_basis
-    >>> check_basis(grid_basis((5, 4), 3, padding="same"))
+    >>> A = torch.tensor([[0, 1, 1], [0, 0, 1], [1, 0, 0]], dtype=torch.float64)
+    >>> mean = A / A.sum(0)  # column n averages the inputs of node n
+    >>> check_basis(SparseBasis.from_dense(mean[None]), reference=mean[None])
     ['ax', 'xtheta', 'atheta', 'auto']
+    >>> out_mean = A / A.sum(1, keepdim=True)  # row m averages the outputs of node m
+    >>> wrong = SparseBasis.from_dense(out_mean[None])
+    >>> check_basis(wrong, reference=mean[None])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    AssertionError: the basis does not mean the reference: ... instead of in-degree
     """
     before = snapshot(basis)
+    if reference is not None:
+        near = tolerances(basis.dtype, rtol, atol)
+        found = basis_diagnosis(as_float64(basis.to_dense()), as_float64(reference), rtol=near[0], atol=near[1])
+        if found:
+            raise AssertionError("the basis does not mean the reference: " + "; ".join(found))
+        dense = reference
     if x is None or theta is None:
         drawn_x, drawn_theta = random_operands(basis, seed=seed)
         x = drawn_x if x is None else x

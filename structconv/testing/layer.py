@@ -14,6 +14,7 @@ own, or gets :func:`node_contract` when it has ``basis`` and ``theta``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,8 @@ from torch.nn import functional as F  # noqa: N812
 from .. import nn as snn
 from ..engine.contract import conv
 from ..structures.grid import apply_shifts
-from ._values import assert_near, tolerances
+from ._values import as_float64, assert_near, tolerances
+from .meaning import output_diagnosis
 
 Contract = Callable[..., torch.Tensor]
 """``contract(layer, *inputs)``: the layer's output computed through :func:`structconv.conv`."""
@@ -294,22 +296,35 @@ def _gradients(y: torch.Tensor, leaves: list[torch.Tensor], weight: torch.Tensor
     """The gradients of :math:`\\langle y, w \\rangle` (zero for a leaf ``y`` does not depend on)."""
     if not y.requires_grad:
         return [torch.zeros_like(leaf) for leaf in leaves]
-    grads = torch.autograd.grad((y * weight).sum(), leaves, allow_unused=True)
+    # The graph is kept: the layer's output is held to the reference and to the contract.
+    grads = torch.autograd.grad((y * weight).sum(), leaves, allow_unused=True, retain_graph=True)
     return [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves, strict=True)]
+
+
+class MeaningUnchecked(UserWarning):
+    """:func:`check_layer` held a layer to its own basis and parameter only: a wrong meaning passes that."""
 
 
 def check_layer(
     layer: nn.Module,
     *inputs: Any,
+    reference: Callable[..., Any] | None = None,
     contract: Contract | None = None,
     rtol: float | None = None,
     atol: float | None = None,
     gradients: bool = True,
     seed: int = 0,
 ) -> torch.Tensor:
-    r"""Check that ``layer(*inputs)`` is :math:`\sum_k A_k^\top x \Theta_k` of its own basis and parameter.
+    r"""Check that ``layer(*inputs)`` means ``reference(*inputs)`` and is its basis and :math:`\Theta` contracted.
 
-    The layer's output must equal ``contract(layer, *inputs)`` (:func:`contract_for` by default):
+    First use: with ``reference``, an independent statement of what the layer computes (a dense
+    function of the inputs and the layer's parameters, or a peer layer holding the same
+    parameters), the outputs must agree, and the gradients of every floating input too; a
+    difference is told as the mistake it looks like (a bias on one side only, another layout, a
+    scale).  Without one the layer is held to its own basis and :math:`\Theta` only, which a
+    layer built on the wrong basis passes: a :class:`MeaningUnchecked` warning says so.
+
+    The layer's output must also equal ``contract(layer, *inputs)`` (:func:`contract_for` by default):
     :func:`structconv.conv` on ``layer.basis(...)`` and ``layer.theta()``, plus the bias, in
     the layer's layout; and with ``gradients``, so must the gradients of
     :math:`\langle y, w \rangle` (:math:`w` drawn with ``seed``) with respect to every floating
@@ -323,6 +338,8 @@ def check_layer(
         The layer under test.
     *inputs
         Its positional inputs.
+    reference
+        ``reference(*inputs) -> Tensor``: what the layer should compute, written apart from it.
     contract
         ``contract(layer, *inputs) -> Tensor``, for a layer the defaults do not cover.
     rtol, atol
@@ -340,8 +357,8 @@ def check_layer(
     Raises
     ------
     AssertionError
-        Naming the layer, what differs (output, or the gradient of which input or parameter)
-        and the largest difference.
+        Naming the layer, what differs (against the reference or the contract: the output, or the
+        gradient of which input or parameter), the largest difference and its likely cause.
 
     Examples
     --------
@@ -351,33 +368,71 @@ def check_layer(
     >>> layer = GCNConv(3, 4).double()
     >>> x = torch.randn(5, 3, dtype=torch.float64)
     >>> edges = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
-    >>> check_layer(layer, x, edges).shape
+    >>> A = torch.zeros(5, 5, dtype=torch.float64)
+    >>> A[edges[0], edges[1]] = 1.0
+    >>> A_hat = A + torch.eye(5, dtype=torch.float64)  # self-loops, then D^-½ Â D^-½
+    >>> norm = A_hat.sum(0) ** -0.5
+    >>> def gcn(x, edge_index):  # Kipf & Welling's formula, written apart from the layer
+    ...     return (norm[:, None] * A_hat * norm).T @ x @ layer.weight[0] + layer.bias
+    >>> check_layer(layer, x, edges, reference=gcn).shape
     torch.Size([5, 4])
     """
     run = contract or contract_for(layer)
     name = type(layer).__name__
     args, made = _leaves(inputs)
     y = _output(layer(*args))
+    rtol, atol = tolerances(y.dtype, rtol, atol)
+    named = [(n, p) for n, p in layer.named_parameters() if p.requires_grad]
+    leaves = [*made.values(), *(p for _, p in named)]
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(y.shape, generator=generator, dtype=torch.float64).to(y)
+    if reference is None:
+        warnings.warn(
+            f"{name}: checked against its own basis and theta only; pass reference= (what the layer should "
+            "compute) to check what it means",
+            MeaningUnchecked,
+            stacklevel=2,
+        )
+    else:  # the inputs' gradients: a peer holds parameters of its own
+        inputs_only = {f"input {i}": t for i, t in enumerate(made.values())}
+        _held_to(name, "the reference", y, _output(reference(*args)), inputs_only, gradients, weight, rtol, atol)
     expected = _output(run(layer, *args))
     if (y.dtype, y.device) != (expected.dtype, expected.device):
         raise AssertionError(f"{name}: output in {y.dtype} on {y.device}, the contract's in {expected.dtype}")
-    rtol, atol = tolerances(y.dtype, rtol, atol)
-    assert_near(y, expected, rtol=rtol, atol=atol, what=f"{name}: output against the contract")
-    named = [(n, p) for n, p in layer.named_parameters() if p.requires_grad]
-    leaves = [*made.values(), *(p for _, p in named)]
-    if gradients and leaves:
-        labels = [f"input {i}" for i in range(len(made))] + [n for n, _ in named]
-        generator = torch.Generator().manual_seed(seed)
-        weight = torch.randn(y.shape, generator=generator, dtype=torch.float64).to(y)
-        got, want = _gradients(y, leaves, weight), _gradients(expected, leaves, weight)
-        for label, a, b in zip(labels, got, want, strict=True):
-            assert_near(a, b, rtol=rtol, atol=atol, what=f"{name}: gradient of {label} against the contract")
+    labels = [f"input {i}" for i in range(len(made))] + [n for n, _ in named]
+    _held_to(name, "the contract", y, expected, dict(zip(labels, leaves, strict=True)), gradients, weight, rtol, atol)
     return y
+
+
+def _held_to(
+    name: str,
+    against: str,
+    y: torch.Tensor,
+    expected: torch.Tensor,
+    leaves: dict[str, torch.Tensor],
+    gradients: bool,
+    weight: torch.Tensor,
+    rtol: float,
+    atol: float,
+) -> None:
+    """``y`` and its gradients of ``leaves`` equal ``expected``'s, or an ``AssertionError`` with the likely cause."""
+    try:
+        assert_near(y, expected, rtol=rtol, atol=atol, what=f"{name}: output against {against}")
+    except AssertionError as error:
+        cause = output_diagnosis(as_float64(y), as_float64(expected), rtol=rtol, atol=atol)
+        if against == "the contract" and cause.startswith("the difference is the same"):
+            cause += "; the contract adds `layer.bias` alone"
+        raise AssertionError(f"{error}\n  likely cause: {cause}") from None
+    if gradients and leaves:
+        got, want = _gradients(y, list(leaves.values()), weight), _gradients(expected, list(leaves.values()), weight)
+        for label, a, b in zip(leaves, got, want, strict=True):
+            assert_near(a, b, rtol=rtol, atol=atol, what=f"{name}: gradient of {label} against {against}")
 
 
 __all__ = [
     "CONTRACTS",
     "Contract",
+    "MeaningUnchecked",
     "attention_contract",
     "check_layer",
     "contract_for",

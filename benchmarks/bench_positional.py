@@ -75,6 +75,7 @@ import copy
 import ctypes
 import gc
 import glob
+import json
 import math
 import sys
 import time
@@ -774,13 +775,13 @@ def plot(rows: list[Row], path: Path) -> None:
     from matplotlib.ticker import FormatStrFormatter, LogLocator
 
     encodings = [e for e in ENCODINGS if any(r.params["encoding"] == e for r in rows)]
-    columns = [(dh, mode) for dh in ("D_out", str(SMALL_HEAD)) for mode in ("fwd+bwd", "inference")]
-    fig, axes = plt.subplots(
-        len(encodings), len(columns), figsize=(4.2 * len(columns), 3.4 * len(encodings)), squeeze=False
-    )
+    # Two panels a row (the passes), one row per encoding and head width: readable at a page's width.
+    panels = [(enc, dh) for enc in encodings for dh in ("D_out", str(SMALL_HEAD))]
+    columns = ("fwd+bwd", "inference")
+    fig, axes = plt.subplots(len(panels), 2, figsize=(9.0, 2.9 * len(panels)), squeeze=False)
     handles: dict[str, Any] = {}
-    for i, enc in enumerate(encodings):
-        for j, (dh, mode) in enumerate(columns):
+    for i, (enc, dh) in enumerate(panels):
+        for j, mode in enumerate(columns):
             ax = axes[i][j]
             for dropout in (0.0, DROPOUT):
                 chosen = [
@@ -818,14 +819,18 @@ def plot(rows: list[Row], path: Path) -> None:
             ax.set_xlim(ticks[0] / 1.5, ticks[-1] * 1.5)
             ax.set_title(f"{enc}, D_h = {dh}, {mode}", fontsize=9)
             ax.grid(True, which="major", linewidth=0.3)
-            if i == len(encodings) - 1:
+            if i == len(panels) - 1:
                 ax.set_xlabel("tokens", fontsize=8)
             if j == 0:
                 ax.set_ylabel("ms (median, log)", fontsize=8)
     order = sorted(handles, key=lambda label: ("dropout" in label, VARIANTS.index(label.split(",")[0])))
-    fig.legend([handles[k] for k in order], order, loc="center right", fontsize=8, frameon=False)
-    fig.suptitle("PositionalAttention (9 heads, width 400, float32, CPU) against peers of the same function")
-    fig.tight_layout(rect=(0, 0, 0.85, 0.96))
+    height = 2.9 * len(panels)  # inches: the title and the legend take the top 0.9
+    title = "PositionalAttention (9 heads, width 400, float32, CPU) against peers of the same function"
+    fig.suptitle(title, y=1 - 0.05 / height, va="top", fontsize=10)
+    legend_top = 1 - 0.3 / height
+    fig.legend([handles[k] for k in order], order, loc="upper center", bbox_to_anchor=(0.5, legend_top), ncol=4,
+               fontsize=8, frameon=False)  # fmt: skip
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.9 / height))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -879,8 +884,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="16x16, batch 1, 1 repeat: a smoke run")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--name", default="positional_cpu", help="the results' file name")
+    parser.add_argument(
+        "--replot", type=Path, default=None, help="draw a record's figure again (its JSON); run nothing"
+    )
     add_flush_option(parser)
     args = parser.parse_args(argv)
+    if args.replot is not None:
+        record = json.loads(args.replot.read_text())
+        plot([Row(**row) for row in record["rows"]], args.replot.with_suffix(".png"))
+        return 0
     fp = fp_environment(not args.no_flush)
     if args.quick:
         args.sides, args.batch, args.repeats = [16], args.batch or 1, 1

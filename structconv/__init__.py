@@ -11,7 +11,7 @@ from .bases.conv_weight import ConvWeight
 from .bases.convert import as_basis
 from .bases.dense import DenseBasis
 from .bases.edges import EdgeBasis
-from .bases.factor import LowRank, Separable
+from .bases.factor import Aggregation, LowRank, Separable
 from .bases.grid import GridBasis
 from .bases.softmax_edges import SoftmaxEdgeBasis
 from .bases.sparse import SparseBasis
@@ -30,6 +30,7 @@ from .structures.relative_attention import relative_attention
 from .theory.algebra import combine, compose, decompose
 
 __all__ = [
+    "Aggregation",
     "AttentionBasis",
     "Basis",
     "BiAffine",

@@ -23,6 +23,27 @@ _EDGE_TYPE = torch.tensor([0, 1, 0, 1, 0, 1, 1, 0])
 Inputs = tuple[Any, ...]
 
 
+class MeanSAGE(snn.GraphLayer):
+    """A user's own layer on :class:`~structconv.nn.GraphLayer`: GraphSAGE-mean (module level, so it pickles)."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__(in_channels, out_channels, members=2)
+
+    def graph_basis(self, edges: Any) -> sc.Basis:
+        return sc.graph_basis(edges, ("mean", "identity"))
+
+
+class Causal(snn.GridLayer):
+    """A user's own grid layer on :class:`~structconv.nn.GridLayer`: a dilated causal 1-D convolution."""
+
+    def __init__(self, in_channels: int, out_channels: int, dilation: int = 2) -> None:
+        super().__init__(in_channels, out_channels, members=2, dims=1)
+        self.dilation = dilation
+
+    def grid_basis(self, grid: tuple[int, ...], like: torch.Tensor) -> sc.Basis:
+        return sc.grid_basis(grid, 2, dilation=self.dilation, padding=((self.dilation, 0),), like=like)
+
+
 def _graph() -> Inputs:
     return (torch.randn(6, 3, dtype=D64), _EDGE_INDEX)
 
@@ -50,11 +71,19 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]] = {
         lambda: (torch.randn(2, 4, 6, 6, dtype=D64),),
     ),
     "GridConv3d": (lambda: snn.GridConv3d(2, 3, 3, padding=1), lambda: (torch.randn(1, 2, 4, 4, 4, dtype=D64),)),
+    "GridLayer": (lambda: Causal(3, 4), lambda: (torch.randn(2, 3, 8, dtype=D64),)),
     "ChebConv": (lambda: snn.ChebConv(3, 4, K=3), _graph),
     "GATConv": (lambda: snn.GATConv(3, 2, heads=2), _graph),
     "GATConv[mean]": (lambda: snn.GATConv(3, 2, heads=3, concat=False), _graph),
     "GCNConv": (lambda: snn.GCNConv(3, 4), _graph),
     "SGConv": (lambda: snn.SGConv(3, 4, K=2), _graph),
+    "SAGEConv": (lambda: snn.SAGEConv(3, 4), _graph),
+    "SAGEConv[project]": (lambda: snn.SAGEConv(3, 4, aggr="sum", project=True, normalize=True), _graph),
+    "GINConv": (
+        lambda: snn.GINConv(nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 4)), train_eps=True),
+        _graph,
+    ),
+    "GraphLayer": (lambda: MeanSAGE(3, 4), _graph),
     "TAGConv": (lambda: snn.TAGConv(3, 4, K=2), _graph),
     "RGCNConv": (lambda: snn.RGCNConv(3, 4, num_relations=2), lambda: (*_graph(), _EDGE_TYPE)),
     "RGCNConv[bases]": (

@@ -40,6 +40,8 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
     "sg": lambda: _TwoLayers(snn.SGConv(4, 6, K=2), snn.SGConv(6, 3, K=2)),
     "tag": lambda: _TwoLayers(snn.TAGConv(4, 6, K=2), snn.TAGConv(6, 3, K=2)),
     "cheb": lambda: _TwoLayers(snn.ChebConv(4, 6, K=3), snn.ChebConv(6, 3, K=3)),
+    "sage": lambda: _TwoLayers(snn.SAGEConv(4, 6), snn.SAGEConv(6, 3, project=True, normalize=True)),
+    "gin": lambda: _TwoLayers(snn.GINConv(nn.Linear(4, 6), train_eps=True), snn.GINConv(nn.Linear(6, 3), eps=0.5)),
     "gat": lambda: _TwoLayers(snn.GATConv(4, 3, heads=2), snn.GATConv(6, 3, heads=1)),
     "gat-edge-mean": lambda: _TwoLayers(
         snn.GATConv(4, 3, heads=2, edge_dim=2, fill_value="mean"), snn.GATConv(6, 3, edge_dim=2, fill_value="max")

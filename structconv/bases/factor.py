@@ -8,13 +8,16 @@ r"""Factorised parameters :math:`\Theta` that the engine contracts without formi
 * :class:`LowRank` (Eq. 13, multi-head attention):
   :math:`\Theta_k = \Theta^{(\mathrm{value})}_k \Theta^{(\mathrm{out})\top}_k` with value maps
   ``(K, P, D)`` and output maps ``(K, Q, D)``.
+* :class:`Aggregation`: :math:`\Theta_k = c_k I`, one scalar per member and no channel map, so
+  :math:`y = \sum_k c_k A_k^\top x` keeps the ``P`` channels of ``x`` (GIN's
+  :math:`(1 + \epsilon)x_n + \sum_{m \to n} x_m` on the basis :math:`[I, A]`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backend import Array, einsum, shape_str
+from ..backend import Array, device_of, einsum, namespace, shape_str
 from ..backend.checks import check_array, check_same_placement
 from .conv_weight import ConvWeight
 
@@ -115,5 +118,61 @@ class LowRank:
         return einsum("kpd,kqd->kpq", self.value, self.out)
 
 
-Theta = Array | Separable | LowRank | ConvWeight
+@dataclass(frozen=True, eq=False)
+class Aggregation:
+    r"""The members summed with one scalar each: :math:`\Theta_k = c_k I_P`.
+
+    :math:`y = \sum_k c_k A_k^\top x` mixes no channels, so the engine never forms the
+    identity maps (a full ``(K, P, P)`` :math:`\Theta` would cost :math:`P^2` per entry).
+
+    Parameters
+    ----------
+    coef
+        :math:`c`, shape ``(K,)``; a parameter or a function of one (GIN's trainable
+        :math:`\epsilon` gives ``(1 + eps, 1)``).
+    channels
+        :math:`P`, the channels of ``x`` (and of ``y``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from structconv import Aggregation
+    >>> theta = Aggregation(np.array([1.5, 1.0]), 3)
+    >>> theta.shape, theta.full()[0]
+    ((2, 3, 3), array([[1.5, 0. , 0. ],
+           [0. , 1.5, 0. ],
+           [0. , 0. , 1.5]]))
+    """
+
+    coef: Array
+    channels: int
+
+    def __post_init__(self) -> None:
+        check_array(self.coef, "coef", (1,), ("(K,)",))
+        if isinstance(self.channels, bool) or not isinstance(self.channels, int) or self.channels < 1:
+            raise ValueError(f"channels must be a positive int (P, the channels of x), got {self.channels!r}")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(K, P, P)`` of the full parameter."""
+        return (int(self.coef.shape[0]), self.channels, self.channels)
+
+    @property
+    def rank(self) -> int:
+        """``P``: what the engine keeps beside the coefficients to rebuild the parameter."""
+        return self.channels
+
+    def full(self) -> Array:
+        """The full parameter :math:`c_k I_P` of shape ``(K, P, P)``."""
+        return aggregation_full(self.coef, self.channels)
+
+
+def aggregation_full(coef: Array, channels: int) -> Array:
+    """:math:`c_k I_P` as one ``(K, P, P)`` array, on ``coef``'s backend, dtype and device."""
+    xp = namespace(coef)
+    eye = xp.eye(channels, dtype=coef.dtype, device=device_of(coef))
+    return coef[:, None, None] * eye
+
+
+Theta = Array | Separable | LowRank | ConvWeight | Aggregation
 """What :func:`structconv.conv` accepts as :math:`\\Theta`."""

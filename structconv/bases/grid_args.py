@@ -30,7 +30,10 @@ def _ints(value: Size, d: int | None, arg: str, minimum: int) -> tuple[int, ...]
     else:
         items = cast(Any, value).tolist() if vector else list(value)
     if d is not None and len(items) != d:
-        raise ValueError(f"{arg} must have {d} entries (one per grid dimension), got {len(items)}: {value!r}")
+        hint = ""
+        if arg == "padding" and d == 1 and len(items) == 2:  # (before, after) of one dimension, written bare
+            hint = f"; for {tuple(items)!r} as (before, after) of the one dimension write ({tuple(items)!r},)"
+        raise ValueError(f"{arg} must have {d} entries (one per grid dimension), got {len(items)}: {value!r}{hint}")
     if not items:
         raise ValueError(f"{arg} must have at least one entry")
     out = []

@@ -60,7 +60,10 @@ def _operand_shapes(theta: Theta | Shape) -> tuple[Kind, tuple[Shape, ...], int]
 class Contraction:
     r""":math:`y_b = \sum_k A_k^\top x_b \Theta_k` for one basis and fixed shapes, planned and checked once.
 
-    Made by :func:`contraction`; call it as ``c(x, theta, bias=None, basis=None)``.
+    Made by :func:`contraction`; call it as ``c(x, theta, bias=None, basis=None)``.  Under torch
+    autocast a call casts the operands as :func:`~structconv.conv` does and runs a *cast twin*,
+    the same order compiled for the autocast dtype (made once, with ``probe_autocast=False``: its
+    operands arrive cast).
 
     Attributes
     ----------
@@ -71,10 +74,6 @@ class Contraction:
         is the order every call runs.
     layout
         ``"rows"`` or ``"channels_first"`` (see :mod:`structconv.engine.compiled`).
-
-    Under torch autocast a call casts the operands as :func:`~structconv.conv` does and runs a
-    *cast twin*, the same order compiled for the autocast dtype (made once, with
-    ``probe_autocast=False``: its operands arrive cast).
     """
 
     __slots__ = (

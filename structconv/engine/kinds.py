@@ -12,7 +12,9 @@ kind has no order of its own for a name, it forms :math:`\Theta` and runs the fu
   (:attr:`~structconv.bases.base.OwnOrder.run_factored`) gets them;
 * :data:`CONV_WEIGHT` (:class:`~structconv.ConvWeight`): a basis' own order that takes the
   weight as stored (:attr:`~structconv.bases.base.OwnOrder.run_image`) gets it; every other
-  order forms :math:`\Theta` (a view for one group).
+  order forms :math:`\Theta` (a view for one group);
+* :data:`AGGREGATION` (:class:`~structconv.Aggregation`): ``"ax"`` and ``"xtheta"`` scale and
+  sum the members through the hooks, no channel map formed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, ClassVar
 from ..backend import Array, einsum, of
 from ..bases.base import Basis, Cost, OwnOrder
 from ..bases.conv_weight import ConvWeight, conv_weight_full
-from ..bases.factor import LowRank, Separable
+from ..bases.factor import Aggregation, LowRank, Separable, aggregation_full
 from .orders import Kind, Order, Param, Path, Shape, _gemm, _Own, image_to_rows, kind_of, rows_to_image
 
 #: The dense paths of a factorised parameter's orders: the operands are (A, x, F1, F2).
@@ -242,8 +244,62 @@ class _ConvWeight(Kind):
         return super().hook_order(name, own)
 
 
-SEPARABLE, LOWRANK, CONV_WEIGHT = _Separable(), _LowRank(), _ConvWeight()
+# --- members summed with a scalar each: Θ_k = c_k I ------------------------------------------------------
+class _AggregationAx(Order):
+    """Apply the members, then sum them with their scalars: no channel map."""
+
+    __slots__ = ()
+
+    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
+        B, K, N, P = batch, basis.K, basis.N, prm.P
+        return basis.cost_each(B, P) + Cost(2.0 * B * K * N * P, float(B * K * N * P + B * N * P))
+
+    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
+        return einsum("k,bknp->bnp", prm.operands[0], basis.apply_each(x))
+
+
+class _AggregationXTheta(Order):
+    """Scale ``x`` once per member, then the members' hook sums :math:`A_k^\top (c_k x)`."""
+
+    __slots__ = ()
+
+    def cost(self, basis: Basis, batch: int, prm: Param) -> Cost:
+        # The K scaled copies are written, then laid out member-major for the product: twice K M P.
+        B, K, M, P = batch, basis.K, basis.M, prm.P
+        return Cost(float(B * K * M * P), 2.0 * B * K * M * P) + basis.cost_members(B, P, reduce=True)
+
+    def run(self, basis: Basis, x: Array, prm: Param) -> Array:
+        return basis.apply_members(einsum("k,bmp->bkmp", prm.operands[0], x), reduce=True)
+
+
+class _Aggregation(Kind):
+    """:class:`~structconv.Aggregation`: the scalars kept through the hooks for ``"ax"`` and ``"xtheta"``.
+
+    The rank is :math:`P`, what rebuilds the parameter from its one operand.
+    """
+
+    name, operand_names = "aggregation", ("theta.coef",)
+    held: ClassVar[type | None] = Aggregation
+    kept: ClassVar[Mapping[str, Order]] = {"ax": _AggregationAx("ax"), "xtheta": _AggregationXTheta("xtheta")}
+
+    def operands_of(self, theta: Any) -> tuple[Array, ...]:
+        return (theta.coef,)
+
+    def from_operands(self, operands: tuple[Array, ...], rank: int) -> Any:
+        return Aggregation(operands[0], rank)
+
+    def full_shape(self, shapes: tuple[Shape, ...], rank: int) -> tuple[int, int, int]:
+        return shapes[0][0], rank, rank
+
+    def form_full(self, operands: tuple[Array, ...], rank: int) -> Array:
+        return aggregation_full(operands[0], rank)
+
+    def full_cost(self, K: int, P: int, Q: int, rank: int) -> Cost:
+        return Cost(float(K * P * Q), float(K * P * Q))
+
+
+SEPARABLE, LOWRANK, CONV_WEIGHT, AGGREGATION = _Separable(), _LowRank(), _ConvWeight(), _Aggregation()
 """The kinds of :math:`\\Theta` held in another form than one array, that :func:`~structconv.conv` takes."""
 
 
-__all__ = ["CONV_WEIGHT", "LOWRANK", "SEPARABLE"]
+__all__ = ["AGGREGATION", "CONV_WEIGHT", "LOWRANK", "SEPARABLE"]

@@ -15,7 +15,7 @@ from ..backend.checks import check_array, check_same_placement
 from ..bases.base import Basis
 from ..bases.convert import as_basis
 from ..bases.factor import Theta
-from .kinds import CONV_WEIGHT, LOWRANK, SEPARABLE
+from .kinds import AGGREGATION, CONV_WEIGHT, LOWRANK, SEPARABLE
 from .orders import FULL, Kind, Param, Shaped, kind_of
 
 
@@ -93,6 +93,7 @@ def prepare(a: Basis | Array, x: Array, theta: Theta) -> tuple[Basis, Array, Par
 
 
 __all__ = [
+    "AGGREGATION",
     "CONV_WEIGHT",
     "FULL",
     "LOWRANK",

@@ -58,7 +58,8 @@ class Plan:
         The contraction's sizes by letter (``B``, ``K``, ``M``, ``N``, ``P``, ``Q``, and ``H``,
         ``D`` or ``G`` for a factorised parameter).
     parameter
-        The parameter's kind: ``"full"``, ``"separable"``, ``"lowrank"`` or ``"convweight"``.
+        The parameter's kind: ``"full"``, ``"separable"``, ``"lowrank"``, ``"convweight"`` or
+        ``"aggregation"``.
     candidates
         Every order open to these operands, with its cost.
     chosen

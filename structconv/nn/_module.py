@@ -130,21 +130,32 @@ class CompiledRuns:
         return self._runs.find(key) or self._runs.put(key, build())
 
     def contract(
-        self, basis: Any, x: torch.Tensor, theta: Any, *, bias: torch.Tensor | None = None, order: str = "auto"
+        self,
+        basis: Any,
+        x: torch.Tensor,
+        theta: Any,
+        *,
+        bias: torch.Tensor | None = None,
+        order: str = "auto",
+        layout: str = "rows",
     ) -> torch.Tensor:
         r""":math:`\sum_k A_k^\top x\Theta_k` (plus ``bias``) through the run compiled for these shapes.
 
         ``conv(basis, x, theta, order) + bias``, with the checks and the plan made on the first
-        call for the basis' structure and ``x``'s shape, dtype and device.
+        call for the basis' structure and ``x``'s shape, dtype and device; ``layout`` as
+        :func:`structconv.contraction`'s (``"channels_first"``: torch's image layout).
         """
-        y: torch.Tensor = self.contraction_for(basis, x, theta, order).run_keyed(x, theta, bias, basis)
+        y: torch.Tensor = self.contraction_for(basis, x, theta, order, layout).run_keyed(x, theta, bias, basis)
         return y  # keyed by all the call would compare
 
-    def contraction_for(self, basis: Any, x: torch.Tensor, theta: Any, order: str = "auto") -> Any:
+    def contraction_for(
+        self, basis: Any, x: torch.Tensor, theta: Any, order: str = "auto", layout: str = "rows"
+    ) -> Any:
         """The :class:`~structconv.Contraction` :meth:`contract` runs for these operands (compiled on a miss)."""
         # Traced runs plan apart: torch.compile cannot run the orders that read the basis on the host.
-        key = (basis.plan_key(), x.shape, x.dtype, x.device, type(theta), order, torch.compiler.is_compiling())
-        return self.compiled_run(key, lambda: contraction(basis, x, theta, order=order))
+        compiling = torch.compiler.is_compiling()
+        key = (basis.plan_key(), x.shape, x.dtype, x.device, type(theta), order, layout, compiling)
+        return self.compiled_run(key, lambda: contraction(basis, x, theta, order=order, layout=layout))
 
     def keep_warm_run(self, key: Any, run: Any) -> None:
         """Keep ``run`` as the warm run of ``key``, forgetting the oldest beyond :data:`WARM_RUNS`."""

@@ -81,7 +81,9 @@ def _flip(graph: Any, flow: str, layer: str) -> Any:
     return graph.flip(0) if isinstance(graph, torch.Tensor) else graph[::-1]
 
 
-def _read(graph: Any, x: torch.Tensor, edge_weight: torch.Tensor | None, layer: str) -> Edges:
+def _read(
+    graph: Any, x: torch.Tensor, edge_weight: torch.Tensor | None, layer: str, num_targets: int | None = None
+) -> Edges:
     """The graph as edges on ``x``'s nodes, a matrix read as PyG's ``adj_t``.
 
     For ``x`` on the meta device the edges stay where the graph is (its values are read and
@@ -94,7 +96,7 @@ def _read(graph: Any, x: torch.Tensor, edge_weight: torch.Tensor | None, layer: 
     host = host_like(x, graph, edge_weight)
     if isinstance(host, torch.Tensor) and host is not x and edge_weight is not None and edge_weight.is_meta:
         edge_weight = torch.ones(edge_weight.shape, dtype=edge_weight.dtype, device=host.device)
-    return as_edges(graph, int(x.shape[-2]), edge_weight, like=host, adj_t=True)
+    return as_edges(graph, int(x.shape[-2]), edge_weight, like=host, adj_t=True, num_targets=num_targets)
 
 
 def _check_device(x: torch.Tensor, parameter: torch.Tensor, layer: str, arg: str = "x") -> None:
@@ -238,3 +240,138 @@ class _CachedGraphLayer(_GraphLayer):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (", cached=True" if self.cached else "")
+
+
+def _stacked(x: Any, size: Any, layer: str) -> tuple[Any, int | None]:
+    """A pair ``(x_src, x_dst)`` as one input, the targets' rows after the sources', and the number of targets.
+
+    ``x_dst=None`` (PyG's pair without target features) stands as zeros of ``size[1]`` rows: the
+    members that read the targets' own rows then add nothing, as PyG adds no root term.  A
+    single ``x`` is returned as it is, its ``size`` (if given) checked to be square.
+    """
+    if not isinstance(x, tuple | list):
+        if size is not None and isinstance(x, torch.Tensor) and tuple(size) != (x.shape[-2], x.shape[-2]):
+            raise ValueError(
+                f"{layer}: size={tuple(size)} describes a bipartite graph; pass x as a pair (x_src, x_dst) for it"
+            )
+        return x, None
+    if len(x) != 2 or not isinstance(x[0], torch.Tensor) or x[0].ndim != 2:
+        raise ValueError(f"{layer}: x must be a tensor (N, P) or a pair (x_src, x_dst) of (N_src, P) and (N_dst, P)")
+    x_src, x_dst = x
+    if x_dst is None:
+        if size is None or size[1] is None:
+            raise ValueError(f"{layer}: x=(x_src, None) needs size=(N_src, N_dst) for the number of targets")
+        x_dst = x_src.new_zeros(int(size[1]), int(x_src.shape[-1]))
+    if not isinstance(x_dst, torch.Tensor) or x_dst.ndim != 2 or x_dst.shape[-1] != x_src.shape[-1]:
+        got = tuple(x_dst.shape) if isinstance(x_dst, torch.Tensor) else type(x_dst).__name__
+        raise ValueError(
+            f"{layer}: x_dst must be target features (N_dst, {int(x_src.shape[-1])}), as wide as x_src "
+            f"{tuple(x_src.shape)}, got {got}"
+        )
+    if size is not None and tuple(size) != (x_src.shape[0], x_dst.shape[0]):
+        raise ValueError(f"{layer}: size={tuple(size)} but the pair has {(x_src.shape[0], x_dst.shape[0])} nodes")
+    return torch.cat([x_src, x_dst]), int(x_dst.shape[0])
+
+
+class GraphLayer(_CachedGraphLayer):
+    r"""A graph layer of your own: write :meth:`graph_basis` (and :meth:`theta` if not ``weight``).
+
+    Basis: what :meth:`graph_basis` builds from the call's graph, any :class:`~structconv.Basis`
+    (K members; :func:`structconv.graph_basis` has the usual ones)
+
+    Θ: ``weight`` (K, P, Q), Glorot-initialised, or what an overridden :meth:`theta` returns
+
+    .. math:: y = \sum_k A_k(G)^\top x\,\Theta_k + \beta.
+
+    The layer reads PyG's call ``layer(x, edge_index, edge_weight=None)`` (an ``edge_index``,
+    a sparse ``adj_t`` or a prebuilt basis), hands :meth:`graph_basis` the graph as
+    :class:`~structconv.structures.graph.Edges` on ``x``'s nodes, dtype and device, and
+    contracts through :func:`structconv.conv`'s compiled runs.  It has ``state_dict``, ``.to``,
+    ``torch.compile`` (``fullgraph=True``), PyG's ``cached`` and the layer contract that
+    :func:`structconv.testing.check_layer` checks.  A pair ``x = (x_src, x_dst)`` (a bipartite
+    graph, PyG's convention) is stacked into one input, the targets' rows last, so that the
+    ``"identity"`` member reads each target's own features.
+
+    Parameters
+    ----------
+    in_channels : int
+        :math:`P`, the width of the node features.
+    out_channels : int
+        :math:`Q`, the width of the output.
+    members : int, default 1
+        :math:`K`, the members of ``weight`` (of the basis, when :meth:`theta` is ``weight``).
+    bias : bool, default True
+        Whether to add a learnable bias :math:`\beta` of shape ``(Q,)``.
+    flow : {"source_to_target", "target_to_source"}, default "source_to_target"
+        The direction of an ``edge_index``'s edges, as PyG's ``flow``.
+    cached : bool, default False
+        Keep the first graph's basis and reuse it (PyG's ``cached``; a transductive graph).
+
+    Shapes
+    ------
+    - **input:** ``x`` :math:`(N, P)`, :math:`(B, N, P)` or a pair; ``edge_index`` :math:`(2, E)`
+    - **output:** :math:`(N, Q)` or :math:`(B, N, Q)` (:math:`N_{dst}` rows for a pair)
+
+    Examples
+    --------
+    GraphSAGE with a mean over the in-neighbours, in four lines:
+
+    >>> import torch
+    >>> from structconv import graph_basis
+    >>> from structconv.nn import GraphLayer
+    >>> class SAGE(GraphLayer):
+    ...     def __init__(self, in_channels, out_channels):
+    ...         super().__init__(in_channels, out_channels, members=2)
+    ...     def graph_basis(self, edges):
+    ...         return graph_basis(edges, ("mean", "identity"))
+    >>> layer = SAGE(3, 4)
+    >>> layer(torch.randn(5, 3), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])).shape
+    torch.Size([5, 4])
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        members: int = 1,
+        *,
+        bias: bool = True,
+        flow: str = "source_to_target",
+        cached: bool = False,
+    ) -> None:
+        members = positive_int(members, "members", where=type(self).__name__)
+        super().__init__(in_channels, out_channels, members, bias=bias, flow=flow)
+        self.cached = bool(cached)
+        self.reset_parameters()
+
+    def graph_basis(self, edges: Edges) -> Basis:
+        """The basis on the call's graph: ``edges``, on ``x``'s nodes, dtype and device.  Your layer defines it."""
+        raise NotImplementedError(
+            f"{type(self).__name__}: define graph_basis(self, edges) returning the layer's basis, e.g. "
+            "structconv.graph_basis(edges, 'gin')"
+        )
+
+    def basis(self, x: Any, edge_index: Any, edge_weight: torch.Tensor | None = None, size: Any = None) -> Basis:
+        """The basis the layer contracts with ``x`` on ``edge_index`` (a prebuilt basis is returned as it is)."""
+        x, targets = _stacked(x, size, type(self).__name__)
+        x = _features(x, self.in_channels, type(self).__name__)
+        if isinstance(edge_index, Basis):
+            return super().basis(x, edge_index, edge_weight)
+        return self._built(x, edge_index, edge_weight, num_targets=targets)
+
+    def _basis(
+        self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None, num_targets: int | None = None
+    ) -> Basis:
+        return self.graph_basis(_read(graph, x, edge_weight, type(self).__name__, num_targets))
+
+    def _run(self, x: Any, edge_index: Any, edge_weight: torch.Tensor | None, **extra: Any) -> torch.Tensor:
+        x, targets = _stacked(x, extra.get("size"), type(self).__name__)
+        if targets is None:
+            return super()._run(x, edge_index, edge_weight)
+        refuse_jit_trace(self)
+        name = type(self).__name__
+        x = _features(x, self.in_channels, name, static=False)
+        _check_device(x, self.weight, name)
+        check_input_dtype(x, self.weight, name)
+        basis = self._built(x, edge_index, edge_weight, num_targets=targets)
+        return self.contract(basis, x, self.theta(), bias=self.bias)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import REGISTRY, Array, device_of, find, is_integer_array, namespace, of, shape_str
+from ..backend import REGISTRY, Array, concatenate, device_of, find, is_integer_array, namespace, of, shape_str
 from ..backend.checks import check_finite, check_index_range, check_readable, positive_int
 from ..bases.sparse import MAX_ENTRIES, SparseBasis
 
@@ -86,6 +86,24 @@ def checked_basis(edges: Edges) -> SparseBasis:
     return SparseBasis._from_checked(edges._index(), edges.weight, (1, edges.num_nodes, edges.targets))
 
 
+def members_basis(members: list[Edges]) -> SparseBasis:
+    """One :class:`~structconv.SparseBasis` member per graph of ``members`` (all on the same nodes), unchecked.
+
+    As :func:`checked_basis`, for edges read by :func:`as_edges` and only renormalised since:
+    the members' entries are stacked as they are, without a sort.
+
+    Parameters
+    ----------
+    members
+        The members' edges, on the same source and target nodes.
+    """
+    first = members[0]
+    xp = namespace(first.weight)
+    index = concatenate([xp.stack([e.src * 0 + k, e.src, e.dst]) for k, e in enumerate(members)], 1)
+    values = concatenate([e.weight for e in members], 0)
+    return SparseBasis._from_checked(index, values, (len(members), first.num_nodes, first.targets))
+
+
 def host_like(like: Array | None, *graph: Any) -> Array | None:
     """``like``, or for a ``like`` on the meta device an empty stand-in of its dtype where the graph is.
 
@@ -140,7 +158,8 @@ def as_edges(
     Parameters
     ----------
     graph
-        An ``edge_index`` of shape ``(2, E)`` (integers; row 0 sources, row 1 targets), a torch
+        An ``edge_index`` of shape ``(2, E)`` (integers; row 0 sources, row 1 targets), an
+        :class:`Edges` already read (returned as it is, its weights placed like ``like``), a torch
         sparse tensor or ``scipy.sparse`` matrix, or a dense floating adjacency.  A matrix is read
         as an adjacency (entry ``[m, n]`` weighs the edge ``m -> n``), or with ``adj_t=True`` as
         its transpose, PyTorch Geometric's ``adj_t`` (entry ``[n, m]`` weighs ``m -> n``: row =
@@ -166,6 +185,20 @@ def as_edges(
         For a malformed ``edge_index`` (shape, dtype, out-of-range or negative nodes), weights of
         the wrong length or non-finite weights, or a non-square adjacency.
     """
+    if isinstance(graph, Edges):  # already read (a layer's graph_basis hook): placed like `like`
+        if edge_weight is not None or num_nodes not in (None, graph.num_nodes):
+            raise ValueError("graph is Edges already read: its weights and nodes are its own; pass no edge_weight")
+        if (
+            like is None
+            or find(like) is None
+            or (graph.weight.dtype, device_of(graph.weight))
+            == (
+                like.dtype,
+                device_of(like),
+            )
+        ):
+            return graph
+        return graph.with_edges(graph.src, graph.dst, of(like).asarray(graph.weight, like))
     backend = find(graph)
     _check_real(graph, "graph")
     _check_real(edge_weight, "edge_weight")

@@ -32,13 +32,15 @@ from ..backend.checks import check_index_range
 from ..bases.base import Basis
 from ..bases.polynomial import PolynomialBasis
 from ..bases.sparse import MAX_ENTRIES, SparseBasis
-from .edge_list import Edges, as_edges, host_like, is_matrix_graph
+from .edge_list import Edges, as_edges, checked_basis, host_like, is_matrix_graph, members_basis
 from .normalize import (
     _largest_eigenvalue,
     add_remaining_self_loops,
     add_self_loops,
     gcn_normalize,
+    identity_edges,
     laplacian,
+    mean_normalize,
     remove_self_loops,
     scaled_laplacian,
     walk_normalize,
@@ -46,7 +48,10 @@ from .normalize import (
 
 _add_loops = add_self_loops  # gcn_edges' argument of the same name hides it there
 
-KINDS = ("adjacency", "gcn", "powers", "chebyshev", "diffusion", "relational")
+KINDS = ("adjacency", "identity", "mean", "gin", "gcn", "powers", "chebyshev", "diffusion", "relational")
+
+#: The one-member kinds, which a sequence ``kind`` stacks into one basis (``("mean", "identity")``: GraphSAGE).
+EDGE_KINDS = ("adjacency", "identity", "mean", "gcn")
 
 
 # --- the builders --------------------------------------------------------------------------------------
@@ -163,7 +168,7 @@ def gcn_basis(
 
 def graph_basis(
     graph: Any,
-    kind: str = "gcn",
+    kind: str | Sequence[str] = "gcn",
     *,
     K: int = 1,
     num_nodes: int | None = None,
@@ -175,10 +180,21 @@ def graph_basis(
     walks: Sequence[Sequence[int]] | None = None,
     like: Array | None = None,
 ) -> Basis:
-    r"""A graph basis of one of :data:`KINDS`.
+    r"""A graph basis of one of :data:`KINDS`, or of one-member kinds stacked (a sequence of :data:`EDGE_KINDS`).
 
     ``"adjacency"``
         :math:`A` itself (one member).
+    ``"identity"``
+        :math:`I` on the graph's nodes (one member): a node's own features, the root term of
+        GraphSAGE and GraphConv.
+    ``"mean"``
+        :math:`A` over each target's in-degree, :math:`A_{mn} = w_{mn}/|\{e \to n\}|`
+        (one member; :func:`~structconv.structures.normalize.mean_normalize`): the mean of the
+        in-neighbours, PyG's ``aggr="mean"`` (GraphSAGE).
+    ``"gin"``
+        :math:`[I, A]` (two members): GIN's :math:`(1 + \epsilon)x_n + \sum_{m \to n} x_m` with
+        :math:`\Theta = (1 + \epsilon, 1)` (an :class:`~structconv.Aggregation`, or a
+        :class:`~structconv.Separable` for a linear GIN).
     ``"gcn"``
         :func:`gcn_basis` (one member).
     ``"powers"``
@@ -202,10 +218,13 @@ def graph_basis(
     Parameters
     ----------
     graph
-        An ``edge_index`` ``(2, E)`` (sources, targets) or an adjacency matrix ``(N, N)`` (dense,
-        ``scipy.sparse`` or torch sparse; entry :math:`(m, n)` is the edge :math:`m \to n`).
+        An ``edge_index`` ``(2, E)`` (sources, targets), an adjacency matrix ``(N, N)`` (dense,
+        ``scipy.sparse`` or torch sparse; entry :math:`(m, n)` is the edge :math:`m \to n`), or
+        the :class:`~structconv.structures.graph.Edges` a :class:`~structconv.nn.GraphLayer`
+        hands its ``graph_basis``.
     kind
-        One of :data:`KINDS` (above).
+        One of :data:`KINDS` (above), or a sequence of :data:`EDGE_KINDS`: one member each, in
+        that order (``("mean", "identity")`` is GraphSAGE's :math:`[D_{in}^{-1}A, I]`).
     K
         The order: the largest power (``"powers"``, ``"diffusion"``) or the number of
         Chebyshev members (``"chebyshev"``); unused by the one-member kinds.
@@ -232,8 +251,12 @@ def graph_basis(
     Basis
         ``(K', N, N)`` with :math:`K'` members as listed for ``kind``.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    stack = tuple(kind) if isinstance(kind, tuple | list) else None
+    if stack is not None:
+        if not stack or any(k not in EDGE_KINDS for k in stack):
+            raise ValueError(f"kind as a sequence stacks one-member kinds, each one of {EDGE_KINDS}; got {kind!r}")
+    elif kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS} or a sequence of {EDGE_KINDS}, got {kind!r}")
     host = host_like(like, graph, edge_weight, edge_type)
     if host is not like:  # a meta like: built where the graph's values are, then placed
         again = graph_basis(
@@ -253,8 +276,14 @@ def graph_basis(
                 f"K={K} gives {members} members of {edges.num_nodes} x {edges.targets} nodes, more entries than int64 "
                 f"can number ({MAX_ENTRIES})"
             )
+    if stack is not None:
+        return members_basis([_member(edges, k) for k in stack])
     if kind == "adjacency":
         return edges.to_basis()
+    if kind in ("identity", "mean"):
+        return checked_basis(_member(edges, kind))
+    if kind == "gin":
+        return members_basis([identity_edges(edges), edges])
     if kind == "gcn":
         return gcn_normalize(edges).to_basis()
     if kind == "powers":
@@ -275,6 +304,15 @@ def graph_basis(
     return relational_basis(edges, edge_type, num_relations, walks)
 
 
+def _member(edges: Edges, kind: str) -> Edges:
+    """The edges of the one-member ``kind`` (:data:`EDGE_KINDS`) on ``edges``."""
+    if kind == "identity":
+        return identity_edges(edges)
+    if kind == "mean":
+        return mean_normalize(edges)
+    return gcn_normalize(edges) if kind == "gcn" else edges
+
+
 def relational_basis(
     edges: Edges,
     edge_type: Array | None,
@@ -292,7 +330,10 @@ def relational_basis(
     if aggr not in ("mean", "sum", "add"):
         raise ValueError(f"aggr must be 'mean', 'sum' or 'add' for a relational basis, got {aggr!r}")
     if edge_type is None:
-        raise ValueError("kind='relational' needs edge_type, one relation number per edge")
+        raise ValueError(
+            "a relational basis needs edge_type, one relation number per edge; for a mean over all in-neighbours "
+            "use graph_basis(graph, 'mean'), and 'identity' for the root term"
+        )
     E = int(edges.src.shape[0])
     if tuple(edge_type.shape) != (E,) or not is_integer_array(edge_type):
         raise ValueError(f"edge_type must be an integer array of shape (E,) = ({E},), got {tuple(edge_type.shape)}")
@@ -361,6 +402,7 @@ def relational_basis(
 # Names the graph layers and older code import from here (their homes are edge_list, normalize
 # and bases.polynomial); ``_largest_eigenvalue`` serves ChebConv's ``lambda_max="auto"``.
 __all__ = [
+    "EDGE_KINDS",
     "KINDS",
     "Edges",
     "PolynomialBasis",

@@ -218,6 +218,53 @@ def walk_normalize(edges: Edges, direction: str = "forward") -> Edges:
     raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
 
 
+def mean_normalize(edges: Edges) -> Edges:
+    r"""Each target's mean over its in-edges: :math:`A_{mn} = w_{mn} / |\{e : e \to n\}|`.
+
+    PyG's ``aggr="mean"`` (GraphSAGE): the mean of the messages a node receives, each edge
+    counted once (a repeated edge twice), its weight (1 without ``edge_weight``) scaling its
+    message.  A node without in-edges averages nothing (its column is 0).  Bipartite edges
+    (``num_targets`` set) count at their targets.
+
+    Parameters
+    ----------
+    edges
+        The graph, on any backend.
+
+    Returns
+    -------
+    Edges
+        The same edges with the averaging weights.
+    """
+    ones = edges.weight * 0 + 1  # a count that stays on the weights' backend, dtype and device
+    count = _scatter_sum(ones, edges.dst, edges.targets)
+    return edges.with_edges(edges.src, edges.dst, _take(_inverse(count, 1.0), edges.dst) * edges.weight)
+
+
+def identity_edges(edges: Edges) -> Edges:
+    """Each target node's own features and nothing else: the identity member, one loop of weight 1 per target.
+
+    Target :math:`n`'s own row is source :math:`S - T + n` (:math:`S` sources, :math:`T` targets):
+    the node itself on a square graph, and on a bipartite one whose sources end with its
+    targets (a layer's stacked input ``(x_src, x_dst)``), the target's row in ``x_dst``.
+
+    Raises
+    ------
+    ValueError
+        For a bipartite graph with fewer sources than targets, which has no such rows.
+    """
+    sources, targets = edges.num_nodes, edges.targets
+    if sources < targets:
+        raise ValueError(
+            f"an identity member reads each target's own row, but this graph maps {sources} sources to {targets} "
+            "targets; stack the targets' features after the sources' (a pair (x_src, x_dst) in a layer)"
+        )
+    xp = namespace(edges.src)
+    nodes = xp.arange(targets, dtype=edges.src.dtype, device=device_of(edges.src))
+    loops = namespace(edges.weight).ones((targets,), dtype=edges.weight.dtype, device=device_of(edges.weight))
+    return edges.with_edges(nodes + (sources - targets), nodes, loops)
+
+
 def laplacian(edges: Edges, normalization: str | None = "sym") -> Edges:
     r"""The graph Laplacian as edges: one loop per node plus the negated, normalised edges.
 

@@ -342,6 +342,11 @@ def check_basis(
     ...
     AssertionError: the basis does not mean the reference: ... instead of in-degree
     """
+    if not isinstance(basis, Basis):
+        raise TypeError(
+            f"check_basis: basis must be a structconv Basis, got {type(basis).__name__}; a dense (K, M, N) array is "
+            "a reference (check_basis(built, reference=array)), or wrap it: structconv.as_basis(array)"
+        )
     before = snapshot(basis)
     if reference is not None:
         near = tolerances(basis.dtype, rtol, atol)

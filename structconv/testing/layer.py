@@ -226,15 +226,82 @@ def positional_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
     return _plus_bias(layer, conv(layer.basis(flat), flat, layer.theta())).reshape(x.shape)
 
 
+def image_contract(layer: Any, x: torch.Tensor) -> torch.Tensor:
+    """:class:`~structconv.nn.GridLayer`: ``x`` as rows ``(B, M, P)``, ``conv``, back to ``(B, Q, *out_grid)``, + bias.
+
+    Parameters
+    ----------
+    layer
+        A layer with ``basis(x)`` (a basis that knows its grids, ``entry_shapes``), ``theta()``,
+        ``bias`` and ``dims``.
+    x
+        ``(B, P, *grid)``, or unbatched ``(P, *grid)``.
+    """
+    basis = layer.basis(x)
+    xb, unbatched = _batched(x, layer.dims)
+    rows = xb.flatten(2).transpose(1, 2)
+    y = _plus_bias(layer, conv(basis, rows, layer.theta()))
+    image = y.transpose(1, 2).reshape(int(xb.shape[0]), int(y.shape[-1]), *basis.entry_shapes[1])
+    return image[0] if unbatched else image
+
+
+def gin_contract(layer: Any, x: torch.Tensor, edge_index: Any) -> torch.Tensor:
+    r""":class:`~structconv.nn.GINConv`: ``nn`` of ``conv`` on :math:`[I, A]` with scalars :math:`(1 + \epsilon, 1)`.
+
+    Parameters
+    ----------
+    layer
+        The layer.
+    x, edge_index
+        Its node features ``(N, P)`` and graph.
+    """
+    y: torch.Tensor = layer.nn(conv(layer.basis(x, edge_index), x, layer.theta(int(x.shape[-1]))))
+    return y
+
+
+def sage_contract(layer: Any, x: torch.Tensor, edge_index: Any) -> torch.Tensor:
+    """:class:`~structconv.nn.SAGEConv`: ``conv`` of its basis and ``weight`` plus the bias, then the options.
+
+    With ``project`` the sources are ``relu(lin(x))`` and the targets ``x`` (stacked, as a pair);
+    with ``normalize`` each row is scaled to unit L2 norm.
+
+    Parameters
+    ----------
+    layer
+        The layer.
+    x, edge_index
+        Its node features ``(N, P)`` and graph.
+    """
+    if layer.lin is None:
+        y = _plus_bias(layer, conv(layer.basis(x, edge_index), x, layer.theta()))
+    else:
+        source = F.relu(layer.lin(x))
+        basis = layer.basis((source, x), edge_index)
+        y = _plus_bias(layer, conv(basis, torch.cat([source, x]), layer.theta()))
+    return F.normalize(y, p=2.0, dim=-1) if layer.normalize else y
+
+
 #: The contract of each layer class of :mod:`structconv.nn` (a subclass gets its base's).
 CONTRACTS: dict[type, Contract] = {
+    snn.GINConv: gin_contract,
+    snn.GridLayer: image_contract,
+    snn.SAGEConv: sage_contract,
     **{getattr(snn, f"AvgPool{d}d"): pool_contract for d in (1, 2, 3)},
     **{getattr(snn, f"GridConv{d}d"): grid_contract for d in (1, 2, 3)},
     snn.MultiHeadSelfAttention: attention_contract,
     snn.PositionalAttention: positional_contract,
     **{
         klass: node_contract
-        for klass in (snn.ChebConv, snn.GATConv, snn.GCNConv, snn.RGCNConv, snn.SGConv, snn.StructConv, snn.TAGConv)
+        for klass in (
+            snn.ChebConv,
+            snn.GATConv,
+            snn.GCNConv,
+            snn.GraphLayer,
+            snn.RGCNConv,
+            snn.SGConv,
+            snn.StructConv,
+            snn.TAGConv,
+        )
     },
 }
 

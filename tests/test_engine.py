@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from structconv import (
+    Aggregation,
     ConvWeight,
     Cost,
     DenseBasis,
@@ -251,6 +252,7 @@ THETAS: dict[str, Any] = {
     "separable": lambda K, kernel, rng, cv: Separable(cv(rng.normal(size=(2, K))), cv(rng.normal(size=(2, 4, 4)))),
     "lowrank": lambda K, kernel, rng, cv: LowRank(cv(rng.normal(size=(K, 4, 2))), cv(rng.normal(size=(K, 4, 2)))),
     "convweight": lambda K, kernel, rng, cv: ConvWeight(cv(rng.normal(size=(4, 2, *kernel))), groups=2),
+    "aggregation": lambda K, kernel, rng, cv: Aggregation(cv(rng.normal(size=(K,))), 4),
 }
 KERNELS = {"grid": (3, 3)}
 BACKEND_OF: dict[str, Convert] = {"numpy": np.asarray, "torch": torch.from_numpy}

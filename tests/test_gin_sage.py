@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from structconv import Aggregation, conv, graph_basis
+from structconv import Aggregation, conv, explain, graph_basis
 from structconv import nn as snn
 from structconv.nn.pyg_state import pyg_state_dict
 from structconv.testing import check_layer
@@ -343,3 +343,39 @@ def test_graph_layer_options_compile_in_one_graph() -> None:
         x = torch.randn(N, P)
         compiled = torch.compile(layer, fullgraph=True, dynamic=False)
         torch.testing.assert_close(compiled(x, EDGES), layer(x, EDGES))
+
+
+# --- a basis built on every call ---------------------------------------------------------------------
+@settings(max_examples=25, deadline=None)
+@given(graphs(), st.integers(1, 3), st.sampled_from(["ax", "xtheta"]))
+def test_an_edge_basis_multiplies_alike_with_constant_and_trainable_weights(
+    graph: tuple[torch.Tensor, int], members: int, order: str
+) -> None:
+    """Constant weights run as a sparse matrix, trainable ones by gather-scatter: the same numbers and gradients."""
+    from structconv import EdgeBasis
+
+    edge_index, n = graph
+    g = torch.Generator().manual_seed(n + members)
+    weights = torch.rand(edge_index.shape[1], members, dtype=torch.float64, generator=g)
+    theta = torch.randn(members, 3, 2, dtype=torch.float64, generator=g)
+    x = torch.randn(2, n, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    constant = EdgeBasis(edge_index[0], edge_index[1], weights, (n, n))
+    trainable = EdgeBasis(edge_index[0], edge_index[1], weights.clone().requires_grad_(), (n, n))
+    assert (constant._products() is not None) == bool(edge_index.shape[1]) and trainable._products() is None
+    y_c, y_t = conv(constant, x, theta, order=order), conv(trainable, x, theta, order=order)
+    expected = torch.einsum("kmn,bmp,kpq->bnq", constant.to_dense(), x, theta)
+    torch.testing.assert_close(y_c, expected)
+    torch.testing.assert_close(y_t, expected)
+    (g_c,) = torch.autograd.grad(y_c.sum(), x)
+    (g_t,) = torch.autograd.grad(y_t.sum(), x)
+    torch.testing.assert_close(g_c, g_t)
+
+
+def test_explain_shows_the_build_of_a_basis_built_from_entries() -> None:
+    edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    x = torch.randn(4, 3)
+    sparse = explain(graph_basis(edge_index, "gin"), x, Aggregation(torch.ones(2), 3))
+    assert sparse.build is not None and sparse.build.irregular > 0
+    assert "build" in str(sparse)
+    dense = explain(graph_basis(edge_index, "gin").to_dense(), x, Aggregation(torch.ones(2), 3))
+    assert dense.build is None and "build" not in str(dense)

@@ -376,6 +376,15 @@ class Basis(ABC):
         """
         return NO_ORDERS
 
+    def cost_build(self) -> Cost:
+        """The work of deriving what the hooks multiply by from the entries as stored (none here).
+
+        A basis built on every call (a graph layer's, from its ``edge_index``) pays it on every
+        call, and a backward pass about as much again for the transpose; a basis kept pays it
+        once.  :func:`~structconv.explain` shows it beside the orders.
+        """
+        return Cost()
+
     def cost_combined(self, batch: int, p: int, q: int) -> Cost:
         """Cost of :meth:`apply_combined` (here the dense fallback's).
 

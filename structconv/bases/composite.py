@@ -351,9 +351,11 @@ def concat(bases: Sequence[Basis | Array]) -> Basis:
         sparse = [p for p in parts if isinstance(p, SparseBasis)]
         idx, offset = [], 0
         for p in sparse:
-            i = p.indices  # members renumbered by offset; the stored indices are left as they are
+            # The entries as stored, members renumbered by offset: no sort (a host round trip on a
+            # GPU), since repeated entries add up in every product anyway; checked when stored.
+            i = p._indices
             idx.append(concatenate([i[:axis], i[axis : axis + 1] + offset, i[axis + 1 :]], 0))
             offset += p.K
         shape = parts[0].shape[:-3] + (offset,) + parts[0].shape[-2:]
-        return SparseBasis(concatenate(idx, 1), concatenate([p.values for p in sparse], 0), shape)
+        return SparseBasis._from_checked(concatenate(idx, 1), concatenate([p._values for p in sparse], 0), shape)
     return ConcatBasis(parts)

@@ -21,7 +21,7 @@ import numpy as np
 from ..backend import Array, as_index, concatenate, device_of, find, is_integer_array, namespace, of, shape_str
 from ..backend.checks import check_array, check_index_range
 from .base import Cost, _member_list, _PlacedByArray
-from .sparse import SparseBasis
+from .sparse import Derived, SparseBasis
 
 
 class OnEdgeList(_PlacedByArray):
@@ -86,7 +86,7 @@ class EdgeBasis(OnEdgeList):
            [0., 4.]])
     """
 
-    __slots__ = ("_weights",)
+    __slots__ = ("_derived", "_weights")
     representation = "edges"
     host_orders = frozenset({"atheta"})
 
@@ -122,9 +122,40 @@ class EdgeBasis(OnEdgeList):
             if device_of(idx) != device_of(weights):
                 raise ValueError(f"{name} is on {device_of(idx)} but weights are on {device_of(weights)}")
         self._src, self._dst, self._weights, self._shape = src, dst, weights, (M, N)
+        self._derived = Derived()
 
     def _per_edge(self) -> Array:
         return self._weights
+
+    def _products(self) -> SparseBasis | None:
+        """The members as a :class:`~structconv.SparseBasis`, whose products run where gather-scatter would.
+
+        With constant weights, a sparse matrix built once (a sort) multiplies several times
+        faster than a gather and a scatter per product on the CPU (``docs/internals.rst``, the
+        torch backend); weights that require grad, a traced or a meta call keep the
+        gather-scatter, whose gradient reaches the weights and which needs no host sort.
+        """
+        w = self._weights
+        backend = of(w)
+        if backend.requires_grad(w) or backend.traced() or device_of(w) == "meta" or not int(w.shape[0]):
+            return None
+        sparse: SparseBasis = self._derived.get("sparse", self._sparse_checked)
+        return sparse
+
+    def _sparse_checked(self) -> SparseBasis:
+        """:meth:`to_sparse` without a second check of the entries this basis' constructor checked."""
+        index, values = self._sparse_entries()
+        return SparseBasis._from_checked(index, values, self.shape)
+
+    def _sparse_entries(self) -> tuple[Array, Array]:
+        """The ``(3, K E)`` member, source and target of each entry, and its ``(K E,)`` values, member-major."""
+        K, w = self.K, self._weights
+        k = as_index(np.repeat(np.arange(K), w.shape[0]), self._src)
+        index = namespace(w).stack([k, concatenate([self._src] * K, 0), concatenate([self._dst] * K, 0)])
+        return index, w.T.reshape(-1)
+
+    def plan_key(self) -> tuple[Any, ...]:
+        return (*super().plan_key(), self._products() is not None)
 
     @property
     def weights(self) -> Array:
@@ -134,11 +165,7 @@ class EdgeBasis(OnEdgeList):
     # --- value operations ------------------------------------------------------------------
     def to_sparse(self) -> SparseBasis:
         """The same basis as a :class:`~structconv.SparseBasis` (``K·E`` entries)."""
-        K = self.K
-        w = self._weights
-        k = as_index(np.repeat(np.arange(K), w.shape[0]), self._src)
-        index = namespace(w).stack([k, concatenate([self._src] * K, 0), concatenate([self._dst] * K, 0)])
-        return SparseBasis(index, w.T.reshape(-1), self.shape)
+        return SparseBasis(*self._sparse_entries(), self.shape)
 
     def to_dense(self) -> Array:
         return self.to_sparse().to_dense()
@@ -160,12 +187,18 @@ class EdgeBasis(OnEdgeList):
 
     # --- engine hooks ----------------------------------------------------------------------
     def apply_each(self, x: Array) -> Array:
+        sparse = self._products()
+        if sparse is not None:
+            return sparse.apply_each(x)
         backend = of(x)
         gathered = backend.take(x, self._src, 1)  # (B, E, C)
         weighted = gathered[:, :, None, :] * self._weights[None, :, :, None]  # (B, E, K, C)
         return backend.index_add(weighted, self._dst, self.N, 1).swapaxes(1, 2)
 
     def apply_members(self, s: Array, *, reduce: bool) -> Array:
+        sparse = self._products()
+        if sparse is not None:
+            return sparse.apply_members(s, reduce=reduce)
         backend = of(s)
         rows = s.swapaxes(1, 2)  # (B, M, K, C): one row per entry holds every member
         weighted = backend.take(rows, self._src, 1) * self._weights[None, :, :, None]  # (B, E, K, C)
@@ -173,10 +206,20 @@ class EdgeBasis(OnEdgeList):
             return backend.index_add(weighted.sum(2), self._dst, self.N, 1)
         return backend.index_add(weighted, self._dst, self.N, 1).swapaxes(1, 2)
 
+    def cost_build(self) -> Cost:
+        sparse = self._products()
+        return Cost() if sparse is None else sparse.cost_build()
+
     def cost_each(self, batch: int, channels: int) -> Cost:
+        sparse = self._products()
+        if sparse is not None:
+            return sparse.cost_each(batch, channels)
         return cost_each_on_edges(int(self._weights.shape[0]), self.K, self.N, batch, channels)
 
     def cost_members(self, batch: int, channels: int, *, reduce: bool) -> Cost:
+        sparse = self._products()
+        if sparse is not None:
+            return sparse.cost_members(batch, channels, reduce=reduce)
         return cost_members_on_edges(int(self._weights.shape[0]), self.K, self.N, batch, channels, reduce=reduce)
 
 

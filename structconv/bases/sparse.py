@@ -348,6 +348,11 @@ class SparseBasis(_PlacedByArray):
         out = batch * self.N * channels * (1 if reduce else self.K)
         return Cost(0.0, float(out + batch * self.K * self.M * channels), flops)
 
+    def cost_build(self) -> Cost:
+        """A sparse matrix from the entries as given: their rows sorted, the entries gathered in that order."""
+        stored = self.stored
+        return Cost(0.0, 3.0 * stored, stored * math.log2(max(stored, 2)))
+
     def cost_combined(self, batch: int, p: int, q: int) -> Cost:
         pairs = min(self.stored, self.M * self.N * (self.batch or 1))
         per = self._per_instance(batch)

@@ -75,7 +75,10 @@ def _new_plan(basis: Basis, B: int, prm: Param, order: str, traced: bool) -> tup
     scores = [c.score for c in candidates]
     chosen = order if order != "auto" else candidates[scores.index(min(scores))].order
     equation = orders[0].equation if isinstance(orders[0], DenseOrder) else ""
-    plan = Plan(basis.representation, sizes, prm.kind.name, tuple(candidates), chosen, order, equation)
+    made = basis.cost_build()
+    built = made.flops or made.memory or made.irregular
+    build = Candidate("build", made.flops, made.memory, made.irregular) if built else None
+    plan = Plan(basis.representation, sizes, prm.kind.name, tuple(candidates), chosen, order, equation, build)
     return plan, orders[valid.index(chosen)]
 
 

@@ -68,6 +68,10 @@ class Plan:
         The ``order`` argument (``"auto"`` or a name).
     equation
         The einsum equation of a dense basis (empty otherwise).
+    build
+        The work of deriving the basis' layouts from its entries
+        (:meth:`~structconv.Basis.cost_build`), paid by every basis built anew: on every call
+        of a layer that builds its basis per call.  ``None`` where there is none.
     """
 
     representation: str
@@ -77,6 +81,7 @@ class Plan:
     chosen: str
     requested: str = "auto"
     equation: str = field(default="")
+    build: Candidate | None = None
 
     @property
     def orders(self) -> tuple[str, ...]:
@@ -104,6 +109,13 @@ class Plan:
             mark = " <- chosen" if c.order == self.chosen else ""
             row = f"  {c.order:<12} {c.flops:12.3e} {c.irregular:12.3e} {c.memory:12.3e} {c.score / best:11.2f}x"
             lines.append(row + mark)
+        if self.build is not None:
+            b = self.build
+            share = b.score / self.candidate(self.chosen).score
+            lines.append(
+                f"  {'build':<12} {b.flops:12.3e} {b.irregular:12.3e} {b.memory:12.3e} {share:11.2f}x "
+                "(once per basis built: every call where a layer builds it per call)"
+            )
         lines.append(f"  requested: {self.requested}")
         return "\n".join(lines)
 

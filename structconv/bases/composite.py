@@ -128,6 +128,9 @@ class ConcatBasis(_Derived):
             start += p.K
         return sum(ys[1:], ys[0])
 
+    def cost_build(self) -> Cost:
+        return sum((p.cost_build() for p in self.parts), Cost())
+
     def cost_each(self, batch: int, channels: int) -> Cost:
         return sum((p.cost_each(batch, channels) for p in self.parts), Cost())
 

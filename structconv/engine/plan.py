@@ -70,8 +70,9 @@ class Plan:
         The einsum equation of a dense basis (empty otherwise).
     build
         The work of deriving the basis' layouts from its entries
-        (:meth:`~structconv.Basis.cost_build`), paid by every basis built anew: on every call
-        of a layer that builds its basis per call.  ``None`` where there is none.
+        (:meth:`~structconv.Basis.cost_build`), paid once per basis built: on every call of a
+        layer that builds its basis per call.  ``None`` where there is none.  ``str(plan)``
+        shows it on a ``build`` line, its score relative to the chosen order's.
     """
 
     representation: str
@@ -113,8 +114,7 @@ class Plan:
             b = self.build
             share = b.score / self.candidate(self.chosen).score
             lines.append(
-                f"  {'build':<12} {b.flops:12.3e} {b.irregular:12.3e} {b.memory:12.3e} {share:11.2f}x "
-                "(once per basis built: every call where a layer builds it per call)"
+                f"  {'build':<12} {b.flops:12.3e} {b.irregular:12.3e} {b.memory:12.3e} {share:11.2f}x  per basis"
             )
         lines.append(f"  requested: {self.requested}")
         return "\n".join(lines)

@@ -89,6 +89,7 @@ class ChebConv(_GraphLayer):
             raise ValueError(f"ChebConv: lambda_max must be a positive number, 'auto' or None, got {lambda_max!r}")
         super().__init__(in_channels, out_channels, self.K, bias=bias, flow="source_to_target")
         self.normalization, self.lambda_max = normalization, lambda_max
+        self.draw_as_built()
         self.reset_parameters()
 
     def forward(

@@ -17,7 +17,7 @@ from ..bases.softmax_edges import Projected, SoftmaxEdgeBasis, head_placement
 from ..structures.graph import Edges, as_edges, host_like, is_matrix_graph
 from ._module import CompiledRuns, refuse_jit_trace
 from .gat_edges import attention_matrix, loop_features, sorted_edges, stored_entries
-from .graph_common import _check_device, _check_empty, _features, _pair, glorot_
+from .graph_common import _check_device, _check_empty, _features, _pair, glorot_, pyg_linear_draw_
 from .pyg_state import PyGKey, PyGState, heads_key, linear_key
 
 FILL_REDUCTIONS = ("mean", "add", "sum", "max", "min")
@@ -152,12 +152,21 @@ class GATConv(CompiledRuns, PyGState):
         self.att_edge = nn.Parameter(torch.empty(H, D)) if self.edge_dim is not None else None
         self.res = nn.Parameter(torch.empty(P_dst, total)) if residual else None
         self.bias = nn.Parameter(torch.empty(total)) if bias else None
+        self._draw_maps()  # PyG's Linear maps draw themselves when built; then it resets
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        for w in (self.weight, self.weight_dst, self.weight_edge, self.res, self.att_src, self.att_dst, self.att_edge):
+    def _draw_maps(self) -> None:
+        """The maps, as PyG's ``lin`` (or ``lin_src`` and ``lin_dst``), ``lin_edge`` and ``res`` draw theirs."""
+        for w in (self.weight, self.weight_dst, self.weight_edge, self.res):
             if w is not None:
-                glorot_(w)
+                pyg_linear_draw_(w.data, "glorot")
+
+    def reset_parameters(self) -> None:
+        """Draw as PyG's ``reset_parameters``: the maps, then ``att_src``, ``att_dst``, ``att_edge``; a zero bias."""
+        self._draw_maps()
+        for att in (self.att_src, self.att_dst, self.att_edge):
+            if att is not None:
+                glorot_(att)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 

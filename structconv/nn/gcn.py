@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..backend.checks import positive_int
 from ..bases.base import Basis
 from ..structures.edge_list import checked_basis
 from ..structures.graph import PolynomialBasis, gcn_edges, is_matrix_graph
-from .graph_common import _CachedGraphLayer, _read
+from .graph_common import _CachedGraphLayer, _read, pyg_linear_draw_
 from .pyg_state import PyGKey, member_keys, same_key
 
 
@@ -87,6 +85,7 @@ class GCNConv(_CachedGraphLayer):
             raise ValueError("GCNConv: add_self_loops=True needs normalize=True (as in PyG)")
         self.improved, self.add_self_loops, self.normalize = improved, add_self_loops, normalize
         self.cached = bool(cached)
+        self.draw_as_built()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -173,13 +172,16 @@ class SGConv(_CachedGraphLayer):
         super().__init__(in_channels, out_channels, 1, bias=bias, flow=flow)
         self.add_self_loops = add_self_loops
         self.cached = bool(cached)
+        self.draw_as_built()
         self.reset_parameters()
 
+    def draw_as_built(self) -> None:
+        """PyG's ``Linear(in_channels, out_channels, bias)`` draws its weight and bias when built."""
+        pyg_linear_draw_(self.weight.data[0], "kaiming", self.bias)
+
     def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.weight.data[0].T, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1.0 / math.sqrt(self.in_channels)
-            nn.init.uniform_(self.bias, -bound, bound)
+        """Draw as PyG's ``lin.reset_parameters()`` (``torch.nn.Linear``'s draws), and forget the cached basis."""
+        pyg_linear_draw_(self.weight.data[0], "kaiming", self.bias)
         self.reset_cache()
 
     def pyg_keys(self) -> list[PyGKey]:

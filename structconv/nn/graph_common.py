@@ -40,6 +40,27 @@ def glorot_(t: torch.Tensor) -> None:
     nn.init.uniform_(t, -bound, bound)
 
 
+def pyg_linear_draw_(weight: torch.Tensor, initializer: str, bias: torch.Tensor | None = None) -> None:
+    r"""Draw our ``(P, Q)`` ``weight`` (and ``bias``) as PyG's ``Linear(P, Q)`` draws its ``(Q, P)`` weight and bias.
+
+    ``initializer`` is PyG's ``weight_initializer``: ``"glorot"``, or ``"kaiming"`` (its default,
+    ``torch.nn.Linear``'s :math:`\mathcal U(\pm 1/\sqrt P)`, the bias alike).  The values are
+    drawn in the ``(Q, P)`` layout, element by element as PyG draws them, so that one seed gives
+    the same layer and leaves the generator where PyG's leaves it.
+    """
+    drawn = torch.empty(weight.shape[::-1], dtype=weight.dtype, device=weight.device)
+    if initializer == "glorot":
+        glorot_(drawn)
+    else:
+        nn.init.kaiming_uniform_(drawn, a=math.sqrt(5))
+    with torch.no_grad():
+        weight.copy_(drawn.T)
+    if bias is not None:
+        fan_in = int(weight.shape[0])
+        bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+        nn.init.uniform_(bias, -bound, bound)
+
+
 def _features(x: Any, channels: int, layer: str, static: bool = True) -> torch.Tensor:
     """Node features as a dense ``(N, P)`` (or, if ``static``, ``(B, N, P)``) tensor; sparse ``x`` is densified."""
     ranks = (2, 3) if static else (2,)
@@ -125,9 +146,25 @@ class _GraphLayer(CompiledRuns, PyGState):
         self.weight = nn.Parameter(torch.empty(members, self.in_channels, self.out_channels))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
 
+    #: PyG's ``weight_initializer`` of the ``Linear`` maps the members are (``"glorot"`` or ``"kaiming"``).
+    pyg_initializer = "glorot"
+
+    def draw_members(self) -> None:
+        """Draw each member of ``weight`` as PyG draws its ``Linear`` maps, in order (:func:`pyg_linear_draw_`)."""
+        for k in range(int(self.weight.shape[0])):
+            pyg_linear_draw_(self.weight.data[k], self.pyg_initializer)
+
+    def draw_as_built(self) -> None:
+        """The draws PyG's layer makes while it is built: its ``Linear`` maps draw themselves, then it resets.
+
+        A layer's ``__init__`` calls this, then :meth:`reset_parameters`, so that one seed gives
+        PyG's fresh layer and the same next random number.
+        """
+        self.draw_members()
+
     def reset_parameters(self) -> None:
-        """Glorot weights and a zero bias (PyG's default for these layers)."""
-        glorot_(self.weight)
+        """Draw the members as PyG's maps, in PyG's order, and zero the bias (PyG's ``reset_parameters``)."""
+        self.draw_members()
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 

@@ -2,7 +2,6 @@ r"""GraphSAGE: the mean of the in-neighbours and the node's own features, one ch
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -11,27 +10,11 @@ from torch.nn import functional as F  # noqa: N812
 
 from ..bases.base import Basis
 from ..structures.graph import Edges, graph_basis
-from .graph_common import GraphLayer, _pair
+from .graph_common import GraphLayer, _pair, pyg_linear_draw_
 from .pyg_state import PyGKey, member_keys, same_key
 
 #: PyG's names of the aggregations SAGEConv contracts, and the member each gives.
 AGGREGATIONS = {"mean": "mean", "sum": "adjacency", "add": "adjacency"}
-
-
-def linear_draw_(weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-    """Draw ``weight`` ``(P, Q)`` and ``bias`` as ``torch.nn.Linear(P, Q)`` draws its own ``(Q, P)`` weight and bias.
-
-    The values are drawn in PyG's (and torch's) order into the ``(Q, P)`` layout, so that the
-    same seed gives the same layer and leaves the generator where theirs leaves it.
-    """
-    fan_in = int(weight.shape[0])
-    drawn = torch.empty(weight.shape[::-1], dtype=weight.dtype, device=weight.device)
-    nn.init.kaiming_uniform_(drawn, a=math.sqrt(5))
-    with torch.no_grad():
-        weight.copy_(drawn.T)
-    if bias is not None:
-        bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-        nn.init.uniform_(bias, -bound, bound)
 
 
 class SAGEConv(GraphLayer):
@@ -120,9 +103,9 @@ class SAGEConv(GraphLayer):
         """Draw as PyG's ``SAGEConv.reset_parameters``: ``lin`` (with ``project``), ``lin_l``, then ``lin_r``."""
         if getattr(self, "lin", None) is not None:
             self.lin.reset_parameters()  # type: ignore[union-attr]
-        linear_draw_(self.weight.data[0], self.bias)
+        pyg_linear_draw_(self.weight.data[0], "kaiming", self.bias)
         if self.root_weight:
-            linear_draw_(self.weight.data[1])
+            pyg_linear_draw_(self.weight.data[1], "kaiming")
 
     def pyg_keys(self) -> list[PyGKey]:
         """``weight``'s members: PyG's ``lin_l.weight`` and ``lin_r.weight`` transposed; ``bias``: ``lin_l.bias``."""

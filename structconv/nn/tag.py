@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..backend.checks import positive_int
 from ..bases.base import Basis
@@ -76,13 +74,10 @@ class TAGConv(_GraphLayer):
         self.K = positive_int(K, "K", where="TAGConv")
         super().__init__(in_channels, out_channels, self.K + 1, bias=bias, flow=flow)
         self.normalize = normalize
+        self.draw_as_built()
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        for k in range(self.weight.shape[0]):  # each member like an nn.Linear(in, out) weight
-            nn.init.kaiming_uniform_(self.weight.data[k].T, a=math.sqrt(5))
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+    pyg_initializer = "kaiming"  # PyG's lins are Linear(in, out) with its default initialiser
 
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         edges = _read(graph, x, edge_weight, "TAGConv")

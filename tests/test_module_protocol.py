@@ -24,7 +24,7 @@ from torch import nn
 
 import structconv as sc
 from structconv import nn as snn
-from structconv.nn._module import script_refusal, trace_refusal
+from structconv.nn._module import script_refusal, trace_warning
 from structconv.nn.positional_heads import Encoding
 
 Inputs = tuple[Any, ...]
@@ -178,15 +178,27 @@ def test_torch_jit_script_refuses_with_one_sentence(name: str) -> None:
     assert str(inside.value) == sentence
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace")
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_torch_jit_trace_refuses_with_one_sentence(name: str) -> None:
+def test_torch_jit_trace_records_the_layer_and_says_what_it_froze(name: str) -> None:
+    """A trace (TensorBoard's add_graph, trace-based exporters) computes the layer on the traced input, warns once.
+
+    And it leaves the layer as it was: an eager call afterwards, on another input of the same
+    shape, equals a fresh copy's.
+    """
     build, inputs = CASES[name]
-    layer, args = build(), inputs()
-    sentence = trace_refusal(type(layer).__name__)
-    assert "torch.compile" in sentence
-    with pytest.raises(TypeError) as raised:
-        torch.jit.trace(layer, args, check_trace=False)
-    assert str(raised.value) == sentence
+    torch.manual_seed(0)
+    layer = build().eval()
+    copy_ = copy.deepcopy(layer)
+    args = inputs()
+    with pytest.warns(torch.jit.TracerWarning) as caught:
+        traced = torch.jit.trace(layer, args, check_trace=False)
+    ours = [w for w in caught if str(w.message) == trace_warning(type(layer).__name__)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    torch.testing.assert_close(_tensors(traced(*args)), _tensors(layer(*args)))
+    other = tuple(torch.randn_like(a) if a.is_floating_point() else a for a in args)
+    torch.testing.assert_close(_tensors(layer(*other)), _tensors(copy_(*other)))
 
 
 class _Halved(nn.Module):

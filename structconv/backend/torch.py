@@ -346,8 +346,10 @@ class SparseMatrix:
             with torch.autocast("cpu", enabled=False):  # autocast would narrow the operands again
                 return wide.times(dense.float()).to(dense.dtype)
         # meta: the CSR build reads the rows; compiled: Inductor fuses the gather-scatter, and the
-        # CSR build (a host sort, a cached autograd function) would break the graph.
-        if self.values.requires_grad or dense.device.type == "meta" or torch.compiler.is_compiling():
+        # CSR build (a host sort, a cached autograd function) would break the graph; traced
+        # (torch.jit.trace): the tracer records no autograd function holding a Python object.
+        tracing = torch.jit.is_tracing()  # type: ignore[no-untyped-call]
+        if self.values.requires_grad or dense.device.type == "meta" or torch.compiler.is_compiling() or tracing:
             gathered = dense.index_select(0, self.cols) * self.values[:, None]
             return dense.new_zeros((self.shape[0], dense.shape[1])).index_add(0, self.rows, gathered)
         if not dense.requires_grad:

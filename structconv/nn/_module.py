@@ -1,16 +1,18 @@
 """What every layer of :mod:`structconv.nn` shares as a module: a clear refusal of TorchScript, compiled runs.
 
 A layer builds its basis in Python on every call (graph readers, plans, caches), which the
-TorchScript front end cannot compile and ``torch.jit.trace`` would freeze for the traced input;
+TorchScript front end cannot compile and ``torch.jit.trace`` freezes for the traced input;
 ``torch.compile`` traces all of it.  ``torch.jit.script`` calls ``__prepare_scriptable__`` on a
 module, and on each of its submodules, before it reads any source, so raising there replaces a
-cascade of front-end errors with one sentence; ``torch.jit.trace`` meets one sentence in
-``forward`` (:func:`refuse_jit_trace`).
+cascade of front-end errors with one sentence.  ``torch.jit.trace`` (TensorBoard's ``add_graph``,
+trace-based exporters) records the call, as it records PyG's layers, with one ``TracerWarning``
+saying what it froze (:func:`warn_jit_trace`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -34,18 +36,19 @@ def script_refusal(layer: str) -> str:
     )
 
 
-def trace_refusal(layer: str) -> str:
-    """The one sentence ``torch.jit.trace`` meets for ``layer`` (a class name)."""
+def trace_warning(layer: str) -> str:
+    """What ``torch.jit.trace`` is told, in a ``TracerWarning``, when it runs ``layer`` (a class name)."""
     return (
-        f"{layer} does not support torch.jit.trace (a trace would freeze the basis and plan its Python builds for "
-        "this one input, and silently reuse them for any other); use torch.compile(layer) instead"
+        f"{layer}: torch.jit.trace records this call's operators with the structure the layer built in Python for "
+        "this input (its basis from this graph or grid, the plan, index tables) as constants: the traced module "
+        "computes the layer for this input's structure only; trace again for another, or use torch.compile(layer)"
     )
 
 
-def refuse_jit_trace(layer: object) -> None:
-    """Raise a ``TypeError`` (:func:`trace_refusal`) when ``torch.jit.trace`` runs ``layer`` (first in forward)."""
+def warn_jit_trace(layer: object) -> None:
+    """Warn (a ``TracerWarning``, :func:`trace_warning`) when ``torch.jit.trace`` runs ``layer`` (first in forward)."""
     if torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call]  # (torch.compile folds it to False)
-        raise TypeError(trace_refusal(type(layer).__name__))
+        warnings.warn(trace_warning(type(layer).__name__), torch.jit.TracerWarning, stacklevel=3)
 
 
 class NotScriptable:

@@ -21,7 +21,7 @@ from ..backend.torch_autocast import autocast_dtype, check_input_dtype
 from ..bases.dense import DenseBasis
 from ..bases.factor import LowRank
 from ..structures.attention import AttentionBasis, BiAffine, Mechanism, ScoreBias, attention_basis
-from ._module import CompiledRuns, NotScriptable, refuse_jit_trace
+from ._module import CompiledRuns, NotScriptable, warn_jit_trace
 from .mha_torch import (
     _NAME,
     append_tokens,
@@ -301,7 +301,7 @@ class MultiHeadSelfAttention(CompiledRuns, NotScriptable, nn.Module):
             (``(N, num_heads, L, S)`` if not averaged; no ``N`` for unbatched input), or
             ``None`` when ``need_weights=False``.  ``S`` counts the appended tokens.
         """
-        refuse_jit_trace(self)
+        warn_jit_trace(self)
         batched, heads, x_value, allowed = self._heads(
             query, key, value, key_padding_mask, need_weights, attn_mask, is_causal
         )

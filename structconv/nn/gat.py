@@ -15,7 +15,7 @@ from ..bases.base import Basis
 from ..bases.factor import LowRank
 from ..bases.softmax_edges import Projected, SoftmaxEdgeBasis, head_placement
 from ..structures.graph import Edges, as_edges, host_like, is_matrix_graph
-from ._module import CompiledRuns, refuse_jit_trace
+from ._module import CompiledRuns, warn_jit_trace
 from .gat_edges import attention_matrix, loop_features, sorted_edges, stored_entries
 from .graph_common import _check_device, _check_empty, _features, _pair, glorot_, pyg_linear_draw_
 from .pyg_state import PyGKey, PyGState, heads_key, linear_key
@@ -386,7 +386,7 @@ class GATConv(CompiledRuns, PyGState):
         ``add_self_loops`` the loops take their sorted places (PyG rebuilds the tensor coalesced).
         A ``scipy.sparse`` or dense adjacency gives a coalesced COO tensor.
         """
-        refuse_jit_trace(self)
+        warn_jit_trace(self)
         scored = self._attention(x, edge_index, edge_attr, size, self.theta())
         x3, theta, N_src, N_dst = scored.x, scored.theta, int(scored.x.shape[1]), scored.N_dst
         basis = self._basis(scored, reuse=True)

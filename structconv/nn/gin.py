@@ -12,7 +12,7 @@ from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..bases.factor import Aggregation
 from ..structures.graph import graph_basis
-from ._module import CompiledRuns, refuse_jit_trace
+from ._module import CompiledRuns, warn_jit_trace
 from .graph_common import _check_device, _check_flow, _features, _flip, _read, _stacked
 from .pyg_state import PyGState
 
@@ -106,7 +106,7 @@ class GINConv(CompiledRuns, PyGState):
 
     def aggregate(self, x: Any, edge_index: Any, size: Any = None) -> torch.Tensor:
         r""":math:`(1 + \epsilon) x_n + \sum_{m \to n} x_m`, what ``nn`` is applied to."""
-        refuse_jit_trace(self)
+        warn_jit_trace(self)
         rows, targets = _stacked(x, size, "GINConv")
         rows = _features(rows, _width(rows), "GINConv", static=False)
         _check_device(rows, self.eps, "GINConv")

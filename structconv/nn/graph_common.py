@@ -28,7 +28,7 @@ from ..backend.checks import positive_int
 from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..structures.graph import Edges, as_edges, host_like, is_matrix_graph
-from ._module import CompiledRuns, refuse_jit_trace
+from ._module import CompiledRuns, warn_jit_trace
 from .pyg_state import PyGKey, PyGState, member_keys
 
 FLOWS = ("source_to_target", "target_to_source")
@@ -201,7 +201,7 @@ class _GraphLayer(CompiledRuns, PyGState):
         return _check_basis(basis, x, name)
 
     def _run(self, x: Any, edge_index: Any, edge_weight: torch.Tensor | None, **extra: Any) -> torch.Tensor:
-        refuse_jit_trace(self)
+        warn_jit_trace(self)
         name = type(self).__name__
         x = _features(x, self.in_channels, name)
         _check_device(x, self.weight, name)
@@ -405,7 +405,7 @@ class GraphLayer(_CachedGraphLayer):
         x, targets = _stacked(x, extra.get("size"), type(self).__name__)
         if targets is None:
             return super()._run(x, edge_index, edge_weight)
-        refuse_jit_trace(self)
+        warn_jit_trace(self)
         name = type(self).__name__
         x = _features(x, self.in_channels, name, static=False)
         _check_device(x, self.weight, name)

@@ -33,7 +33,7 @@ from ..engine.compiled import Contraction, contraction
 from ..structures.grid import Padding, _padding, grid_basis
 from ._grid_common import check_tensor, grid_and_like, own_init, split_input
 from ._grid_docs import conv_doc
-from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, own_parameter, refuse_jit_trace
+from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, own_parameter, warn_jit_trace
 
 _PADDING_MODES = {"zeros": "zero", "circular": "periodic", "reflect": "zero", "replicate": "zero"}
 _FRAMED = ("reflect", "replicate")  # framed explicitly by F.pad, then a basis with no padding
@@ -202,7 +202,7 @@ class _GridConvNd(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module)
 
     def _checked(self, x: torch.Tensor, key: tuple[Any, ...] | None) -> torch.Tensor:
         """The call with every check, through the contraction compiled for ``x``; then keeps the warm run."""
-        refuse_jit_trace(self)
+        warn_jit_trace(self)
         check_tensor(x, type(self).__name__)  # before the run cache reads x.shape
         weight = own_parameter(self, "weight")
         runs_key = (x.shape, x.dtype, x.device, weight.dtype, weight.device)

@@ -11,7 +11,7 @@ from torch import nn
 from ..backend.checks import positive_int
 from ..bases.base import Basis
 from ._grid_common import split_input
-from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, refuse_jit_trace
+from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, warn_jit_trace
 
 
 class GridLayer(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module):
@@ -120,7 +120,7 @@ class GridLayer(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module):
         """Apply the layer to ``x`` of shape ``(B, P, *grid)`` (or unbatched ``(P, *grid)``)."""
         if torch.compiler.is_compiling():
             self.prepare_outside_graph(x)  # the grid's basis and plan, built eagerly before the graph reads them
-        refuse_jit_trace(self)
+        warn_jit_trace(self)
         xb, unbatched = split_input(x, self.dims, self.in_channels, type(self).__name__)
         y = self.contract(self.basis(xb), xb, self.theta(), bias=self.bias, layout="channels_first")
         return y[0] if unbatched else y

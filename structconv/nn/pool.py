@@ -22,7 +22,7 @@ from ..bases.grid import GridBasis, Size, _ints
 from ..structures.grid import Padding, apply_shifts, avg_pool_basis
 from ._grid_common import grid_and_like, own_init, split_input
 from ._grid_docs import pool_doc
-from ._module import NotScriptable, StructureOutsideGraph, refuse_jit_trace
+from ._module import NotScriptable, StructureOutsideGraph, warn_jit_trace
 
 _ORDERS = ("auto", "native", "shift")  # apply_shifts'
 
@@ -101,7 +101,7 @@ class _AvgPoolNd(StructureOutsideGraph, NotScriptable, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Average ``x`` of shape ``(B, C, *grid)`` (or unbatched) like ``torch.nn.AvgPool{d}d``: :math:`A^\\top x`."""
-        refuse_jit_trace(self)
+        warn_jit_trace(self)
         self.prepare_outside_graph(x)
         name = type(self).__name__
         xb, unbatched = split_input(x, self._ndim, None, name)

@@ -20,7 +20,7 @@ from ..bases.kronecker import KroneckerBasis
 from ..structures.attention import AttentionBasis, Mechanism, attention_basis
 from ..structures.positional import inner_positions
 from ..structures.relative import check_host_memory
-from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, refuse_jit_trace
+from ._module import CompiledRuns, NotScriptable, StructureOutsideGraph, warn_jit_trace
 from .positional_heads import ContentHeads, PositionalHeads, QuadraticHeads, heads_of
 
 __all__ = ["PositionalAttention"]
@@ -414,7 +414,7 @@ class PositionalAttention(StructureOutsideGraph, CompiledRuns, NotScriptable, nn
 
     def _checked(self, x: torch.Tensor, key: tuple[Any, ...] | None) -> torch.Tensor:
         """The call with every check, through the contraction compiled for ``x``; then keeps the warm run."""
-        refuse_jit_trace(self)
+        warn_jit_trace(self)
         flat = self._flat(x)
         check_input_dtype(flat, self.weight if self.head_dim is None else self.value, type(self).__name__)
         B = int(flat.shape[0])

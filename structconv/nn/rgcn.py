@@ -13,7 +13,7 @@ from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
 from ..bases.factor import Separable
 from ..structures.graph import Edges, as_edges, is_matrix_graph, relational_basis
-from ._module import CompiledRuns, NotScriptable, check_parameter_memory, refuse_jit_trace
+from ._module import CompiledRuns, NotScriptable, check_parameter_memory, warn_jit_trace
 from .graph_common import _features, _pair, glorot_
 
 
@@ -229,7 +229,7 @@ class RGCNConv(CompiledRuns, NotScriptable, nn.Module):
 
     def forward(self, x: Any, edge_index: Any, edge_type: torch.Tensor | None = None) -> torch.Tensor:
         """Apply the layer to ``x`` on ``edge_index`` with one relation (``edge_type``) per edge."""
-        refuse_jit_trace(self)
+        warn_jit_trace(self)
         h_src, h_dst, featureless, square, edges = self._read(x, edge_index, edge_type)
         N_dst = int(h_dst.shape[0])
         R, Q = self.num_relations, self.out_channels

@@ -12,7 +12,7 @@ from torch import nn
 from ..backend.checks import check_backend, positive_int
 from ..bases.base import Basis
 from ..bases.convert import as_basis
-from ._module import CompiledRuns, NotScriptable, refuse_jit_trace
+from ._module import CompiledRuns, NotScriptable, warn_jit_trace
 
 
 class StructConv(CompiledRuns, NotScriptable, nn.Module):
@@ -125,7 +125,7 @@ class StructConv(CompiledRuns, NotScriptable, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the layer to ``x`` of shape ``(B, M, P)`` or ``(M, P)``."""
-        refuse_jit_trace(self)
+        warn_jit_trace(self)
         if not isinstance(x, torch.Tensor):
             raise TypeError(
                 f"StructConv: x must be a torch.Tensor of shape (B, M, P) or (M, P), got {type(x).__name__}"

@@ -930,3 +930,29 @@ def test_fragment_is_current() -> None:
 
 if __name__ == "__main__":
     sys.stdout.write(render())
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace")
+@pytest.mark.parametrize("name", ["GCNConv", "SGConv", "TAGConv", "ChebConv", "GATConv", "SAGEConv"])
+def test_a_traced_model_equals_pyg_s_traced_model(name: str) -> None:
+    """``torch.jit.trace`` (what TensorBoard's ``add_graph`` runs) of a two-layer model, ours against PyG's."""
+    args = {"ChebConv": (4, 3, 2)}.get(name, (4, 3))
+
+    class Two(torch.nn.Module):
+        def __init__(self, module: Any) -> None:
+            super().__init__()
+            self.first, self.second = getattr(module, name)(*args), getattr(module, name)(3, 2, *args[2:])
+
+        def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+            return self.second(self.first(x, edge_index).relu(), edge_index)
+
+    torch.manual_seed(0)
+    ours = Two(snn).double()
+    torch.manual_seed(0)
+    theirs = Two(pyg_nn).double()
+    x = torch.randn(6, 4, dtype=torch.float64)
+    edge_index = torch.tensor([[0, 1, 1, 2, 3, 4, 5, 0], [1, 0, 2, 3, 4, 5, 0, 3]])
+    traced_ours = torch.jit.trace(ours, (x, edge_index), check_trace=False)
+    traced_theirs = torch.jit.trace(theirs, (x, edge_index), check_trace=False)
+    torch.testing.assert_close(traced_ours(x, edge_index), traced_theirs(x, edge_index))

@@ -348,7 +348,7 @@ class SparseMatrix:
         # meta: the CSR build reads the rows; compiled: Inductor fuses the gather-scatter, and the
         # CSR build (a host sort, a cached autograd function) would break the graph; traced
         # (torch.jit.trace): the tracer records no autograd function holding a Python object.
-        tracing = torch.jit.is_tracing()  # type: ignore[no-untyped-call]
+        tracing = torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
         if self.values.requires_grad or dense.device.type == "meta" or torch.compiler.is_compiling() or tracing:
             gathered = dense.index_select(0, self.cols) * self.values[:, None]
             return dense.new_zeros((self.shape[0], dense.shape[1])).index_add(0, self.rows, gathered)

@@ -48,7 +48,7 @@ def trace_warning(layer: str) -> str:
 def warn_jit_trace(layer: object) -> None:
     """Warn (a ``TracerWarning``, :func:`trace_warning`) when ``torch.jit.trace`` runs ``layer`` (first in forward)."""
     if torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call]  # (torch.compile folds it to False)
-        warnings.warn(trace_warning(type(layer).__name__), torch.jit.TracerWarning, stacklevel=3)
+        warnings.warn(trace_warning(type(layer).__name__), torch.jit.TracerWarning, stacklevel=3)  # type: ignore[attr-defined]
 
 
 class NotScriptable:

@@ -379,3 +379,40 @@ def test_explain_shows_the_build_of_a_basis_built_from_entries() -> None:
     assert "build" in str(sparse)
     dense = explain(graph_basis(edge_index, "gin").to_dense(), x, Aggregation(torch.ones(2), 3))
     assert dense.build is None and "build" not in str(dense)
+
+
+def test_a_bipartite_sparse_adj_t_reads_as_pyg_reads_it() -> None:
+    g = torch.Generator().manual_seed(4)
+    x_src, x_dst = torch.randn(4, P, generator=g).double(), torch.randn(2, P, generator=g).double()
+    edges = torch.tensor([[0, 1, 3, 3], [0, 1, 1, 0]])
+    adj_t = torch.sparse_coo_tensor(edges.flip(0), torch.ones(4, dtype=torch.float64), (2, 4)).to_sparse_csr()
+    for make in (lambda m: m.SAGEConv(P, Q), lambda m: m.GINConv(torch.nn.Linear(P, Q))):
+        torch.manual_seed(0)
+        ours, theirs = _pair(make(snn), make(pyg), torch.float64)
+        torch.testing.assert_close(ours((x_src, x_dst), adj_t), theirs((x_src, x_dst), adj_t))
+
+
+def test_gin_runs_on_the_meta_device() -> None:
+    layer = snn.GINConv(torch.nn.Linear(P, Q)).to("meta")
+    assert layer(torch.empty(N, P, device="meta"), EDGES).shape == (N, Q)
+
+
+def test_reset_parameters_forgets_a_graph_layer_s_cached_basis() -> None:
+    layer = MeanSAGE(P, Q)
+    layer.cached = True
+    layer(torch.randn(N, P), EDGES)
+    assert layer._cached_basis is not None
+    layer.reset_parameters()
+    assert layer._cached_basis is None
+
+
+def test_an_edge_basis_follows_its_weights_changed_in_place() -> None:
+    from structconv import EdgeBasis
+
+    weights = torch.rand(EDGES.shape[1], 2, dtype=torch.float64)
+    basis = EdgeBasis(EDGES[0], EDGES[1], weights, (N, N))
+    x, theta = torch.randn(N, P, dtype=torch.float64), torch.randn(2, P, Q, dtype=torch.float64)
+    first = conv(basis, x, theta)
+    with torch.no_grad():
+        weights.mul_(2.0)
+    torch.testing.assert_close(conv(basis, x, theta), 2.0 * first)

@@ -139,7 +139,14 @@ class EdgeBasis(OnEdgeList):
         backend = of(w)
         if backend.requires_grad(w) or backend.traced() or device_of(w) == "meta" or not int(w.shape[0]):
             return None
-        sparse: SparseBasis = self._derived.get("sparse", self._sparse_checked)
+        # Keyed by the weights' version: an in-place change (under no_grad) builds it anew, as the
+        # gather-scatter read the current weights.
+        version = getattr(w, "_version", 0)
+        kept = self._derived.get("sparse", lambda: None, keep=False)
+        if kept is None or kept[0] != version:
+            kept = (version, self._sparse_checked())
+            self._derived.put("sparse", kept)
+        sparse: SparseBasis = kept[1]
         return sparse
 
     def _sparse_checked(self) -> SparseBasis:

@@ -390,6 +390,10 @@ class Derived:
         """
         return (Derived, ())
 
+    def put(self, name: str, value: Any) -> None:
+        """Keep ``value`` under ``name``, replacing what was there (a value derived again)."""
+        self._items[name] = value
+
     def get(self, name: str, build: Callable[[], Any], *, keep: bool = True) -> Any:
         """The value named ``name``, built by ``build()`` on first use (and kept if ``keep``).
 

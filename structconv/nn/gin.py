@@ -102,7 +102,8 @@ class GINConv(CompiledRuns, PyGState):
     def _built(self, x: torch.Tensor, edge_index: Any, targets: int | None) -> Basis:
         if isinstance(edge_index, Basis):
             return edge_index
-        return graph_basis(_read(_flip(edge_index, self.flow, "GINConv"), x, None, "GINConv", targets), "gin")
+        basis = graph_basis(_read(_flip(edge_index, self.flow, "GINConv"), x, None, "GINConv", targets), "gin")
+        return basis.to(x.device) if x.device.type == "meta" else basis  # built where the graph's values are
 
     def aggregate(self, x: Any, edge_index: Any, size: Any = None) -> torch.Tensor:
         r""":math:`(1 + \epsilon) x_n + \sum_{m \to n} x_m`, what ``nn`` is applied to."""

@@ -117,7 +117,11 @@ def _read(
     host = host_like(x, graph, edge_weight)
     if isinstance(host, torch.Tensor) and host is not x and edge_weight is not None and edge_weight.is_meta:
         edge_weight = torch.ones(edge_weight.shape, dtype=edge_weight.dtype, device=host.device)
-    return as_edges(graph, int(x.shape[-2]), edge_weight, like=host, adj_t=True, num_targets=num_targets)
+    rows = int(x.shape[-2])
+    if num_targets is not None and is_matrix_graph(graph):  # adj_t (N_dst, N_src) beside the stacked rows
+        edges = as_edges(graph, rows - num_targets, edge_weight, like=host, adj_t=True, num_targets=num_targets)
+        return Edges(edges.src, edges.dst, edges.weight, rows, num_targets=num_targets)
+    return as_edges(graph, rows, edge_weight, like=host, adj_t=True, num_targets=num_targets)
 
 
 def _check_device(x: torch.Tensor, parameter: torch.Tensor, layer: str, arg: str = "x") -> None:
@@ -380,6 +384,11 @@ class GraphLayer(_CachedGraphLayer):
         super().__init__(in_channels, out_channels, members, bias=bias, flow=flow)
         self.cached = bool(cached)
         self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Glorot members, a zero bias, and no cached basis (as PyG's ``reset_parameters``)."""
+        super().reset_parameters()
+        self.reset_cache()
 
     def graph_basis(self, edges: Edges) -> Basis:
         """The basis on the call's graph: ``edges``, on ``x``'s nodes, dtype and device.  Your layer defines it."""

@@ -416,3 +416,27 @@ def test_an_edge_basis_follows_its_weights_changed_in_place() -> None:
     with torch.no_grad():
         weights.mul_(2.0)
     torch.testing.assert_close(conv(basis, x, theta), 2.0 * first)
+
+
+def test_gin_takes_batched_features_and_graphs_without_nodes_as_pyg() -> None:
+    torch.manual_seed(0)
+    ours, theirs = _pair(snn.GINConv(torch.nn.Linear(P, Q)), pyg.GINConv(torch.nn.Linear(P, Q)), torch.float64)
+    x = torch.randn(2, N, P, dtype=torch.float64)
+    torch.testing.assert_close(ours(x, EDGES), theirs(x, EDGES))
+    empty, no_edges = torch.empty(0, P, dtype=torch.float64), torch.empty(2, 0, dtype=torch.long)
+    assert ours(empty, no_edges).shape == theirs(empty, no_edges).shape == (0, Q)
+
+
+def test_a_graph_layer_takes_a_pair_without_target_features_and_its_size() -> None:
+    layer = MeanSAGE(P, Q).double()
+    x_src = torch.randn(4, P, dtype=torch.float64)
+    edges = torch.tensor([[0, 1, 3], [0, 1, 1]])
+    y = layer((x_src, None), edges, size=(4, 2))
+    mean = _dense(edges, 4, 2) / _dense(edges, 4, 2).sum(0).clamp(min=1)
+    torch.testing.assert_close(y, mean.T @ x_src @ layer.weight[0] + layer.bias)
+
+
+def test_a_grid_layer_of_an_empty_batch_is_empty_as_torch_s() -> None:
+    from layer_cases import Causal
+
+    assert Causal(3, 4)(torch.randn(0, 3, 8)).shape == torch.nn.Conv1d(3, 4, 2)(torch.randn(0, 3, 9)).shape[:2] + (8,)

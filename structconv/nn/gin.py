@@ -13,7 +13,7 @@ from ..bases.base import Basis
 from ..bases.factor import Aggregation
 from ..structures.graph import graph_basis
 from ._module import CompiledRuns, warn_jit_trace
-from .graph_common import _check_device, _check_flow, _features, _flip, _read, _stacked
+from .graph_common import _check_device, _check_empty, _check_flow, _features, _flip, _read, _stacked
 from .pyg_state import PyGState
 
 
@@ -97,7 +97,7 @@ class GINConv(CompiledRuns, PyGState):
     def basis(self, x: Any, edge_index: Any, size: Any = None) -> Basis:
         """:math:`[I, A]` on ``x``'s nodes (a pair: the targets' rows after the sources')."""
         rows, targets = _stacked(x, size, "GINConv")
-        return self._built(_features(rows, _width(rows), "GINConv", static=False), edge_index, targets)
+        return self._built(_features(rows, _width(rows), "GINConv", static=targets is None), edge_index, targets)
 
     def _built(self, x: torch.Tensor, edge_index: Any, targets: int | None) -> Basis:
         if isinstance(edge_index, Basis):
@@ -109,9 +109,12 @@ class GINConv(CompiledRuns, PyGState):
         r""":math:`(1 + \epsilon) x_n + \sum_{m \to n} x_m`, what ``nn`` is applied to."""
         warn_jit_trace(self)
         rows, targets = _stacked(x, size, "GINConv")
-        rows = _features(rows, _width(rows), "GINConv", static=False)
+        rows = _features(rows, _width(rows), "GINConv", static=targets is None)  # (B, N, P) as PyG takes it
         _check_device(rows, self.eps, "GINConv")
         check_input_dtype(rows, self.eps, "GINConv")
+        if int(rows.shape[-2]) == 0 and not isinstance(edge_index, Basis):  # no nodes: nothing to sum
+            _check_empty(edge_index, "GINConv")
+            return rows * (1 + self.eps)
         theta = self.theta(int(rows.shape[-1]))
         if theta.coef.dtype != rows.dtype:  # a float32 eps beside bf16 features: the scalars follow x
             theta = Aggregation(theta.coef.to(rows.dtype), theta.channels)

@@ -410,6 +410,12 @@ class GraphLayer(_CachedGraphLayer):
     ) -> Basis:
         return self.graph_basis(_read(graph, x, edge_weight, type(self).__name__, num_targets))
 
+    def forward(
+        self, x: Any, edge_index: Any, edge_weight: torch.Tensor | None = None, size: Any = None
+    ) -> torch.Tensor:
+        """Apply the layer to ``x`` (or a pair ``(x_src, x_dst)``, ``size`` for ``x_dst=None``) on ``edge_index``."""
+        return self._run(x, edge_index, edge_weight, size=size)
+
     def _run(self, x: Any, edge_index: Any, edge_weight: torch.Tensor | None, **extra: Any) -> torch.Tensor:
         x, targets = _stacked(x, extra.get("size"), type(self).__name__)
         if targets is None:

@@ -122,7 +122,10 @@ class GridLayer(StructureOutsideGraph, CompiledRuns, NotScriptable, nn.Module):
             self.prepare_outside_graph(x)  # the grid's basis and plan, built eagerly before the graph reads them
         warn_jit_trace(self)
         xb, unbatched = split_input(x, self.dims, self.in_channels, type(self).__name__)
-        y = self.contract(self.basis(xb), xb, self.theta(), bias=self.bias, layout="channels_first")
+        basis = self.basis(xb)
+        if int(xb.shape[0]) == 0:  # an empty batch: torch's convolutions return an empty output
+            return xb.new_zeros((0, self.out_channels, *basis.entry_shapes[1]))
+        y = self.contract(basis, xb, self.theta(), bias=self.bias, layout="channels_first")
         return y[0] if unbatched else y
 
     def extra_repr(self) -> str:

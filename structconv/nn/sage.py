@@ -116,7 +116,7 @@ class SAGEConv(GraphLayer):
         members = (AGGREGATIONS[self.aggr], "identity") if self.root_weight else (AGGREGATIONS[self.aggr],)
         return graph_basis(edges, members)
 
-    def forward(self, x: Any, edge_index: Any, size: Any = None) -> torch.Tensor:
+    def forward(self, x: Any, edge_index: Any, size: Any = None) -> torch.Tensor:  # type: ignore[override]
         """Apply the layer to ``x`` (or a pair ``(x_src, x_dst)``) on ``edge_index``."""
         if self.lin is not None:
             pair = isinstance(x, tuple | list)

@@ -29,6 +29,9 @@ REGISTRY: dict[str, tuple[str, str]] = {
 """Backend name → (the array library's module name, the module implementing it)."""
 
 _LOADED: dict[str, Backend] = {}
+_OWNER: dict[type, Backend] = {}
+"""Array type → the backend owning it, as :func:`find` found it: ownership is by type (``owns`` is an
+``isinstance`` test), and one dictionary lookup is what a compiled layer's trace reads per array."""
 
 
 def load(name: str) -> Backend:
@@ -56,14 +59,17 @@ def find(a: object) -> Backend | None:
     a
         Anything.
     """
+    found = _OWNER.get(type(a))
+    if found is not None:
+        return found
     if isinstance(a, np.ndarray):
-        return load("numpy")
+        found = load("numpy")
     for name, (library, _) in REGISTRY.items():
-        if name != "numpy" and library in sys.modules:
-            backend = load(name)
-            if backend.owns(a):
-                return backend
-    return None
+        if found is None and name != "numpy" and library in sys.modules and load(name).owns(a):
+            found = load(name)
+    if found is not None:
+        _OWNER[type(a)] = found
+    return found
 
 
 def of(a: object, arg: str = "array") -> Backend:

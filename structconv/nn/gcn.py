@@ -7,10 +7,13 @@ from typing import Any
 import torch
 
 from ..backend.checks import positive_int
+from ..backend.torch import BACKEND
+from ..backend.torch_autocast import check_input_dtype
 from ..bases.base import Basis
+from ..bases.factor import Aggregation
 from ..structures.edge_list import checked_basis
 from ..structures.graph import PolynomialBasis, gcn_edges, is_matrix_graph
-from .graph_common import _CachedGraphLayer, _read, pyg_linear_draw_
+from .graph_common import _CachedGraphLayer, _check_device, _read, pyg_linear_draw_
 from .pyg_state import PyGKey, member_keys, same_key
 
 
@@ -106,6 +109,20 @@ class GCNConv(_CachedGraphLayer):
         return checked_basis(gcn_edges(edges, matrix=matrix, weighted=weighted, **rule))
 
 
+def _constant(x: Any) -> bool:
+    """Whether ``x`` is a plain tensor whose propagation may be kept: no gradient, no trace, no autocast."""
+    return (
+        isinstance(x, torch.Tensor)
+        and not x.requires_grad
+        and x.ndim in (2, 3)
+        and int(x.shape[-2]) > 0
+        and x.device.type != "meta"
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
+        and not torch.is_autocast_enabled(x.device.type)
+    )
+
+
 class SGConv(_CachedGraphLayer):
     r"""Simple graph convolution (Wu et al.): one member, the :math:`K`-th power of the GCN-normalised adjacency.
 
@@ -127,8 +144,11 @@ class SGConv(_CachedGraphLayer):
     K : int, default 1
         The number of hops, the power of :math:`\hat A` (the basis has one member whatever it is).
     cached : bool, default False
-        Keep the first graph's basis :math:`\hat A^K`, not :math:`\hat A^K x` (:meth:`reset_cache`
-        forgets it); a later graph of another size, node count, weighting or device is refused.
+        Keep the first graph's basis :math:`\hat A^K` (:meth:`reset_cache` forgets it); a later
+        graph of another size, node count, weighting or device is refused.  The propagated
+        features :math:`(\hat A^K)^\top x` are kept too while the same ``x`` (the same tensor,
+        unchanged in place, needing no gradient) comes back, as PyG keeps them: a later call with
+        that ``x`` only maps them by :math:`\Theta`; another ``x`` is propagated anew.
     add_self_loops : bool, default True
         Add :math:`I` before normalising, as :class:`GCNConv`.
     bias : bool, default True
@@ -188,6 +208,28 @@ class SGConv(_CachedGraphLayer):
         """``weight[0]`` is PyG's ``lin.weight`` transposed, ``bias`` its ``lin.bias``."""
         keys = [member_keys("weight", ["lin.weight"])]
         return keys + ([same_key("bias", "lin.bias")] if self.bias is not None else [])
+
+    def reset_cache(self) -> None:
+        """Forget the cached basis and propagated features: the next call builds them again."""
+        super().reset_cache()
+        self._propagated: tuple[torch.Tensor, int, torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply the layer to ``x`` (``(N, P)`` or ``(B, N, P)``) on ``edge_index`` (or a prebuilt basis)."""
+        if not self.cached or not _constant(x) or isinstance(edge_index, Basis):
+            return self._run(x, edge_index, edge_weight)
+        _check_device(x, self.weight, "SGConv")
+        check_input_dtype(x, self.weight, "SGConv")
+        basis = self.basis(x, edge_index, edge_weight)  # the cached basis, the graph compared with the first
+        kept = self._propagated
+        if kept is None or kept[0] is not x or kept[1] != x._version:
+            # The A·x-first order, its first product kept: (A^K)^T x through the engine (Θ = I).
+            ones = torch.ones(1, dtype=x.dtype, device=x.device)
+            kept = self._propagated = (x, x._version, self.contract(basis, x, Aggregation(ones, self.in_channels)))
+        rows = kept[2] if x.ndim == 3 else kept[2][None]
+        y: torch.Tensor = BACKEND.x_theta(rows, self.weight)[:, 0]  # the engine's x·Θ (its GEMM layout)
+        y = y if x.ndim == 3 else y[0]
+        return y if self.bias is None else y + self.bias
 
     def _basis(self, x: torch.Tensor, graph: Any, edge_weight: torch.Tensor | None) -> Basis:
         edges = _read(graph, x, edge_weight, "SGConv")

@@ -496,6 +496,35 @@ def test_sg_cached() -> None:
         ours(x, FIXED[:, :-1])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sg_cached_propagation(dtype: torch.dtype) -> None:
+    """The propagated features are kept for the same unchanged ``x``: equal to PyG's on every call, and gradients."""
+    ours, ref, _ = pair("sg", dtype, 3, 4, 2, cached=True)
+    plain, _, _ = pair("sg", dtype, 3, 4, 2)
+    x = torch.randn(4, 3, dtype=dtype)
+    for call in range(3):
+        close(ours(x, FIXED), ref(x, FIXED), dtype, f"call {call}")
+        (grads := torch.autograd.grad(ours(x, FIXED).square().sum(), list(ours.parameters())))
+        expected = torch.autograd.grad(plain(x, FIXED).square().sum(), list(plain.parameters()))
+        for got, want in zip(grads, expected, strict=True):
+            close(got, want, dtype, "parameter gradient")
+    kept = ours._propagated
+    assert kept is not None and kept[0] is x, "the propagation of x is kept"
+    x.mul_(2)  # changed in place: propagated again (PyG would keep its old features)
+    close(ours(x, FIXED), plain(x, FIXED), dtype, "x changed in place")
+    xb = torch.randn(2, 4, 3, dtype=dtype)  # batched
+    close(ours(xb, FIXED), plain(xb, FIXED), dtype, "batched x")
+    xg = torch.randn(4, 3, dtype=dtype, requires_grad=True)  # needs a gradient: nothing kept for it
+    (ga,) = torch.autograd.grad(ours(xg, FIXED).sum(), xg)
+    (gb,) = torch.autograd.grad(plain(xg, FIXED).sum(), xg)
+    close(ga, gb, dtype, "input gradient")
+    assert ours._propagated is not None and ours._propagated[0] is xb
+    ours.reset_parameters()
+    assert ours._propagated is None
+    with pytest.raises(TypeError, match="SGConv: x has dtype"):
+        ours(x.float() if dtype != torch.float32 else x.double(), FIXED)
+
+
 # --- ChebConv -----------------------------------------------------------------------------------------
 @case("ChebConv", EQUAL, "``normalization`` ``'sym'``, ``'rw'``, ``None``; ``lambda_max`` default, in ``forward``")
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -73,11 +73,14 @@ if swap:
             setattr(module, name, getattr(structconv.nn, name))
 sys.argv, sys.path[0] = [script, *sys.argv[7:]], __import__("os").path.dirname(script)
 import time
-from torch.nn.modules.module import register_module_forward_pre_hook
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
 steps, first = [], []  # an epoch of these full-batch scripts is one optimizer step
 register_optimizer_step_post_hook(lambda *_: steps.append(time.perf_counter()))
-register_module_forward_pre_hook(lambda *_: None if first else first.append(time.perf_counter()))
+zero_grad = Optimizer.zero_grad  # its first call starts the first epoch (outside any compiled code)
+def first_zero_grad(self, *args, **kwargs):
+    first.append(time.perf_counter()) if not first else None
+    return zero_grad(self, *args, **kwargs)
+Optimizer.zero_grad = first_zero_grad
 scope = runpy.run_path(script, run_name="__main__")
 bound = {{n: getattr(scope[n], "__module__", "?") for n in names if n in scope}}
 from structconv.backend.subnormals import all_threads_flush  # measured after the script: every thread
@@ -131,10 +134,17 @@ def stage(example: Path, data: Path, tmp: Path) -> Path:
     shutil.copy(example, script)
     for raw in sorted(data.glob("ind.*.*")):
         name = PLANETOID.get(raw.name.split(".")[1], raw.name.split(".")[1])
-        for folder in (tmp / "data" / "Planetoid" / name / "raw", tmp / "data" / name / name / "raw"):
-            folder.mkdir(parents=True, exist_ok=True)
-            shutil.copy(raw, folder / raw.name)
+        for root in data_roots(script, tmp):
+            for folder in (root / "Planetoid" / name / "raw", root / name / name / "raw"):
+                folder.mkdir(parents=True, exist_ok=True)
+                shutil.copy(raw, folder / raw.name)
     return script
+
+
+def data_roots(script: Path, tmp: Path) -> list[Path]:
+    """Where PyG's examples look for ``data``: ``tmp/data`` (``../data`` of ``examples/``, ``../../data``
+    of a sub-folder) and ``data`` beside a script in a sub-folder (``jit/gcn.py``)."""
+    return list(dict.fromkeys([tmp / "data", script.parent / "data"]))
 
 
 def epoch_times(steps: list[float]) -> tuple[float | None, float | None]:
@@ -304,16 +314,11 @@ def benchmark(
     """Run ``example`` ``seeds`` times as is and with the swap, interleaved; return the record."""
     with tempfile.TemporaryDirectory(prefix="pyg_examples_") as tmp:
         script = stage(example, data, Path(tmp))
-        roots = [
-            Path(tmp) / "data" / "Planetoid",
-            *(p for p in (Path(tmp) / "data").glob("*") if p.name != "Planetoid"),
-        ]
-        datasets = sorted(p.name for p in roots[0].glob("*"))
-        for root in roots:  # process the raw files once, outside the timed runs
-            for name in datasets:
-                if (root / name).is_dir():
-                    code = "import sys; from torch_geometric.datasets import Planetoid; Planetoid(*sys.argv[1:])"
-                    subprocess.run([sys.executable, "-c", code, str(root), name], check=True)
+        datasets = sorted(p.name for p in (Path(tmp) / "data" / "Planetoid").glob("*"))
+        for data_root in data_roots(script, Path(tmp)):  # process the raw files once, outside the timed runs
+            for root, name in ((r, n) for n in datasets for r in (data_root / "Planetoid", data_root / n)):
+                code = "import sys; from torch_geometric.datasets import Planetoid; Planetoid(*sys.argv[1:])"
+                subprocess.run([sys.executable, "-c", code, str(root), name], check=True)
         runs: dict[str, list[dict[str, Any]]] = {"pyg": [], "structconv": []}
         for seed in range(seeds):
             for key in runs:

@@ -25,6 +25,7 @@ print("Epoch: 002, Loss: 0.9000, Train: 0.6000, Val: 0.5000, Test: 0.8123")
 model = torch.nn.Linear(2, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for epoch in range(14):  # one optimizer step an epoch, as PyG's full-batch scripts
+    optimizer.zero_grad()
     model(torch.ones(1, 2)).sum().backward()
     optimizer.step()
 print("Median time per epoch: 0.0042s")
@@ -40,6 +41,12 @@ def test_swap_run_and_parse(tmp_path: Path) -> None:
     assert script == tmp_path / "tree" / "examples" / "fake.py"
     assert (tmp_path / "tree" / "data" / "Planetoid" / "Cora" / "raw" / "ind.cora.x").is_file()
     assert (tmp_path / "tree" / "data" / "Cora" / "Cora" / "raw" / "ind.cora.x").is_file()
+    (tmp_path / "examples" / "jit").mkdir(parents=True)
+    sub = tmp_path / "examples" / "jit" / "fake.py"  # PyG's jit/ scripts read data/ beside them
+    sub.write_text(SCRIPT)
+    assert pe.stage(sub, data, tmp_path / "t2") == tmp_path / "t2" / "examples" / "jit" / "fake.py"
+    assert (tmp_path / "t2" / "examples" / "jit" / "data" / "Planetoid" / "Cora" / "raw" / "ind.cora.x").is_file()
+    assert (tmp_path / "t2" / "data" / "Planetoid" / "Cora" / "raw" / "ind.cora.x").is_file()
 
     with ThreadPoolExecutor(2) as pool:  # both subprocesses at once: their time is mostly imports
         jobs = {swap: pool.submit(pe.run_once, script, 3, LAYERS, swap, ["--flag"], 120, 1) for swap in (False, True)}

@@ -133,6 +133,21 @@ class Backend(Kernels):
         """
 
     @abstractmethod
+    def eye(self, n: int, like: Array) -> Array:
+        """The ``(n, n)`` identity with ``like``'s dtype and device, made by one operator.
+
+        (``array_api_compat``'s torch ``eye`` fills a diagonal view in place, which
+        ``torch.onnx`` cannot decompose.)
+
+        Parameters
+        ----------
+        n
+            The size.
+        like
+            An array of the dtype and device wanted.
+        """
+
+    @abstractmethod
     def dtype_name(self, a: Array) -> str:
         """Backend-neutral dtype name such as ``"float64"``.
 

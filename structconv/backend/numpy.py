@@ -37,6 +37,9 @@ class NumpyBackend(Backend):
     def zeros(self, shape: tuple[int, ...], like: Array) -> Array:
         return np.zeros(shape, dtype=like.dtype)
 
+    def eye(self, n: int, like: Array) -> Array:
+        return np.eye(n, dtype=like.dtype)
+
     def dtype_name(self, a: Array) -> str:
         return str(a.dtype)
 

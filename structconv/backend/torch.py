@@ -13,6 +13,7 @@ from typing import Any
 import array_api_compat.torch as xp_torch
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import cache, einsum_path, shift_torch
 from .interface import Array, Backend
@@ -48,6 +49,9 @@ class TorchBackend(Backend):
 
     def zeros(self, shape: tuple[int, ...], like: Array) -> Array:
         return torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+    def eye(self, n: int, like: Array) -> Array:
+        return torch.eye(n, dtype=like.dtype, device=like.device)
 
     def dtype_name(self, a: Array) -> str:
         return str(a.dtype).removeprefix("torch.")
@@ -183,7 +187,8 @@ class TorchBackend(Backend):
         return torch.get_default_dtype()
 
     def plain(self, a: Array) -> Array:
-        return a if type(a) is torch.Tensor else a.as_subclass(torch.Tensor)
+        # A fake tensor (torch.export's tracing) stays itself: a plain copy would leave its trace.
+        return a if type(a) is torch.Tensor or isinstance(a, FakeTensor) else a.as_subclass(torch.Tensor)
 
     def is_sparse(self, a: Array) -> bool:
         return bool(a.layout != torch.strided)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Array, as_index, concatenate, device_of, einsum, namespace, of, x_theta
+from ..backend import Array, as_index, concatenate, einsum, namespace, of, x_theta
 from .base import Basis, Cost, OwnOrder, _member_list
 from .sparse import Derived, SparseBasis
 
@@ -196,13 +196,12 @@ class PolynomialBasis(Basis):
     # --- value operations ----------------------------------------------------------------------
     def to_dense(self) -> Array:
         S = self._matrix.to_dense()[0]
-        lib = namespace(S)
-        eye = lib.eye(S.shape[0], dtype=S.dtype, device=device_of(S))
+        eye = of(S).eye(int(S.shape[0]), S)
         mats = [eye, S]
         for _ in range(2, self._top + 1):
             nxt = mats[-1] @ S
             mats.append(2 * nxt - mats[-2] if self._family == "chebyshev" else nxt)
-        return lib.stack([mats[d] for d in self._degrees])
+        return namespace(S).stack([mats[d] for d in self._degrees])
 
     def transpose(self) -> PolynomialBasis:
         r""":math:`p_d(S)^\top = p_d(S^\top)`."""

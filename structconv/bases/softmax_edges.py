@@ -63,11 +63,12 @@ def head_placement(heads: int, depth: int, *, concat: bool, like: Array) -> Arra
     Array
         ``(K, K D, D)`` with ``concat``, else ``(K, D, D)``.
     """
-    xp = of(like).namespace()
-    kw = {"dtype": like.dtype, "device": device_of(like)}
+    backend = of(like)
+    xp = backend.namespace()
     if concat:  # O[k, c, d] = [c = kD + d]: the (KD, KD) identity read as (KD, K, D), heads first
-        return xp.permute_dims(xp.reshape(xp.eye(heads * depth, **kw), (heads * depth, heads, depth)), (1, 0, 2))
-    return xp.broadcast_to(xp.eye(depth, **kw) / heads, (heads, depth, depth))
+        eye = backend.eye(heads * depth, like)
+        return xp.permute_dims(xp.reshape(eye, (heads * depth, heads, depth)), (1, 0, 2))
+    return xp.broadcast_to(backend.eye(depth, like) / heads, (heads, depth, depth))
 
 
 @dataclass(frozen=True, eq=False)

@@ -72,6 +72,16 @@ def test_a_sequence_kind_names_what_it_stacks() -> None:
         _bipartite_identity()
 
 
+@pytest.mark.parametrize("kind", ["gcn", ("gcn",), ("mean", "gcn")])
+def test_gcn_normalisation_refuses_bipartite_edges(kind: Any) -> None:
+    """GCN's symmetric normalisation reads a node's degree on both sides: a bipartite graph is refused, by name."""
+    from structconv.structures.edge_list import as_edges
+
+    edges = as_edges(torch.tensor([[0, 1, 3], [1, 0, 1]]), 4, num_targets=2)
+    with pytest.raises(ValueError, match=r"gcn normalisation needs a square graph.*bipartite: 4 sources, 2 targets"):
+        graph_basis(edges, kind)
+
+
 def _bipartite_identity() -> None:
     from structconv.structures.edge_list import as_edges
     from structconv.structures.normalize import identity_edges

@@ -423,3 +423,21 @@ def test_a_matrix_graph_refuses_a_node_count_that_is_not_an_integer(num_nodes: o
     """As an edge_index does: True and 1.0 equal a 1 x 1 matrix's size but are not counts."""
     with pytest.raises(ValueError, match=r"num_nodes must be a positive integer, got"):
         graph_basis(scipy.sparse.csr_array(np.ones((1, 1))), "diffusion", num_nodes=num_nodes)
+
+
+@given(
+    edges=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2)), min_size=1, max_size=8),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
+def test_edges_already_read_are_placed_whole_like_like(edges: list[tuple[int, int]], dtype: torch.dtype) -> None:
+    """Edges read on NumPy and placed like a torch array move every array (not the weights alone), bipartite kept."""
+    index = np.array(edges).T
+    read = as_edges(index, 5, np.linspace(0.5, 1.0, len(edges)), num_targets=3)
+    placed = as_edges(read, like=torch.zeros(1, dtype=dtype), num_targets=3)
+    assert all(isinstance(a, torch.Tensor) for a in (placed.src, placed.dst, placed.weight))
+    assert placed.src.dtype == placed.dst.dtype == torch.int64 and placed.weight.dtype == dtype
+    assert (placed.num_nodes, placed.num_targets) == (5, 3)
+    np.testing.assert_allclose(placed.to_basis().to_dense().numpy(), read.to_basis().to_dense(), rtol=1e-6)
+    assert as_edges(read, like=np.zeros(1)) is read and as_edges(placed, like=torch.zeros(1, dtype=dtype)) is placed
+    with pytest.raises(ValueError, match="graph is Edges already read, 3 targets; got num_targets=4"):
+        as_edges(read, num_targets=4)

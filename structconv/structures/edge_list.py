@@ -159,7 +159,7 @@ def as_edges(
     ----------
     graph
         An ``edge_index`` of shape ``(2, E)`` (integers; row 0 sources, row 1 targets), an
-        :class:`Edges` already read (returned as it is, its weights placed like ``like``), a torch
+        :class:`Edges` already read (returned as it is, its arrays placed like ``like``), a torch
         sparse tensor or ``scipy.sparse`` matrix, or a dense floating adjacency.  A matrix is read
         as an adjacency (entry ``[m, n]`` weighs the edge ``m -> n``), or with ``adj_t=True`` as
         its transpose, PyTorch Geometric's ``adj_t`` (entry ``[n, m]`` weighs ``m -> n``: row =
@@ -188,17 +188,17 @@ def as_edges(
     if isinstance(graph, Edges):  # already read (a layer's graph_basis hook): placed like `like`
         if edge_weight is not None or num_nodes not in (None, graph.num_nodes):
             raise ValueError("graph is Edges already read: its weights and nodes are its own; pass no edge_weight")
-        if (
-            like is None
-            or find(like) is None
-            or (graph.weight.dtype, device_of(graph.weight))
-            == (
-                like.dtype,
-                device_of(like),
-            )
-        ):
+        if num_targets is not None and num_targets != graph.targets:
+            raise ValueError(f"graph is Edges already read, {graph.targets} targets; got num_targets={num_targets}")
+        backend = None if like is None else find(like)
+        if like is None or backend is None:
             return graph
-        return graph.with_edges(graph.src, graph.dst, of(like).asarray(graph.weight, like))
+        arrays = (graph.src, graph.dst, graph.weight)
+        placed = all(find(a) is backend and device_of(a) == device_of(like) for a in arrays)
+        if placed and graph.weight.dtype == like.dtype:
+            return graph
+        src, dst = (backend.asarray(a, like, "int64") for a in (graph.src, graph.dst))
+        return graph.with_edges(src, dst, backend.asarray(graph.weight, like))
     backend = find(graph)
     _check_real(graph, "graph")
     _check_real(edge_weight, "edge_weight")

@@ -174,8 +174,13 @@ def gcn_normalize(edges: Edges, *, add_self_loops: bool = True, improved: bool =
     Raises
     ------
     ValueError
-        If a weight is negative, or the edges are on the ``meta`` device.
+        If a weight is negative, the edges are bipartite, or they are on the ``meta`` device.
     """
+    if edges.num_targets is not None:
+        raise ValueError(
+            "gcn normalisation needs a square graph (it reads each node's degree as a target and as a source, "
+            f"and adds self-loops); these edges are bipartite: {edges.num_nodes} sources, {edges.num_targets} targets"
+        )
     _check_non_negative(edges, "gcn normalisation")
     if add_self_loops:
         edges = add_remaining_self_loops(edges, fill=2.0 if improved else 1.0)

@@ -14,9 +14,8 @@
 #
 # THREADS (default 2, the thread count of today's 2-core records; bench_overhead and
 # bench_compile_graph set their own single thread) and PYTHON (default: python, in .venv when
-# present) can be set in the environment.  PYG_EXAMPLES names a directory holding PyG's
-# examples/gcn.py and gat.py (`git -C <pyg checkout> show HEAD:examples/gcn.py > .../gcn.py`);
-# without it the pyg_examples step is skipped.  The NATTEN column of the positional records needs
+# present) can be set in the environment.  PYG_CHECKOUT names a PyG checkout (a work tree or a
+# bare git directory) whose examples/ the pyg_examples step runs; without it that step is skipped.  The NATTEN column of the positional records needs
 # the scratch venv /tmp/natten_venv (see benchmarks/bench_positional.py); without it the column
 # reads "not installed".
 #
@@ -46,7 +45,7 @@ declare -A ESTIMATE=(
     [cifar-unflushed]="3 min"
     [overhead]="1.5 min"
     [compile]="6 min"
-    [pyg-examples]="7 min (record: 18-19 s a run, 20 runs)"
+    [pyg-examples]="50 min (record: 11 scripts, 5 seeds, both libraries)"
     [attention]="2 min"
     [grid]="10 min"
     [graph]="5 min"
@@ -60,7 +59,7 @@ declare -A WHAT=(
     [cifar-unflushed]="docs/_static/cifar/throughput_cpu_b16_unflushed.{json,txt}"
     [overhead]="docs/_static/overhead/overhead_cpu.{json,txt,png} (docs/engine.rst)"
     [compile]="docs/_static/compile/compile_graph_cpu.{json,txt,png} (docs/graph.rst; flushed before too)"
-    [pyg-examples]="docs/_static/pyg_examples/{gcn,gat}.{json,txt} (docs/graph.rst)"
+    [pyg-examples]="docs/_static/pyg_examples/*.{json,txt}, summary.{txt,png} (docs/graph.rst)"
     [attention]="benchmarks/results/attention_cpu.*"
     [grid]="benchmarks/results/grid_cpu.*"
     [graph]="benchmarks/results/graph_cpu.*"
@@ -86,8 +85,8 @@ command_of() {
         overhead) printf '%s\n' "$PY" -m benchmarks.bench_overhead --out docs/_static/overhead ;;
         compile) printf '%s\n' "$PY" -m benchmarks.bench_compile_graph --out docs/_static/compile ;;
         pyg-examples)
-            printf '%s\n' "$PY" -m benchmarks.pyg_examples --example "${PYG_EXAMPLES:-<PYG_EXAMPLES>}/gcn.py" \
-                "${PYG_EXAMPLES:-<PYG_EXAMPLES>}/gat.py" --threads 1 --out docs/_static/pyg_examples ;;
+            printf '%s\n' "$PY" -m benchmarks.pyg_examples --pyg "${PYG_CHECKOUT:-<PYG_CHECKOUT>}" \
+                --threads 1 --out docs/_static/pyg_examples ;;
         attention) printf '%s\n' "$PY" -m benchmarks.bench_attention --out benchmarks/results ;;
         grid) printf '%s\n' "$PY" -m benchmarks.bench_grid --out benchmarks/results ;;
         graph) printf '%s\n' "$PY" -m benchmarks.bench_graph --out benchmarks/results ;;
@@ -106,8 +105,8 @@ keep_cifar() {
 
 run_step() {
     local step="$1" args start
-    if [[ "$step" == pyg-examples && -z "${PYG_EXAMPLES:-}" ]]; then
-        echo "== $step: skipped (set PYG_EXAMPLES to a directory holding PyG's examples/gcn.py and gat.py)"
+    if [[ "$step" == pyg-examples && -z "${PYG_CHECKOUT:-}" ]]; then
+        echo "== $step: skipped (set PYG_CHECKOUT to a PyG checkout, a work tree or a bare git directory)"
         return 0
     fi
     mapfile -t args < <(command_of "$step")

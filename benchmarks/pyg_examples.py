@@ -369,11 +369,15 @@ def summary(out: Path) -> str:
     names = list(records)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.45 * len(names) + 1.6), sharey=True)
     for row, name in enumerate(names):
-        pair = records[name]["paired"]
+        pair, rec = records[name]["paired"], records[name]
         left.plot(pair["diff_points"], [row] * len(pair["diff_points"]), "o", color="C0", alpha=0.7)
         right.plot(pair["epoch_ratios"], [row] * len(pair["epoch_ratios"]), "o", color="C1", alpha=0.7)
+        failed = [who for who in ("pyg", "structconv") if rec[who]["failed"]]
+        if failed:  # say so where the points would be
+            note = f"{' and '.join('PyG' if w == 'pyg' else w for w in failed)} failed"
+            right.annotate(note, (1.0, row), ha="center", va="center", color="C3", fontsize=9)
     left.set(yticks=range(len(names)), yticklabels=names, xlabel="metric, structconv − PyG (points), per seed")
-    right.set(xlabel="time per epoch, structconv / PyG, per seed")
+    right.set(xlabel="time per epoch, structconv / PyG, per seed (log scale)", xscale="log")
     left.axvline(0, color="grey", lw=0.8)
     right.axvline(1.0, color="grey", lw=0.8)
     right.axvline(1.1, color="C3", lw=0.8, ls="--")

@@ -74,7 +74,7 @@ class FloatEnvironment:
             return f"subnormals flushed in {_LEDGER['flushed']} timed calls and not in {_LEDGER['unflushed']}"
         if label == "partly flushed":
             return "subnormals flushed on some threads only (the CPU's threads could not all be set)"
-        said = f"subnormals {label} for every variant (torch.set_flush_denormal({self.flush}) asked on every thread)"
+        said = f"subnormals {label} for every variant (set_flush_denormal({self.flush}) asked on every thread)"
         if self.flush and not self.supported:
             said += "; this CPU cannot flush them (torch.set_flush_denormal returned False)"
         return said

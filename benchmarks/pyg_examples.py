@@ -350,13 +350,13 @@ def summary(out: Path) -> str:
     """One line per record in ``out`` (metric difference, time ratio, failures); draws ``summary.png``."""
     records = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if "paired" in p.read_text()}
     head = (
-        f"{'script':<28} {'seeds':>5} {'max |diff| pts':>14} {'s/epoch ratio':>13} {'first 2 ratio':>13} {'failed':>11}"
+        f"{'script':<24} {'seeds':>5} {'max |diff| pts':>14} {'s/epoch ratio':>13} {'first 2 ratio':>13} {'failed':>11}"
     )
     lines = [head]
     for name, rec in records.items():
         pair, failed = rec["paired"], f"{rec['pyg']['failed']} / {rec['structconv']['failed']}"
         lines.append(
-            f"{name:<28} {rec['seeds']:>5} {_num(pair['max_abs_diff_points'], '.2f'):>14} "
+            f"{name:<24} {rec['seeds']:>5} {_num(pair['max_abs_diff_points'], '.2f'):>14} "
             f"{_num(pair['epoch_ratio_median'], '.3f'):>13} {_num(pair['first_ratio_median'], '.3f'):>13} {failed:>11}"
         )
     lines.append("failed: runs of PyG / of structconv; ratios: structconv / PyG, median over seeds")

@@ -15,13 +15,13 @@ Planetoid files (``ind.cora.x`` ...) found in ``--data`` into both layouts; PyG 
 itself (once, before the timed runs) and downloads nothing.  Only the data sets whose raw files
 are there can run (Cora, here).
 
-Per run it records the *metric*, the last ``Test: 0.8130``, ``Accuracy: ...`` or ``AUC: ...``
-number the script prints (the script's own choice: test accuracy at the best validation epoch
-for ``gcn.py``, the last epoch's test AUC for ``autoencoder.py``, ...), and the *time per
-epoch*, the median time between two optimizer steps after the first ``WARMUP`` (one step per
+Per run it records the *metric*, the last ``Test: 0.8130`` number the script prints, else its
+last ``Accuracy: ...`` or ``AUC: ...`` one (the script's own choice: test accuracy at the best
+validation epoch for ``gcn.py``, the last epoch's test AUC for ``autoencoder.py``, ...), and the
+*time per epoch*, the median time between two optimizer steps after the first ``WARMUP`` (one step per
 epoch in these full-batch scripts, the epoch's evaluation included), measured by a global
 optimizer hook in the same way for every script and both libraries; ``first_s`` is the time from
-the first module call to the second step (two epochs, with any compilation).  Every run flushes
+the first ``zero_grad`` to the second step (two epochs, with any compilation).  Every run flushes
 subnormal numbers to zero (``torch.set_flush_denormal(True)`` before the script starts any
 thread, so that all of them inherit it), as an expert sets a CPU up; ``--no-flush`` keeps them
 (the records' names then end in ``_unflushed``).  Writes ``<stem>.json`` and ``<stem>.txt`` per
@@ -88,7 +88,11 @@ extra = {{"threads": torch.get_num_threads(), "bound": bound, "flushes": all_thr
 extra.update(steps=[t - first[0] for t in steps] if first else [])
 print({MARK!r} + json.dumps(extra))
 """
-METRIC = re.compile(r"\b(?:test(?:[ _]?acc(?:uracy)?)?|accuracy|auc)\s*[:=]\s*([0-9]*\.[0-9]+)", re.IGNORECASE)
+#: The metric a script prints: its last ``Test:`` number, else its last ``Accuracy:`` or ``AUC:`` one.
+METRICS = (
+    re.compile(r"\btest(?:[ _]?acc(?:uracy)?)?\s*[:=]\s*([0-9]*\.[0-9]+)", re.IGNORECASE),
+    re.compile(r"\b(?:accuracy|auc)\s*[:=]\s*([0-9]*\.[0-9]+)", re.IGNORECASE),
+)
 EPOCH = re.compile(r"time per epoch:\s*([0-9.]+)\s*s", re.IGNORECASE)
 WARMUP = 10
 # PyG's Planetoid examples whose layers structconv replaces, with the arguments of each record
@@ -173,7 +177,7 @@ def run_once(
     dict
         ``seed``, ``ok``, ``seconds`` (wall time of the subprocess), ``metric`` (the last test
         metric printed, or None), ``epoch_s`` (median time between optimizer steps after the
-        first ``WARMUP``), ``first_s`` (first module call to the second step), ``script_epoch_s``
+        first ``WARMUP``), ``first_s`` (first ``zero_grad`` to the second step), ``script_epoch_s``
         (the median epoch time the script printed, if any), ``bound`` (the module of each name in
         ``layers`` in the script's globals), ``threads``, and ``error`` (the output's tail) when
         the run failed.
@@ -191,7 +195,9 @@ def run_once(
         err, rc = f"timed out after {timeout} s", -1
     seconds = time.perf_counter() - start
     extra = [json.loads(line[len(MARK) :]) for line in out.splitlines() if line.startswith(MARK)]
-    metrics, epochs = METRIC.findall(out.split(MARK)[0]), EPOCH.findall(out)
+    printed = out.split(MARK)[0]
+    metrics = next((found for found in (m.findall(printed) for m in METRICS) if found), [])
+    epochs = EPOCH.findall(out)
     record: dict[str, Any] = {"seed": seed, "ok": rc == 0 and bool(extra), "seconds": seconds}
     record["metric"] = float(metrics[-1]) if metrics else None
     record["script_epoch_s"] = float(epochs[-1]) if epochs else None

@@ -80,6 +80,9 @@ def test_gcn_normalisation_refuses_bipartite_edges(kind: Any) -> None:
     edges = as_edges(torch.tensor([[0, 1, 3], [1, 0, 1]]), 4, num_targets=2)
     with pytest.raises(ValueError, match=r"gcn normalisation needs a square graph.*bipartite: 4 sources, 2 targets"):
         graph_basis(edges, kind)
+    index = torch.tensor([[0, 1, 3], [1, 0, 1]])
+    square = as_edges(index, 4, num_targets=4)  # its targets named, as many as its sources
+    torch.testing.assert_close(graph_basis(square, kind).to_dense(), graph_basis(index, kind, num_nodes=4).to_dense())
 
 
 def _bipartite_identity() -> None:

@@ -66,6 +66,19 @@ def test_swap_run_and_parse(tmp_path: Path) -> None:
     assert pair["epoch_ratios"][0] == runs[True]["epoch_s"] / runs[False]["epoch_s"]
 
 
+def test_the_metric_is_the_last_test_number_else_accuracy_or_auc(tmp_path: Path) -> None:
+    lines = {
+        "print('Epoch: 1, Test: 0.70')\nprint('Test: 0.88')\nprint('Val AUC: 0.91, Train Accuracy: 0.99')": 0.88,
+        "print('Epoch: 001, AUC: 0.8000, AP: 0.8100')\nprint('Epoch: 002, AUC: 0.9067, AP: 0.9100')": 0.9067,
+        "print('Accuracy: 0.8250')": 0.825,
+        "print('Loss: 0.5')": None,
+    }
+    for i, (code, metric) in enumerate(lines.items()):
+        script = tmp_path / f"m{i}.py"
+        script.write_text(code + "\n")
+        assert pe.run_once(script, 0, [], False, [], 120, threads=1)["metric"] == metric, code
+
+
 def test_names_and_epoch_times() -> None:
     assert pe.relative(Path("/x/examples/compile/gcn.py")) == Path("compile/gcn.py")
     assert pe.relative(Path("/tmp/gcn.py")) == Path("gcn.py")

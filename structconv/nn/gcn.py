@@ -110,17 +110,28 @@ class GCNConv(_CachedGraphLayer):
 
 
 def _constant(x: Any) -> bool:
-    """Whether ``x`` is a plain tensor whose propagation may be kept: no gradient, no trace, no autocast."""
+    """Whether ``x``'s propagation may be kept: a dense tensor needing no gradient, outside any trace,
+    autocast, inference mode (its tensors track no version, and a training call could not reuse
+    them) or CUDA graph capture (a replay would not recompute it)."""
     return (
         isinstance(x, torch.Tensor)
+        and x.layout == torch.strided
         and not x.requires_grad
+        and not x.is_inference()
         and x.ndim in (2, 3)
         and int(x.shape[-2]) > 0
         and x.device.type != "meta"
+        and not torch.is_inference_mode_enabled()
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
         and not torch.is_autocast_enabled(x.device.type)
+        and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
     )
+
+
+def _key(x: torch.Tensor) -> tuple[int, int]:
+    """What tells a kept ``x`` changed: its version (in-place writes) and its storage (``x.data = ...``)."""
+    return x._version, x.untyped_storage().data_ptr()
 
 
 class SGConv(_CachedGraphLayer):
@@ -147,8 +158,10 @@ class SGConv(_CachedGraphLayer):
         Keep the first graph's basis :math:`\hat A^K` (:meth:`reset_cache` forgets it); a later
         graph of another size, node count, weighting or device is refused.  The propagated
         features :math:`(\hat A^K)^\top x` are kept too while the same ``x`` (the same tensor,
-        unchanged in place, needing no gradient) comes back, as PyG keeps them: a later call with
-        that ``x`` only maps them by :math:`\Theta`; another ``x`` is propagated anew.
+        needing no gradient, its version and storage unchanged) comes back, as PyG keeps them: a
+        later call with that ``x`` only maps them by :math:`\Theta`; another ``x`` is propagated
+        anew.  A write the version counter does not see (``x.data.mul_``, a NumPy array ``x``
+        shares memory with) is not seen: call :meth:`reset_cache` after one.
     add_self_loops : bool, default True
         Add :math:`I` before normalising, as :class:`GCNConv`.
     bias : bool, default True
@@ -212,7 +225,7 @@ class SGConv(_CachedGraphLayer):
     def reset_cache(self) -> None:
         """Forget the cached basis and propagated features: the next call builds them again."""
         super().reset_cache()
-        self._propagated: tuple[torch.Tensor, int, torch.Tensor] | None = None
+        self._propagated: tuple[torch.Tensor, tuple[int, int], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, edge_index: Any, edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         """Apply the layer to ``x`` (``(N, P)`` or ``(B, N, P)``) on ``edge_index`` (or a prebuilt basis)."""
@@ -222,10 +235,10 @@ class SGConv(_CachedGraphLayer):
         check_input_dtype(x, self.weight, "SGConv")
         basis = self.basis(x, edge_index, edge_weight)  # the cached basis, the graph compared with the first
         kept = self._propagated
-        if kept is None or kept[0] is not x or kept[1] != x._version:
+        if kept is None or kept[0] is not x or kept[1] != _key(x):
             # The A·x-first order, its first product kept: (A^K)^T x through the engine (Θ = I).
             ones = torch.ones(1, dtype=x.dtype, device=x.device)
-            kept = self._propagated = (x, x._version, self.contract(basis, x, Aggregation(ones, self.in_channels)))
+            kept = self._propagated = (x, _key(x), self.contract(basis, x, Aggregation(ones, self.in_channels)))
         rows = kept[2] if x.ndim == 3 else kept[2][None]
         y: torch.Tensor = BACKEND.x_theta(rows, self.weight)[:, 0]  # the engine's x·Θ (its GEMM layout)
         y = y if x.ndim == 3 else y[0]

@@ -176,7 +176,7 @@ def gcn_normalize(edges: Edges, *, add_self_loops: bool = True, improved: bool =
     ValueError
         If a weight is negative, the edges are bipartite, or they are on the ``meta`` device.
     """
-    if edges.num_targets is not None:
+    if edges.num_targets not in (None, edges.num_nodes):
         raise ValueError(
             "gcn normalisation needs a square graph (it reads each node's degree as a target and as a source, "
             f"and adds self-loops); these edges are bipartite: {edges.num_nodes} sources, {edges.num_targets} targets"

@@ -510,8 +510,23 @@ def test_sg_cached_propagation(dtype: torch.dtype) -> None:
             close(got, want, dtype, "parameter gradient")
     kept = ours._propagated
     assert kept is not None and kept[0] is x, "the propagation of x is kept"
+    propagations = []
+    contract = ours.contract
+    ours.contract = lambda *a, **k: propagations.append(1) or contract(*a, **k)  # type: ignore[method-assign]
+    close(ours(x, FIXED), ref(x, FIXED), dtype, "a kept propagation")
+    assert not propagations, "the same x is not propagated again"
     x.mul_(2)  # changed in place: propagated again (PyG would keep its old features)
     close(ours(x, FIXED), plain(x, FIXED), dtype, "x changed in place")
+    x.data = torch.randn(4, 3, dtype=dtype)  # new storage, the version counter untouched
+    close(ours(x, FIXED), plain(x, FIXED), dtype, "x given new data")
+    assert len(propagations) == 2
+    with torch.inference_mode():  # inference tensors track no version: nothing kept for them
+        xi = torch.randn(4, 3, dtype=dtype)
+        close(ours(xi, FIXED), plain(xi, FIXED), dtype, "under inference mode")
+        close(ours(x, FIXED), plain(x, FIXED), dtype, "a normal x under inference mode")
+    y = ours(x, FIXED)  # training after a validation pass under inference mode
+    y.sum().backward()
+    close(ours(x.to_sparse(), FIXED), plain(x, FIXED), dtype, "a sparse x, as the uncached layer takes it")
     xb = torch.randn(2, 4, 3, dtype=dtype)  # batched
     close(ours(xb, FIXED), plain(xb, FIXED), dtype, "batched x")
     xg = torch.randn(4, 3, dtype=dtype, requires_grad=True)  # needs a gradient: nothing kept for it

@@ -64,9 +64,8 @@ def find(a: object) -> Backend | None:
         return found
     if isinstance(a, np.ndarray):
         found = load("numpy")
-    for name, (library, _) in REGISTRY.items():
-        if found is None and name != "numpy" and library in sys.modules and load(name).owns(a):
-            found = load(name)
+    loaded = (load(name) for name, (library, _) in REGISTRY.items() if name != "numpy" and library in sys.modules)
+    found = found or next((backend for backend in loaded if backend.owns(a)), None)
     if found is not None:
         _OWNER[type(a)] = found
     return found
@@ -82,7 +81,7 @@ def of(a: object, arg: str = "array") -> Backend:
     arg
         Its name, as the message shows it.
     """
-    backend = _OWNER.get(type(a)) or find(a)  # the lookup inline: one call fewer for a compiled trace
+    backend = find(a)
     if backend is None:
         raise TypeError(f"{arg} must be a numpy.ndarray or a torch.Tensor, got {type(a).__name__}")
     return backend

@@ -235,10 +235,11 @@ class SGConv(_CachedGraphLayer):
         check_input_dtype(x, self.weight, "SGConv")
         basis = self.basis(x, edge_index, edge_weight)  # the cached basis, the graph compared with the first
         kept = self._propagated
-        if kept is None or kept[0] is not x or kept[1] != _key(x):
+        key = _key(x)
+        if kept is None or kept[0] is not x or kept[1] != key:
             # The A·x-first order, its first product kept: (A^K)^T x through the engine (Θ = I).
             ones = torch.ones(1, dtype=x.dtype, device=x.device)
-            kept = self._propagated = (x, _key(x), self.contract(basis, x, Aggregation(ones, self.in_channels)))
+            kept = self._propagated = (x, key, self.contract(basis, x, Aggregation(ones, self.in_channels)))
         rows = kept[2] if x.ndim == 3 else kept[2][None]
         y: torch.Tensor = BACKEND.x_theta(rows, self.weight)[:, 0]  # the engine's x·Θ (its GEMM layout)
         y = y if x.ndim == 3 else y[0]

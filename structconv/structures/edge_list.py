@@ -190,8 +190,8 @@ def as_edges(
             raise ValueError("graph is Edges already read: its weights and nodes are its own; pass no edge_weight")
         if num_targets is not None and num_targets != graph.targets:
             raise ValueError(f"graph is Edges already read, {graph.targets} targets; got num_targets={num_targets}")
-        backend = None if like is None else find(like)
-        if like is None or backend is None:
+        backend = find(like)
+        if like is None or backend is None:  # nothing to place them like
             return graph
         arrays = (graph.src, graph.dst, graph.weight)
         placed = all(find(a) is backend and device_of(a) == device_of(like) for a in arrays)

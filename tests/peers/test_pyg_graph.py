@@ -496,7 +496,7 @@ def test_sg_cached() -> None:
         ours(x, FIXED[:, :-1])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16])
 def test_sg_cached_propagation(dtype: torch.dtype) -> None:
     """The propagated features are kept for the same unchanged ``x``: equal to PyG's on every call, and gradients."""
     ours, ref, _ = pair("sg", dtype, 3, 4, 2, cached=True)
